@@ -1,0 +1,351 @@
+"""The typed trace model: a Kineto/Chrome trace as a few pandas frames plus a symbol table.
+
+A trace written by ``torch.profiler`` (Kineto) is ``{"traceEvents": [...], "deviceProperties": [...], ...}``.
+Complete events (``ph == "X"``) carry ``ts`` and ``dur`` in microseconds (floats, kept at full precision:
+nothing here rounds). gaptrace keeps four frames (HTA's "trace as tables", DESIGN.md "The trace"):
+
+``host``      one row per host event: python_function, cpu_op, user_annotation, cuda_runtime, cuda_driver.
+``device``    one row per device activity that makes the device busy: kernel, memcpy, memset.
+``gpu_annotations``  gpu_user_annotation ranges (record_function projected onto GPU time; never busy time).
+``device_syncs``     ``cuda_sync`` events (only with ``enable_cuda_sync_events``).
+``overhead``  the profiler's own events (``Buffer Flush`` ...), reported, never counted as busy.
+
+String columns (``name``, ``pid``, ``tid``) are pandas Categoricals over one shared symbol table
+(``Trace.symbols``), so ``frame["name"].cat.codes`` are comparable across frames and names are stored once.
+
+Columns (all times in microseconds on the trace's own clock, ``-1`` where an integer is absent):
+
+host:            rank, cat, name, pid, tid, ts_us, dur_us, end_us, correlation, external_id,
+                 python_id, python_parent_id, cbid
+device:          rank, kind ("kernel"|"memcpy"|"memset"), name, device, stream, ts_us, dur_us, end_us,
+                 correlation, external_id, bytes, memcpy_kind ("DtoH", "HtoD", "DtoD", ...),
+                 host_memory ("Pageable", "Pinned", ... or "")
+gpu_annotations: rank, name, device, stream, ts_us, dur_us, end_us, external_id
+device_syncs:    rank, name, device, stream, ts_us, dur_us, end_us, correlation, sync_kind
+overhead:        rank, name, ts_us, dur_us, end_us
+
+Loading goes through :func:`gaptrace.loader.load_trace` (a streaming typed decoder); this module holds the model
+and :func:`build_trace`, which turns raw event columns into the model and runs the integrity checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "TraceError",
+    "Trace",
+    "RawColumns",
+    "build_trace",
+    "HOST_CATEGORIES",
+    "GRAPH_LAUNCH_NAMES",
+]
+
+
+class TraceError(ValueError):
+    """A trace that cannot be analysed. ``str(err)`` is one line naming the file and the problem."""
+
+
+# Old Kineto (2021) wrote capitalised categories; normalise them to the current names.
+CATEGORY_ALIASES = {
+    "Operator": "cpu_op",
+    "Runtime": "cuda_runtime",
+    "Driver": "cuda_driver",
+    "Kernel": "kernel",
+    "Memcpy": "gpu_memcpy",
+    "Memset": "gpu_memset",
+    "python_function": "python_function",
+    "Python function": "python_function",
+}
+HOST_CATEGORIES = ("python_function", "cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch", "cuGraphLaunch")
+
+# "Memcpy DtoH (Device -> Pageable)" -> ("DtoH", "Pageable"); HIP writes "Memcpy DtoH (Device -> Host)".
+_MEMCPY_RE = re.compile(r"Memcpy\s+(\w+)\s*(?:\(([^)]*)\))?")
+
+
+@dataclasses.dataclass
+class RawColumns:
+    """Raw per-event columns as decoded from the JSON, before normalisation (one entry per ``ph == "X"`` event).
+
+    Every array has the same length n. Strings are interned: ``*_id`` arrays index ``symbols``.
+    Integer fields absent in the event are -1; ``ts``/``dur`` absent are NaN. ``pid``/``tid`` are the events'
+    own values as strings (Kineto writes both ints and strings such as ``"stream 7"``).
+    """
+
+    symbols: list[str]
+    cat_id: np.ndarray  # int32
+    name_id: np.ndarray  # int32
+    pid_id: np.ndarray  # int32
+    tid_id: np.ndarray  # int32
+    ts: np.ndarray  # float64, µs
+    dur: np.ndarray  # float64, µs
+    correlation: np.ndarray  # int64
+    external_id: np.ndarray  # int64
+    python_id: np.ndarray  # int64
+    python_parent_id: np.ndarray  # int64
+    cbid: np.ndarray  # int64
+    device: np.ndarray  # int64, args.device
+    stream: np.ndarray  # int64, args.stream
+    bytes: np.ndarray  # int64, args.bytes
+    sync_kind_id: np.ndarray  # int32 into symbols, args.cuda_sync_kind (-1 if absent)
+    rank: np.ndarray  # int32
+
+
+@dataclasses.dataclass
+class Trace:
+    """One loaded trace (possibly several ranks). See the module docstring for the columns."""
+
+    path: str
+    host: pd.DataFrame
+    device: pd.DataFrame
+    gpu_annotations: pd.DataFrame
+    device_syncs: pd.DataFrame
+    overhead: pd.DataFrame
+    symbols: pd.Index
+    metadata: dict[str, Any]
+    warnings: list[str]
+
+    @property
+    def device_ids(self) -> list[tuple[int, int]]:
+        """Sorted (rank, device) pairs that have device activity."""
+        if self.device.empty:
+            return []
+        pairs = self.device[["rank", "device"]].drop_duplicates().sort_values(["rank", "device"])
+        return [(int(r), int(d)) for r, d in pairs.itertuples(index=False)]
+
+    @property
+    def has_python_stacks(self) -> bool:
+        return bool((self.host["cat"] == "python_function").any())
+
+    def device_name(self, device: int) -> str:
+        """The GPU's product name from ``deviceProperties`` ("GPU 0" when absent)."""
+        for props in self.metadata.get("deviceProperties") or []:
+            if isinstance(props, dict) and props.get("id") == device and props.get("name"):
+                return str(props["name"])
+        return f"GPU {device}"
+
+
+def _categorical(codes: np.ndarray, symbols: pd.Index) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes.astype(np.int32, copy=False), categories=symbols, validate=False)
+
+
+def _parse_int_symbol(s: str) -> int:
+    """'stream 7' -> 7, '7' -> 7, anything else -> -1."""
+    m = re.search(r"-?\d+", s)
+    return int(m.group(0)) if m else -1
+
+
+def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
+    """Normalise raw event columns into a :class:`Trace` and run the integrity checks.
+
+    Vectorised over events (no per-event Python loop); per-symbol work is over the symbol table only.
+    Raises :class:`TraceError` when the trace holds no complete events at all.
+    """
+    n = len(raw.ts)
+    warnings: list[str] = []
+    if n == 0:
+        raise TraceError(f"{path}: traceEvents holds no complete ('ph': 'X') events")
+
+    symbols_list = list(raw.symbols)
+    # Normalised category per symbol (only symbols used as categories matter).
+    cat_norm = np.array([CATEGORY_ALIASES.get(s, s) for s in symbols_list], dtype=object)
+    cats = cat_norm[raw.cat_id] if len(symbols_list) else np.array([], dtype=object)
+
+    bad = ~np.isfinite(raw.ts) | ~np.isfinite(raw.dur)
+    if bad.any():
+        warnings.append(f"{int(bad.sum())} events without a finite ts/dur were dropped")
+    neg = np.isfinite(raw.dur) & (raw.dur < 0)
+    if neg.any():
+        warnings.append(f"{int(neg.sum())} events with negative durations were dropped")
+    keep = ~bad & ~neg
+
+    symbols = pd.Index(symbols_list, dtype=object)
+    sym_int = None  # lazily parsed integer value of each symbol (for "stream 7" tids)
+
+    def cols(mask: np.ndarray) -> dict[str, np.ndarray]:
+        idx = np.flatnonzero(mask & keep)
+        ts = raw.ts[idx]
+        dur = raw.dur[idx]
+        return {"idx": idx, "ts_us": ts, "dur_us": dur, "end_us": ts + dur}
+
+    # ---- host
+    is_host = np.isin(cats, HOST_CATEGORIES)
+    c = cols(is_host)
+    i = c["idx"]
+    host = pd.DataFrame(
+        {
+            "rank": raw.rank[i],
+            "cat": pd.Categorical(cats[i], categories=list(HOST_CATEGORIES)),
+            "name": _categorical(raw.name_id[i], symbols),
+            "pid": _categorical(raw.pid_id[i], symbols),
+            "tid": _categorical(raw.tid_id[i], symbols),
+            "ts_us": c["ts_us"],
+            "dur_us": c["dur_us"],
+            "end_us": c["end_us"],
+            "correlation": raw.correlation[i],
+            "external_id": raw.external_id[i],
+            "python_id": raw.python_id[i],
+            "python_parent_id": raw.python_parent_id[i],
+            "cbid": raw.cbid[i],
+        }
+    )
+
+    # ---- device activities
+    def dev_stream(i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        nonlocal sym_int
+        if sym_int is None:
+            sym_int = np.array([_parse_int_symbol(s) for s in symbols_list], dtype=np.int64)
+        device = raw.device[i].copy()
+        stream = raw.stream[i].copy()
+        miss_d = device < 0
+        device[miss_d] = sym_int[raw.pid_id[i][miss_d]]
+        miss_s = stream < 0
+        stream[miss_s] = sym_int[raw.tid_id[i][miss_s]]
+        return device, stream
+
+    dev_kind = np.array([DEVICE_CATEGORIES.get(s, "") for s in cat_norm], dtype=object)
+    kinds = dev_kind[raw.cat_id]
+    c = cols(kinds != "")
+    i = c["idx"]
+    device, stream = dev_stream(i)
+    # memcpy kind and host memory kind, parsed once per distinct name
+    mk = np.empty(len(symbols_list), dtype=object)
+    hm = np.empty(len(symbols_list), dtype=object)
+    mk[:] = ""
+    hm[:] = ""
+    memcpy_names = np.unique(raw.name_id[i][kinds[i] == "memcpy"])
+    for sid in memcpy_names:
+        m = _MEMCPY_RE.search(symbols_list[sid])
+        if m:
+            mk[sid] = m.group(1)
+            arrow = (m.group(2) or "").split("->")
+            hm[sid] = ""
+            if len(arrow) == 2:
+                src, dst = arrow[0].strip(), arrow[1].strip()
+                hm[sid] = dst if m.group(1).startswith("Dto") else src
+                if hm[sid] == "Device":
+                    hm[sid] = ""
+    dev_frame = pd.DataFrame(
+        {
+            "rank": raw.rank[i],
+            "kind": pd.Categorical(kinds[i], categories=["kernel", "memcpy", "memset"]),
+            "name": _categorical(raw.name_id[i], symbols),
+            "device": device,
+            "stream": stream,
+            "ts_us": c["ts_us"],
+            "dur_us": c["dur_us"],
+            "end_us": c["end_us"],
+            "correlation": raw.correlation[i],
+            "external_id": raw.external_id[i],
+            "bytes": raw.bytes[i],
+            "memcpy_kind": pd.Categorical(mk[raw.name_id[i]]),
+            "host_memory": pd.Categorical(hm[raw.name_id[i]]),
+        }
+    )
+
+    # ---- GPU annotations
+    c = cols(cats == "gpu_user_annotation")
+    i = c["idx"]
+    device, stream = dev_stream(i)
+    gpu_ann = pd.DataFrame(
+        {
+            "rank": raw.rank[i],
+            "name": _categorical(raw.name_id[i], symbols),
+            "device": device,
+            "stream": stream,
+            "ts_us": c["ts_us"],
+            "dur_us": c["dur_us"],
+            "end_us": c["end_us"],
+            "external_id": raw.external_id[i],
+        }
+    )
+
+    # ---- cuda_sync events
+    c = cols(cats == "cuda_sync")
+    i = c["idx"]
+    device, stream = dev_stream(i)
+    syncs = pd.DataFrame(
+        {
+            "rank": raw.rank[i],
+            "name": _categorical(raw.name_id[i], symbols),
+            "device": device,
+            "stream": stream,
+            "ts_us": c["ts_us"],
+            "dur_us": c["dur_us"],
+            "end_us": c["end_us"],
+            "correlation": raw.correlation[i],
+            "sync_kind": _categorical(np.where(raw.sync_kind_id[i] >= 0, raw.sync_kind_id[i], -1), symbols),
+        }
+    )
+
+    # ---- profiler overhead
+    c = cols(cats == "overhead")
+    i = c["idx"]
+    overhead = pd.DataFrame(
+        {
+            "rank": raw.rank[i],
+            "name": _categorical(raw.name_id[i], symbols),
+            "ts_us": c["ts_us"],
+            "dur_us": c["dur_us"],
+            "end_us": c["end_us"],
+        }
+    )
+
+    trace = Trace(
+        path=path,
+        host=host,
+        device=dev_frame,
+        gpu_annotations=gpu_ann,
+        device_syncs=syncs,
+        overhead=overhead,
+        symbols=symbols,
+        metadata=metadata,
+        warnings=warnings,
+    )
+    trace.warnings.extend(integrity_warnings(trace))
+    return trace
+
+
+def integrity_warnings(trace: Trace) -> list[str]:
+    """Checks that turn into warnings instead of silently wrong numbers (issue 2, "Integrity checks").
+
+    - host events but no device events (occupancy cannot be computed);
+    - graph launches whose correlation id owns no device activity (the launch's work is missing);
+    - profiler buffer flush / overflow events (the profiler paused or dropped events);
+    - device activities that overlap on one stream (a stream executes in order; overlap means clock trouble).
+    """
+    out: list[str] = []
+    host, dev = trace.host, trace.device
+    if dev.empty and not host.empty:
+        out.append("trace has host events but no GPU events (kernel/memcpy/memset): occupancy and gaps are absent; "
+                   "was the profiler run without ProfilerActivity.CUDA, or on a machine without a GPU?")
+    launches = host[host["name"].isin(GRAPH_LAUNCH_NAMES)]
+    if len(launches) and not dev.empty:
+        owned = np.isin(launches["correlation"].to_numpy(), dev["correlation"].to_numpy())
+        n_orphan = int((~owned).sum())
+        if n_orphan:
+            out.append(f"{n_orphan} of {len(launches)} graph launches own no device activity "
+                       "(their kernels are missing from the trace; the launch fit skips them)")
+    if not trace.overhead.empty:
+        names = trace.overhead["name"].astype(str)
+        flush = names.str.contains("flush|overflow", case=False, regex=True)
+        if flush.any():
+            total = float(trace.overhead.loc[flush, "dur_us"].sum())
+            out.append(f"{int(flush.sum())} profiler buffer flush/overflow events ({total:,.0f} µs in all): "
+                       "the profiler itself ran during these; idle time under them is the profiler's")
+    if not dev.empty:
+        d = dev.sort_values(["rank", "device", "stream", "ts_us"], kind="stable")
+        same = ((d["rank"].to_numpy()[1:] == d["rank"].to_numpy()[:-1])
+                & (d["device"].to_numpy()[1:] == d["device"].to_numpy()[:-1])
+                & (d["stream"].to_numpy()[1:] == d["stream"].to_numpy()[:-1]))
+        overlap = same & (d["ts_us"].to_numpy()[1:] < d["end_us"].to_numpy()[:-1] - 1e-3)
+        if overlap.any():
+            out.append(f"{int(overlap.sum())} device activities start before the previous one on the same stream "
+                       "ends (clock skew or a merged trace); busy time uses their union")
+    return out
