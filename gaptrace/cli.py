@@ -1,0 +1,57 @@
+"""The ``gaptrace`` command line (click).
+
+Commands that need torch (``decode``, ``capture``) are imported lazily, so ``analyze``/``report``/``diff`` run on a
+machine without torch. Every command turns bad input into one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# name -> "module:attribute" of a click command, imported only when the command runs (or --help lists it)
+LAZY_COMMANDS = {
+    "analyze": "gaptrace.analyze:analyze",
+    "decode": "gaptrace.runtime.cli:decode",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands live in other modules and are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        cmd = super().get_command(ctx, name)
+        if cmd is not None or name not in LAZY_COMMANDS:
+            return cmd
+        module, attr = LAZY_COMMANDS[name].split(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as e:  # e.g. torch missing for `decode`
+            missing = e.name or str(e)
+
+            @click.command(name=name, help=f"(unavailable: {missing} is not installed)")
+            def unavailable() -> None:
+                raise click.UsageError(f"`gaptrace {name}` needs {missing}: pip install 'gaptrace[runtime]'")
+
+            return unavailable
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="gaptrace")
+def main() -> None:
+    """gaptrace: why was the GPU idle? Occupancy, idle-gap attribution, blocking syncs and graph-launch fit
+    from a torch.profiler (Kineto) trace."""
+
+
+def fail(message: str) -> "NoReturn":  # noqa: F821
+    """Print one line naming the problem and exit with code 2 (the convention for bad input)."""
+    click.echo(f"gaptrace: error: {message}", err=True)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
