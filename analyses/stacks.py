@@ -1,0 +1,349 @@
+"""Host-event nesting: the parent, depth and thread of every host event, computed once per trace, vectorised.
+
+Host events on one thread (python_function, cpu_op, user_annotation, cuda_runtime, cuda_driver) nest in time
+(DESIGN.md "A way to compute them in n log n": "host events nest per thread; build the parent index once").
+:func:`host_tree` sorts them per thread by (ts asc, end desc) into *nodes* and gives every node:
+
+- ``parent``: the innermost enclosing event, i.e. the **latest-starting earlier event on the same thread that
+  contains it** (``s_p <= s_i``, ``e_i <= e_p + EPS_US``, ``s_i < e_p``), -1 for roots. Zero-duration events are
+  leaves; touching intervals (``s_i == e_p``) do not nest. ``EPS_US`` (1 ns, Kineto's resolution) absorbs the
+  float rounding of ``ts + dur`` (children that end 0.2 ns after their parent).
+- ``open_top``: the latest-starting earlier event still open at the node's start (``e_j > s_i``), -1 if none.
+  When it is not the parent, the node *partially overlaps* it (starts inside, ends after). Real traces do this
+  systematically: a ``record_function`` range (user_annotation) starts inside the ``_record_function_enter_new``
+  Python frame and ends inside ``__exit__``. Such a node is nested under its innermost *container* instead, so
+  every ancestor of a node always contains it, and the count becomes a warning (``partial_overlaps``).
+- ``depth``: number of ancestors.
+
+Equivalently, a simple stack sweep over the nodes in order (keep every event still open; the parent is the
+topmost one that contains the new event) gives the same answer; tests/test_stacks.py checks exactly that.
+
+How (no per-event Python loop): "latest earlier event whose end reaches a threshold" is found for all nodes at
+once by pointer jumping: every node starts at its predecessor and jumps to the candidate's own current candidate
+until the candidate qualifies; each jump skips only events that cannot qualify, and the number of rounds is about
+log2 of the longest run of siblings plus the depth change. Depth comes from pointer doubling over ``parent``.
+
+Frame names are normalised (:func:`normalize_frame`: object addresses stripped) over the symbol table, not the
+events, so one call site aggregates across calls and runs.
+
+API (stable; node indices index the HostTree arrays, *host rows* are positional rows of ``trace.host``):
+
+- ``host_tree(trace) -> HostTree`` (cached per trace object)
+- ``HostTree`` fields: ``order`` (node -> host row), ``node_of`` (host row -> node), ``thread`` (node -> thread
+  index into ``threads``, a frame of rank/pid/tid), ``thread_bounds`` (nodes of thread k are
+  ``thread_bounds[k]:thread_bounds[k+1]``), ``start_us``, ``end_us``, ``cat`` (codes into
+  ``gaptrace.trace.HOST_CATEGORIES``), ``name`` (codes into ``trace.symbols``), ``frame`` (codes into
+  ``frames``, the normalised names), ``frame_has_source``, ``parent``, ``open_top``, ``depth``,
+  ``partial_overlaps``; methods ``nodes(rows)``, ``rows(nodes)``, ``frame_names(nodes)``
+- ``normalize_frame(name) -> str``; ``frame_table(trace) -> (codes per host row, frames Index)``
+- ``enclosing(tree, nodes, node_mask, include_self=False) -> nodes`` (generic innermost enclosing node)
+- ``innermost_site(tree, rows) -> rows``: innermost enclosing python_function frame with a source file
+- ``innermost_op(tree, rows) -> rows``: innermost enclosing cpu_op (ATen op)
+- ``outermost_op(tree, rows) -> rows``: outer end of the contiguous cpu_op chain around the innermost op
+  (``aten::item`` for ``aten::item -> aten::_local_scalar_dense -> cudaMemcpyAsync``)
+- ``frame_stacks(tree, rows, cats=("python_function",), include_self=True) -> (stack_id, stacks)``: per row the
+  id of its interned stack; ``stacks[id]`` is the tuple of normalised frame names from the row outward.
+All helpers return -1 (or "") where there is no such frame.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import weakref
+
+import numpy as np
+import pandas as pd
+
+from gaptrace.trace import HOST_CATEGORIES, Trace
+
+__all__ = [
+    "EPS_US",
+    "HostTree",
+    "host_tree",
+    "normalize_frame",
+    "frame_table",
+    "enclosing",
+    "innermost_site",
+    "innermost_op",
+    "outermost_op",
+    "frame_stacks",
+]
+
+EPS_US = 1e-3  # 1 ns: float rounding of ts + dur; a child may end this much after its parent and still nest
+
+CAT_CODE = {c: i for i, c in enumerate(HOST_CATEGORIES)}
+
+# "<built-in method items of dict object at 0x7fa33bdb7fc0>" -> "<built-in method items of dict object>"
+_ADDR_AT_RE = re.compile(r"\s+at\s+0x[0-9a-fA-F]+")
+_ADDR_RE = re.compile(r"0x[0-9a-fA-F]{4,}")
+# "file.py(123): func": a Python frame with a source location
+_SOURCE_RE = re.compile(r"\(\d+\):\s")
+
+
+def normalize_frame(name: str) -> str:
+    """A frame name with object addresses removed, so a call site aggregates across calls and runs.
+
+    ``" at 0x7f…"`` is dropped; any other hex id of 4+ digits becomes ``0x…``. Other text is kept as written.
+    """
+    s = _ADDR_AT_RE.sub("", name)
+    return _ADDR_RE.sub("0x…", s)
+
+
+def _has_source(frame: str) -> bool:
+    return not frame.startswith("<built-in") and _SOURCE_RE.search(frame) is not None
+
+
+def frame_table(trace: Trace) -> tuple[np.ndarray, pd.Index]:
+    """Normalised frame code per host row and the frame names: ``(codes (n,) int32, frames Index)``.
+
+    Normalisation runs once per distinct name used by a host event (the symbol table), not per event.
+    """
+    codes = trace.host["name"].cat.codes.to_numpy()
+    used = np.unique(codes[codes >= 0]) if len(codes) else np.empty(0, dtype=codes.dtype)
+    names = [normalize_frame(str(trace.symbols[c])) for c in used]
+    frames, inv = np.unique(np.array(names, dtype=object), return_inverse=True) if names else (
+        np.empty(0, dtype=object), np.empty(0, dtype=np.int64))
+    lut = np.full(len(trace.symbols) + 1, -1, dtype=np.int32)
+    lut[used] = inv
+    return lut[codes], pd.Index(frames, dtype=object)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostTree:
+    """Host events of a trace as per-thread nesting trees. Arrays are (n,) and indexed by node (see module doc)."""
+
+    order: np.ndarray  # int64 node -> positional row of trace.host
+    node_of: np.ndarray  # int64 host row -> node
+    thread: np.ndarray  # int32 node -> thread index
+    threads: pd.DataFrame  # per thread index: rank, pid, tid, nodes
+    thread_bounds: np.ndarray  # (T + 1,) int64 node offsets per thread
+    start_us: np.ndarray  # float64
+    end_us: np.ndarray  # float64
+    cat: np.ndarray  # int8 codes into HOST_CATEGORIES
+    name: np.ndarray  # int32 codes into trace.symbols
+    frame: np.ndarray  # int32 codes into frames
+    frames: pd.Index  # normalised frame names
+    frame_has_source: np.ndarray  # bool per frame: a python frame "file.py(123): func", not "<built-in …>"
+    parent: np.ndarray  # int64 node or -1
+    open_top: np.ndarray  # int64 node or -1
+    depth: np.ndarray  # int32
+    partial_overlaps: int
+
+    @property
+    def n(self) -> int:
+        return len(self.order)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max()) if self.n else 0
+
+    def nodes(self, rows: np.ndarray) -> np.ndarray:
+        """Nodes of host rows (positional rows of trace.host); -1 stays -1."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.where(rows >= 0, self.node_of[np.maximum(rows, 0)], -1) if self.n else rows.copy()
+
+    def rows(self, nodes: np.ndarray) -> np.ndarray:
+        """Host rows of nodes; -1 stays -1."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        return np.where(nodes >= 0, self.order[np.maximum(nodes, 0)], -1) if self.n else nodes.copy()
+
+    def frame_names(self, nodes: np.ndarray) -> np.ndarray:
+        """Normalised frame name of each node (object array); "" for -1."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        names = np.append(self.frames.to_numpy(dtype=object), "")
+        codes = np.where(nodes >= 0, self.frame[np.maximum(nodes, 0)] if self.n else -1, -1)
+        return names[codes]
+
+    def is_partial(self) -> np.ndarray:
+        """(n,) bool: the node starts inside an open event that it outlasts (a partial overlap)."""
+        return _partial(self.start_us, self.end_us, self.parent, self.open_top)
+
+
+def _prev_reaching(end: np.ndarray, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray | None) -> np.ndarray:
+    """For every i: the largest j < i on the same thread with ``end[j] > lo[i]`` and ``end[j] >= hi[i]``, or -1.
+
+    Nodes are sorted by (thread, start). Pointer jumping: ``cand[i]`` starts at i - 1; while it fails, jump to
+    ``cand[cand[i]]``. Invariant: every index in (cand[i], i) fails for i (if k fails for j and j fails for i then
+    k fails for i, because ``start`` is sorted and the thresholds are start- or end-based), so the answer is exact.
+    """
+    n = len(end)
+    cand = np.arange(n, dtype=np.int64) - 1
+    active = np.flatnonzero(cand >= 0)
+    while len(active):
+        c = cand[active]
+        neg = c < 0
+        cc = np.maximum(c, 0)
+        other = thread[cc] != thread[active]
+        ok = end[cc] > lo[active]
+        if hi is not None:
+            ok &= end[cc] >= hi[active]
+        stop = neg | other | ok
+        res = active[stop]
+        cand[res[(neg | other)[stop]]] = -1
+        cont = active[~stop]
+        cand[cont] = cand[c[~stop]]
+        active = cont
+    return cand
+
+
+def _depth(parent: np.ndarray) -> np.ndarray:
+    """Number of ancestors of every node, by pointer doubling over ``parent`` (log2(max depth) rounds)."""
+    depth = (parent >= 0).astype(np.int32)
+    jump = parent.copy()
+    live = np.flatnonzero(jump >= 0)
+    while len(live):
+        j = jump[live]
+        nxt = jump[j]
+        depth[live] += depth[j]  # j's distance to jump[j], or to its root once jump[j] == -1
+        jump[live] = nxt
+        live = live[nxt >= 0]
+    return depth
+
+
+def _partial(start: np.ndarray, end: np.ndarray, parent: np.ndarray, open_top: np.ndarray) -> np.ndarray:
+    o = np.maximum(open_top, 0)
+    return (open_top >= 0) & (open_top != parent) & (end[o] > start + EPS_US)
+
+
+_CACHE: dict[int, tuple[weakref.ref, HostTree]] = {}
+
+
+def host_tree(trace: Trace) -> HostTree:
+    """Nesting of all host events of ``trace`` per (rank, pid, tid) thread (definitions: module docstring).
+
+    O(n log n): one lexsort, then pointer jumping (about log n vectorised rounds). Cached per trace object, so
+    every analysis of one trace shares it. Never raises for a trace without host events (n = 0).
+    """
+    hit = _CACHE.get(id(trace))
+    if hit is not None and hit[0]() is trace:
+        return hit[1]
+    tree = _build(trace)
+    key = id(trace)
+    _CACHE[key] = (weakref.ref(trace, lambda _r, k=key: _CACHE.pop(k, None)), tree)
+    return tree
+
+
+def _build(trace: Trace) -> HostTree:
+    h = trace.host
+    n = len(h)
+    rank = h["rank"].to_numpy().astype(np.int64)
+    pid = h["pid"].cat.codes.to_numpy().astype(np.int64)
+    tid = h["tid"].cat.codes.to_numpy().astype(np.int64)
+    nsym = len(trace.symbols) + 1
+    tkey = (rank * nsym + (pid + 1)) * nsym + (tid + 1)
+    uniq, thread_of_row = np.unique(tkey, return_inverse=True)
+    ts = h["ts_us"].to_numpy(dtype=np.float64)
+    te = h["end_us"].to_numpy(dtype=np.float64)
+    order = np.lexsort((-te, ts, thread_of_row)).astype(np.int64)
+    node_of = np.empty(n, dtype=np.int64)
+    node_of[order] = np.arange(n, dtype=np.int64)
+    thread = thread_of_row[order].astype(np.int32)
+    start, end = ts[order], te[order]
+    counts = np.bincount(thread, minlength=len(uniq))
+    bounds = np.r_[0, np.cumsum(counts)].astype(np.int64)
+    first = order[bounds[:-1]] if n else np.empty(0, dtype=np.int64)
+    threads = pd.DataFrame({
+        "rank": rank[first] if n else np.empty(0, np.int64),
+        "pid": h["pid"].astype(str).to_numpy()[first] if n else np.empty(0, object),
+        "tid": h["tid"].astype(str).to_numpy()[first] if n else np.empty(0, object),
+        "nodes": counts,
+    })
+
+    cat_codes = h["cat"].cat.codes.to_numpy().astype(np.int8)[order]
+    name_codes = h["name"].cat.codes.to_numpy().astype(np.int32)[order]
+    frame_codes, frames = frame_table(trace)
+    frame_codes = frame_codes[order]
+    has_source = np.array([_has_source(f) for f in frames], dtype=bool)
+
+    # parent: latest earlier event with end > s_i and end >= e_i - EPS (contains i)
+    parent = _prev_reaching(end, thread, start, end - EPS_US)
+    # open_top: latest earlier event with end > s_i (the innermost event open when i starts)
+    open_top = _prev_reaching(end, thread, start, None)
+    depth = _depth(parent)
+    partial = int(_partial(start, end, parent, open_top).sum())
+    return HostTree(order=order, node_of=node_of, thread=thread, threads=threads, thread_bounds=bounds,
+                    start_us=start, end_us=end, cat=cat_codes, name=name_codes, frame=frame_codes,
+                    frames=frames, frame_has_source=has_source, parent=parent, open_top=open_top,
+                    depth=depth, partial_overlaps=partial)
+
+
+# ---------------------------------------------------------------- enclosing-frame helpers (for syncs and gaps)
+
+def enclosing(tree: HostTree, nodes: np.ndarray, node_mask: np.ndarray, include_self: bool = False) -> np.ndarray:
+    """Innermost ancestor of each node (or the node itself with ``include_self``) where ``node_mask`` is True.
+
+    Shapes: nodes (q,) int (-1 allowed), node_mask (n,) bool -> (q,) int64 nodes, -1 where none.
+    One vectorised step per depth level (at most ``tree.max_depth`` rounds over the unresolved queries).
+    """
+    cur = np.asarray(nodes, dtype=np.int64).copy()
+    if not include_self:
+        cur = np.where(cur >= 0, tree.parent[np.maximum(cur, 0)] if tree.n else -1, -1)
+    out = np.full(len(cur), -1, dtype=np.int64)
+    live = np.flatnonzero(cur >= 0)
+    while len(live):
+        c = cur[live]
+        hit = node_mask[c]
+        out[live[hit]] = c[hit]
+        live = live[~hit]
+        nxt = tree.parent[cur[live]]
+        cur[live] = nxt
+        live = live[nxt >= 0]
+    return out
+
+
+def _site_mask(tree: HostTree) -> np.ndarray:
+    py = tree.cat == CAT_CODE["python_function"]
+    return py & tree.frame_has_source[np.maximum(tree.frame, 0)] & (tree.frame >= 0)
+
+
+def innermost_site(tree: HostTree, rows: np.ndarray) -> np.ndarray:
+    """Host row of the innermost enclosing python_function frame that has a source file, per host row (-1: none).
+
+    A ``<built-in method …>`` frame names the call, not the site, so it is skipped (issue 2, "blocking_syncs").
+    """
+    return tree.rows(enclosing(tree, tree.nodes(rows), _site_mask(tree)))
+
+
+def innermost_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:
+    """Host row of the innermost enclosing cpu_op (ATen op, e.g. ``aten::_local_scalar_dense``), -1 if none."""
+    return tree.rows(enclosing(tree, tree.nodes(rows), tree.cat == CAT_CODE["cpu_op"]))
+
+
+def outermost_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:
+    """Host row of the outermost cpu_op of the contiguous op chain around each row's innermost enclosing op.
+
+    ``aten::item -> aten::_local_scalar_dense -> cudaMemcpyAsync`` gives ``aten::item``; an op chain interrupted
+    by a Python frame (a torch.compile region) stops there. -1 where there is no enclosing op.
+    """
+    is_op = tree.cat == CAT_CODE["cpu_op"]
+    cur = enclosing(tree, tree.nodes(rows), is_op)
+    live = np.flatnonzero(cur >= 0)
+    while len(live):
+        p = tree.parent[cur[live]]
+        up = (p >= 0) & is_op[np.maximum(p, 0)]
+        cur[live[up]] = p[up]
+        live = live[up]
+    return tree.rows(cur)
+
+
+def frame_stacks(tree: HostTree, rows: np.ndarray, cats: tuple[str, ...] = ("python_function",),
+                 include_self: bool = True) -> tuple[np.ndarray, list[tuple[str, ...]]]:
+    """Interned frame stacks: for each host row, the normalised names of its frames of ``cats`` from it outward.
+
+    Returns ``(stack_id (q,) int64, stacks)``: ``stacks[stack_id[k]]`` is a tuple, innermost first (empty tuple
+    for a row of -1). Equal stacks share an id, so callers aggregate by id. Cost O(q · depth) in numpy.
+    """
+    mask = np.isin(tree.cat, [CAT_CODE[c] for c in cats])
+    cur = enclosing(tree, tree.nodes(rows), mask, include_self=include_self)
+    cols = [cur]
+    while True:
+        nxt = enclosing(tree, cols[-1], mask)
+        if not (nxt >= 0).any():
+            break
+        cols.append(nxt)
+    chain = np.stack(cols, axis=1) if len(cur) else np.empty((0, 1), dtype=np.int64)
+    codes = np.where(chain >= 0, tree.frame[np.maximum(chain, 0)] if tree.n else -1, -1).astype(np.int64)
+    uniq, inv = np.unique(codes, axis=0, return_inverse=True)
+    names = tree.frames.to_numpy(dtype=object)
+    stacks = [tuple(names[c] for c in row if c >= 0) for row in uniq]
+    return inv.reshape(-1).astype(np.int64), stacks
