@@ -1,0 +1,243 @@
+"""Configuration of the runtime: the model (HF/Qwen3 field names), the decode loop, and the presets.
+
+``ModelConfig`` mirrors a Hugging Face ``config.json`` (Qwen3 / Llama / Qwen3-MoE names; the hybrid's
+linear-attention fields follow Qwen3-Next). ``RuntimeConfig`` holds the decode-loop knobs of DESIGN.md "The
+runtime": page size P, draft window W, block size B, batch size, chunked prefill, scheduler. Every check raises
+``ConfigError`` (a ValueError) with one line naming the field and the problem.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import InitVar, dataclass, field
+from pathlib import Path
+
+FULL, LINEAR = "full_attention", "linear_attention"
+REPO = Path(__file__).resolve().parents[1]
+MODELS_DIR = REPO / "fixtures" / "models"
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line naming the field and what is wrong."""
+
+
+@dataclass
+class ModelConfig:
+    """A Qwen3-style decoder: RMSNorm, RoPE, GQA (optional q/k RMSNorm), SwiGLU or top-k MoE, and optional
+    gated-delta-rule linear-attention layers (``layer_types``).
+
+    ``num_layers`` / ``num_heads`` / ``num_kv_heads`` are accepted as constructor aliases (and read-only
+    properties) of the HF names. Linear-attention head counts/dims of 0 mean: key heads = num_key_value_heads,
+    value heads = num_attention_heads, both dims = head_dim. ``num_experts`` 0 = dense MLP.
+    """
+
+    vocab_size: int = 4096
+    hidden_size: int = 384
+    intermediate_size: int = 1024
+    num_hidden_layers: int = 8
+    num_attention_heads: int = 6
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    qk_norm: bool = True  # Qwen3 normalises q and k per head; Llama does not
+    layer_types: list = field(default_factory=list)  # [] = all full attention
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    max_position_embeddings: int = 4096
+    eos_token_id: int | None = None
+    model_type: str = ""
+    num_layers: InitVar[int | None] = None
+    num_heads: InitVar[int | None] = None
+    num_kv_heads: InitVar[int | None] = None
+
+    def __post_init__(self, num_layers, num_heads, num_kv_heads):
+        if num_layers is not None:
+            self.num_hidden_layers = num_layers
+        if num_heads is not None:
+            self.num_attention_heads = num_heads
+        if num_kv_heads is not None:
+            self.num_key_value_heads = num_kv_heads
+        self.layer_types = list(self.layer_types) or [FULL] * self.num_hidden_layers
+        self.linear_num_key_heads = self.linear_num_key_heads or self.num_key_value_heads
+        self.linear_num_value_heads = self.linear_num_value_heads or self.num_attention_heads
+        self.linear_key_head_dim = self.linear_key_head_dim or self.head_dim
+        self.linear_value_head_dim = self.linear_value_head_dim or self.head_dim
+        if not self.model_type:
+            self.model_type = ("gaptrace_hybrid" if LINEAR in self.layer_types
+                               else "qwen3_moe" if self.num_experts else "qwen3" if self.qk_norm else "llama")
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError on the first inconsistent field."""
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise ConfigError(f"model config: {msg}")
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            need(int(getattr(self, name)) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        need(len(self.layer_types) == self.num_hidden_layers,
+             f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        bad = sorted(set(self.layer_types) - {FULL, LINEAR})
+        need(not bad, f"unknown layer type {bad[0] if bad else ''!r} (expected {FULL!r} or {LINEAR!r})")
+        need(self.num_attention_heads % self.num_key_value_heads == 0,
+             f"num_attention_heads {self.num_attention_heads} not a multiple of num_key_value_heads "
+             f"{self.num_key_value_heads}")
+        need(self.linear_num_value_heads % self.linear_num_key_heads == 0,
+             f"linear_num_value_heads {self.linear_num_value_heads} not a multiple of linear_num_key_heads "
+             f"{self.linear_num_key_heads}")
+        need(self.head_dim % 2 == 0, f"head_dim {self.head_dim} must be even (RoPE)")
+        if self.num_experts:
+            need(0 < self.num_experts_per_tok <= self.num_experts,
+                 f"num_experts_per_tok {self.num_experts_per_tok} not in [1, num_experts={self.num_experts}]")
+            need(self.moe_intermediate_size >= 1, "moe_intermediate_size must be >= 1 with experts")
+        if self.eos_token_id is not None:
+            need(0 <= self.eos_token_id < self.vocab_size, f"eos_token_id {self.eos_token_id} outside the vocabulary")
+
+    @property
+    def n_linear(self) -> int:
+        """Number of linear-attention (gated delta rule) layers."""
+        return self.layer_types.count(LINEAR)
+
+    def to_hf_dict(self) -> dict:
+        """The config.json dictionary (HF names)."""
+        return {"architectures": ["GaptraceForCausalLM"], **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_hf_dict(cls, d: dict, source: str = "config.json") -> "ModelConfig":
+        """Build from a HF config.json dict (Qwen3, Llama, Qwen3-MoE, or this runtime's own); unknown keys are
+        ignored. Raises ConfigError naming ``source`` on a missing or bad field."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        mt = d.get("model_type", "")
+        if "head_dim" not in d and "hidden_size" in d and "num_attention_heads" in d:
+            kw["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
+        if "qk_norm" not in d:
+            kw["qk_norm"] = mt.startswith("qwen3") or mt == "gaptrace_hybrid"
+        if "num_key_value_heads" not in d and "num_attention_heads" in d:
+            kw["num_key_value_heads"] = d["num_attention_heads"]
+        if isinstance(kw.get("eos_token_id"), list):
+            kw["eos_token_id"] = kw["eos_token_id"][0]
+        try:
+            return cls(**kw)
+        except (TypeError, ConfigError) as e:
+            raise ConfigError(f"{source}: {str(e).removeprefix('model config: ')}") from None
+
+
+for _alias, _hf in (("num_layers", "num_hidden_layers"), ("num_heads", "num_attention_heads"),
+                    ("num_kv_heads", "num_key_value_heads")):
+    setattr(ModelConfig, _alias, property(lambda self, _hf=_hf: getattr(self, _hf)))
+
+
+@dataclass
+class RuntimeConfig:
+    """The decode loop (DESIGN.md "The runtime"; seed 000): page size P, draft window W (a multiple of P),
+    block size B (tokens per request per verify round), the number of request slots, the context capacity
+    ``max_seq_len`` per slot, the prefill chunk, the scheduler (``sync`` | ``overlap``), CUDA graphs on/off, and
+    ``sim_accept_rate`` (bench only: acceptance simulated on the device, each drafted token accepted with this
+    probability, instead of comparing with the target)."""
+
+    block_size: int = 8
+    page_size: int = 16
+    window: int = 256
+    batch_size: int = 8
+    max_seq_len: int = 1024
+    prefill_chunk: int = 128
+    scheduler: str = "overlap"
+    device: str = "cpu"
+    dtype: str = "float32"
+    cuda_graphs: bool = True
+    sim_accept_rate: float | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ConfigError on the first bad value."""
+        def need(ok: bool, msg: str):
+            if not ok:
+                raise ConfigError(msg)
+        need(self.block_size >= 1, f"block size B must be >= 1, got {self.block_size}")
+        need(self.page_size >= 1, f"page size P must be >= 1, got {self.page_size}")
+        need(self.window >= self.page_size and self.window % self.page_size == 0,
+             f"draft window W={self.window} must be a positive multiple of the page size P={self.page_size}")
+        need(self.batch_size >= 1, f"batch size must be >= 1, got {self.batch_size}")
+        need(self.prefill_chunk >= 1, f"prefill chunk must be >= 1, got {self.prefill_chunk}")
+        need(self.max_seq_len % self.page_size == 0,
+             f"max_seq_len {self.max_seq_len} must be a multiple of the page size P={self.page_size}")
+        need(self.scheduler in ("sync", "overlap"), f"unknown scheduler {self.scheduler!r} (sync | overlap)")
+        need(self.device in ("cpu", "cuda"), f"unknown device {self.device!r} (cpu | cuda)")
+        need(self.dtype in ("float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
+        need(self.sim_accept_rate is None or 0.0 <= self.sim_accept_rate <= 1.0,
+             f"sim_accept_rate {self.sim_accept_rate} outside [0, 1]")
+
+    def replace(self, **kw) -> "RuntimeConfig":
+        """A validated copy with some fields changed."""
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named model pair: configs for random init, checkpoint dirs (used when they hold weights), runtime
+    defaults, and whether acceptance is simulated (``bench``)."""
+
+    name: str
+    target: ModelConfig
+    draft: ModelConfig
+    target_dir: Path | None
+    draft_dir: Path | None
+    tokenizer: Path | None
+    runtime: RuntimeConfig
+    simulated: bool = False
+
+
+def tiny_target_config(vocab_size: int = 4096, eos_token_id: int | None = None) -> ModelConfig:
+    """The shipped tiny target: hidden 384, 8 layers, linear : full = 3 : 1."""
+    return ModelConfig(vocab_size=vocab_size, hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
+                       num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+                       layer_types=[FULL if i % 4 == 3 else LINEAR for i in range(8)], eos_token_id=eos_token_id)
+
+
+def tiny_draft_config(vocab_size: int = 4096, eos_token_id: int | None = None) -> ModelConfig:
+    """The shipped tiny draft: hidden 192, 3 full-attention layers, same tokenizer."""
+    return ModelConfig(vocab_size=vocab_size, hidden_size=192, intermediate_size=576, num_hidden_layers=3,
+                       num_attention_heads=3, num_key_value_heads=1, head_dim=64, eos_token_id=eos_token_id)
+
+
+def bench_target_config() -> ModelConfig:
+    """A ~1.5B-parameter hybrid target (hidden 2048, 24 layers, 18 linear + 6 full), random weights."""
+    return ModelConfig(vocab_size=32768, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=128,
+                       linear_num_key_heads=8, linear_num_value_heads=16,
+                       layer_types=[FULL if i % 4 == 3 else LINEAR for i in range(24)], eos_token_id=None)
+
+
+def bench_draft_config() -> ModelConfig:
+    """The bench draft: hidden 1024, 2 full-attention layers."""
+    return ModelConfig(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=128, eos_token_id=None)
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset("tiny", tiny_target_config(), tiny_draft_config(), MODELS_DIR / "tiny-target",
+                   MODELS_DIR / "tiny-draft", MODELS_DIR / "tokenizer.json",
+                   RuntimeConfig(block_size=8, page_size=16, window=256, max_seq_len=2048)),
+    "bench": Preset("bench", bench_target_config(), bench_draft_config(), None, None, None,
+                    RuntimeConfig(block_size=12, page_size=64, window=1024, max_seq_len=4096, prefill_chunk=512,
+                                  dtype="bfloat16", sim_accept_rate=0.78),
+                    simulated=True),
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; ConfigError naming the known ones otherwise."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r} (known: {', '.join(sorted(PRESETS))})")
+    return PRESETS[name]

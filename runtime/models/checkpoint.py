@@ -1,0 +1,107 @@
+"""Hugging Face-format checkpoint directories: ``config.json`` + ``*.safetensors`` (one file or shards).
+
+Tensor names are the HF Qwen3 / Llama / Qwen3-MoE ones (``model.embed_tokens.weight``,
+``model.layers.{i}.self_attn.q_proj.weight``, ``model.layers.{i}.mlp.gate_proj.weight``, ``model.norm.weight``,
+``lm_head.weight`` unless tied); this runtime's linear-attention layers add ``model.layers.{i}.linear_attn.*``.
+Nothing is fetched from a hub. Every problem raises ``CheckpointError`` (a ValueError) with one line naming the
+directory or file and the tensor.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError, ModelConfig
+from .model import Transformer
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some older Llama checkpoints carry
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; one line naming the file and the problem."""
+
+
+def save_checkpoint(model: Transformer, cfg: ModelConfig, directory: str | os.PathLike) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (tensors in the model's dtype) into ``directory``.
+
+    Files are written under temporary names and renamed, so a reader never sees half a checkpoint.
+    Returns the directory.
+    """
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    cfg_dict = cfg.to_hf_dict()
+    cfg_dict["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
+    for name, write in (("model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"})),
+                        ("config.json", lambda p: p.write_text(json.dumps(cfg_dict, indent=2) + "\n"))):
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        os.close(fd)
+        write(Path(tmp))
+        os.replace(tmp, out / name)
+    return out
+
+
+def read_config(directory: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a checkpoint directory (CheckpointError if config.json is missing or bad)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{directory}: no config.json (expected a Hugging Face checkpoint directory)")
+    try:
+        return ModelConfig.from_hf_dict(json.loads(path.read_text()), source=str(path))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of the directory's ``*.safetensors`` files, by name (CPU)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no *.safetensors file")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{f}: unreadable safetensors file ({str(e).splitlines()[0]})") from None
+    return tensors
+
+
+def load_checkpoint(directory: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32) -> Transformer:
+    """Load a checkpoint directory into a ``Transformer`` on ``device`` in ``dtype``; its config is
+    ``model.config``. Raises CheckpointError on a missing directory/config/tensor, a tensor of the wrong shape,
+    or an unexpected tensor."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: checkpoint directory not found")
+    cfg = read_config(directory)
+    tensors = read_tensors(directory)
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    expected = model.state_dict()
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)  # tied checkpoints sometimes store the copy
+    for name, t in expected.items():
+        if name not in tensors:
+            raise CheckpointError(f"{directory}: missing tensor {name} {list(t.shape)}")
+        if tuple(tensors[name].shape) != tuple(t.shape):
+            raise CheckpointError(f"{directory}: tensor {name} has shape {list(tensors[name].shape)}, "
+                                  f"expected {list(t.shape)}")
+    extra = sorted(k for k in tensors if k not in expected and not k.endswith(IGNORED_SUFFIXES))
+    if extra:
+        raise CheckpointError(f"{directory}: unexpected tensor {extra[0]} (and {len(extra) - 1} more); "
+                              f"config.json does not describe these weights")
+    model = model.to_empty(device=device)
+    model.load_state_dict({k: tensors[k] for k in expected}, strict=True)
+    model.config = cfg
+    return model.to(dtype=dtype)

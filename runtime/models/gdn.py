@@ -1,0 +1,121 @@
+"""Gated delta rule linear attention (Yang, Kautz, Hatamizadeh 2024, "Gated Delta Networks"; Qwen3-Next).
+
+Per head, with a recurrent state S [dk, dv] (float32), for each token t:
+
+    S <- exp(g_t) * S                      (decay, g_t <= 0)
+    u  = beta_t * (v_t - S^T k_t)          (delta rule correction)
+    S <- S + k_t u^T
+    o_t = S^T (q_t / sqrt(dk))
+
+``gated_delta_rule_ref`` is the plain PyTorch recurrence (CPU, and the verify / decode path everywhere: it can
+return the state after every token, which the speculative commit selects from). ``gated_delta_rule_fla`` calls
+flash-linear-attention's chunked kernel (``fla.ops.gated_delta_rule.chunk_gated_delta_rule``) on CUDA, for
+training and prefill; scripts/gpu_check_runtime.py checks it against the reference.
+
+The layer follows Qwen3-Next without its short convolution: fused q/k/v projection, L2-normalised q and k,
+beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), per-head RMSNorm of the output times a per-head
+sigmoid gate, then the output projection.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .layers import RMSNorm
+
+try:  # optional: only on CUDA machines with flash-linear-attention / fla-core installed
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as _fla_chunk
+except Exception:  # ImportError, or Triton missing on a CPU box
+    _fla_chunk = None
+
+
+def fla_available() -> bool:
+    """True when flash-linear-attention's gated-delta-rule kernel imported."""
+    return _fla_chunk is not None
+
+
+def gated_delta_rule_ref(q, k, v, g, beta, state=None, return_all: bool = False):
+    """Reference recurrence. q, k [bs, T, H, dk]; v [bs, T, H, dv]; g, beta [bs, T, H]; state [bs, H, dk, dv]
+    float32 or None (zeros). Returns (o [bs, T, H, dv] in v's dtype, states): states is the final state
+    [bs, H, dk, dv], or with ``return_all`` the state after each token [bs, T, H, dk, dv]. All in float32;
+    elementwise products and sums only, so a token's result does not depend on T or on the batch."""
+    bs, T, H, dk = k.shape
+    dv = v.shape[-1]
+    S = torch.zeros(bs, H, dk, dv, device=v.device, dtype=torch.float32) if state is None else state.float()
+    qf, kf, vf = q.float() * dk ** -0.5, k.float(), v.float()
+    decay, betaf = g.float().exp(), beta.float()
+    outs, states = [], []
+    for t in range(T):
+        S = S * decay[:, t, :, None, None]
+        kt = kf[:, t, :, :, None]                                         # bs, H, dk, 1
+        u = (vf[:, t] - (kt * S).sum(-2)) * betaf[:, t, :, None]          # bs, H, dv
+        S = S + kt * u[:, :, None, :]
+        outs.append((qf[:, t, :, :, None] * S).sum(-2))
+        if return_all:
+            states.append(S)
+    o = torch.stack(outs, 1).to(v.dtype)
+    return o, (torch.stack(states, 1) if return_all else S)
+
+
+def gated_delta_rule_fla(q, k, v, g, beta, state=None):
+    """flash-linear-attention's chunked kernel; same arguments and (o, final state) as the reference."""
+    o, final = _fla_chunk(q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
+                          beta.to(v.dtype).contiguous(), scale=q.shape[-1] ** -0.5,
+                          initial_state=None if state is None else state.float().contiguous(),
+                          output_final_state=True)
+    return o, final
+
+
+def gated_delta_rule(q, k, v, g, beta, state=None, return_all: bool = False):
+    """Dispatch: the fla kernel on CUDA when it is installed and one final state is enough (training, prefill);
+    the reference recurrence otherwise."""
+    if _fla_chunk is not None and q.is_cuda and not return_all:
+        return gated_delta_rule_fla(q, k, v, g, beta, state)
+    return gated_delta_rule_ref(q, k, v, g, beta, state, return_all)
+
+
+class GatedDeltaNet(nn.Module):
+    """One linear-attention layer (``linear_attn``): in_proj_qkv, in_proj_gates ([b | a | z], one per value head),
+    A_log, dt_bias, norm (per-head RMSNorm), out_proj."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.hk, self.hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.in_proj_qkv = nn.Linear(cfg.hidden_size, 2 * self.hk * self.dk + self.hv * self.dv, bias=False)
+        self.in_proj_gates = nn.Linear(cfg.hidden_size, 3 * self.hv, bias=False)
+        self.A_log = nn.Parameter(torch.log(torch.linspace(1.0, 16.0, self.hv)))
+        dt = torch.exp(torch.linspace(math.log(1e-3), math.log(1e-1), self.hv))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))   # inverse softplus (Mamba2 init)
+        self.norm = RMSNorm(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.hv * self.dv, cfg.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor):
+        """x [bs, T, hidden] -> (q, k [bs, T, Hv, dk] L2-normalised, v [bs, T, Hv, dv], g, beta, z [bs, T, Hv])."""
+        bs, T, _ = x.shape
+        qkv = self.in_proj_qkv(x)
+        nq = self.hk * self.dk
+        q = qkv[..., :nq].view(bs, T, self.hk, self.dk)
+        k = qkv[..., nq:2 * nq].view(bs, T, self.hk, self.dk)
+        v = qkv[..., 2 * nq:].view(bs, T, self.hv, self.dv)
+        rep = self.hv // self.hk
+        if rep > 1:  # grouped value attention: value head h reads key head h // rep
+            q, k = q.repeat_interleave(rep, 2), k.repeat_interleave(rep, 2)
+        q = F.normalize(q.float(), dim=-1, eps=1e-6).to(x.dtype)
+        k = F.normalize(k.float(), dim=-1, eps=1e-6).to(x.dtype)
+        b, a, z = self.in_proj_gates(x).float().chunk(3, -1)
+        g = -self.A_log.float().exp() * F.softplus(a + self.dt_bias.float())
+        return q, k, v, g, b.sigmoid(), z
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, return_all: bool = False):
+        """x [bs, T, hidden], state [bs, Hv, dk, dv] float32 or None -> (out [bs, T, hidden], state(s) as
+        ``gated_delta_rule`` returns them)."""
+        bs, T, _ = x.shape
+        q, k, v, g, beta, z = self.project(x)
+        o, new_state = gated_delta_rule(q, k, v, g, beta, state, return_all)
+        o = self.norm(o) * z.sigmoid()[..., None].to(o.dtype)
+        return self.out_proj(o.reshape(bs, T, self.hv * self.dv)), new_state

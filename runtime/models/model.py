@@ -1,0 +1,120 @@
+"""The Qwen3-style hybrid decoder as a pure forward over tokens, positions and explicit cache views (gpt-fast).
+
+    model(tokens)                              -> logits [bs, T, vocab]          plain causal forward (training)
+    model(tokens, positions, cache)            -> (logits, linear states)        over a paged KV pool
+
+Module names equal the Hugging Face tensor names (``model.layers.{i}.self_attn.q_proj.weight`` ...), so
+``state_dict()`` is a Qwen3 / Llama checkpoint; linear-attention layers live under ``linear_attn``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import FULL, LINEAR, ModelConfig
+from .gdn import GatedDeltaNet
+from .layers import MLP, Attention, KVView, MoE, RMSNorm
+
+
+@dataclass
+class CacheView:
+    """Everything a cached forward reads and writes, for all layers at once.
+
+    k_pools / v_pools: one [num_token_slots, Hkv, D] tensor per full-attention layer (written in place).
+    write_slots [bs, T], read_slots [bs, S], read_mask [bs, T, S]: see ``layers.KVView``.
+    lin_state: [n_linear, bs, Hv, dk, dv] float32, the recurrent states before these tokens (None = zeros).
+    all_states: return the state after every token ([n_linear, bs, T, Hv, dk, dv]) instead of the final one.
+    """
+
+    k_pools: list
+    v_pools: list
+    write_slots: torch.Tensor
+    read_slots: torch.Tensor
+    read_mask: torch.Tensor
+    lin_state: torch.Tensor | None = None
+    all_states: bool = False
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)); mixer = self_attn or linear_attn."""
+
+    def __init__(self, cfg: ModelConfig, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if layer_type == FULL:
+            self.self_attn = Attention(cfg)
+        else:
+            self.linear_attn = GatedDeltaNet(cfg)
+        self.mlp = MoE(cfg) if cfg.num_experts else MLP(cfg.hidden_size, cfg.intermediate_size)
+
+
+class Backbone(nn.Module):
+    """``model.*`` of a HF checkpoint: embed_tokens, layers, norm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, t) for t in cfg.layer_types)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """The decoder. ``Transformer(cfg)`` initialises random weights (normal, std 0.02; seeded by the caller)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.full_layers = [i for i, t in enumerate(cfg.layer_types) if t == FULL]
+        self.linear_layers = [i for i, t in enumerate(cfg.layer_types) if t == LINEAR]
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("embed_tokens.weight") or name.endswith("gate.weight") \
+                    or name.endswith("gates.weight") or name.endswith("lm_head.weight"):
+                nn.init.normal_(p, std=0.02)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head: h [bs, T, hidden] -> [bs, T, vocab]."""
+        h = self.model.norm(h)
+        w = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+        return torch.nn.functional.linear(h, w)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: CacheView | None = None):
+        """tokens [bs, T] long; positions [bs, T] long (default 0..T-1).
+
+        Without ``cache``: returns logits [bs, T, vocab] of a plain causal forward (training; on CUDA the
+        linear layers use fla's chunked kernel). With ``cache``: full-attention layers write their K/V into the
+        pools and attend over the masked gathered columns; linear layers continue from ``cache.lin_state``;
+        returns (logits, states) where states is [n_linear, bs, Hv, dk, dv] (or per token with
+        ``cache.all_states``), or None when the model has no linear layers.
+        """
+        bs, T = tokens.shape
+        if positions is None:
+            positions = torch.arange(T, device=tokens.device).expand(bs, T)
+        h = self.model.embed_tokens(tokens)
+        new_states, full_i, lin_i = [], 0, 0
+        for layer in self.model.layers:
+            x = layer.input_layernorm(h)
+            if layer.layer_type == FULL:
+                kv = None
+                if cache is not None:
+                    kv = KVView(cache.k_pools[full_i], cache.v_pools[full_i], cache.write_slots, cache.read_slots,
+                                cache.read_mask)
+                h = h + layer.self_attn(x, positions, kv)
+                full_i += 1
+            else:
+                state = None if cache is None or cache.lin_state is None else cache.lin_state[lin_i]
+                out, st = layer.linear_attn(x, state, cache is not None and cache.all_states)
+                h = h + out
+                new_states.append(st)
+                lin_i += 1
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = self.logits(h)
+        if cache is None:
+            return logits
+        return logits, (torch.stack(new_states) if new_states else None)
