@@ -347,3 +347,33 @@ def frame_stacks(tree: HostTree, rows: np.ndarray, cats: tuple[str, ...] = ("pyt
     names = tree.frames.to_numpy(dtype=object)
     stacks = [tuple(names[c] for c in row if c >= 0) for row in uniq]
     return inv.reshape(-1).astype(np.int64), stacks
+
+
+# ---------------------------------------------------------------- added for analyses/syncs.py (blocking syncs)
+# Older Kineto writes record_function ranges as cpu_op ("ProfilerStep#5", "Optimizer.step#SGD.step",
+# "## sparse_data_dist ##"); as an "ATen op" of a call site they would split one site per profiler step.
+
+def aten_op_mask(tree: HostTree) -> np.ndarray:
+    """(n,) bool: cpu_op nodes that are operators, i.e. not record_function labels written as cpu_op (any name
+    containing '#': ``ProfilerStep#5``, ``Optimizer.step#SGD.step``, ``## name ##``). Evaluated per frame name."""
+    op_frame = np.array(["#" not in f for f in tree.frames], dtype=bool)
+    return (tree.cat == CAT_CODE["cpu_op"]) & (tree.frame >= 0) & op_frame[np.maximum(tree.frame, 0)]
+
+
+def innermost_aten_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:
+    """Like :func:`innermost_op`, over :func:`aten_op_mask` ops only. Host rows, -1 where none."""
+    return tree.rows(enclosing(tree, tree.nodes(rows), aten_op_mask(tree)))
+
+
+def outermost_aten_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:
+    """Like :func:`outermost_op`, over :func:`aten_op_mask` ops only: ``aten::to`` for
+    ``ProfilerStep#7 -> aten::to -> aten::_to_copy -> aten::copy_ -> cudaMemcpyAsync``. Host rows, -1 where none."""
+    is_op = aten_op_mask(tree)
+    cur = enclosing(tree, tree.nodes(rows), is_op)
+    live = np.flatnonzero(cur >= 0)
+    while len(live):
+        p = tree.parent[cur[live]]
+        up = (p >= 0) & is_op[np.maximum(p, 0)]
+        cur[live[up]] = p[up]
+        live = live[up]
+    return tree.rows(cur)
