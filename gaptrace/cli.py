@@ -14,6 +14,7 @@ import click
 LAZY_COMMANDS = {
     "analyze": "gaptrace.analyze:analyze",
     "decode": "gaptrace.runtime.cli:decode",
+    "report": "gaptrace.report.cli:report",
 }
 
 

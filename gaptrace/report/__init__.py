@@ -1,0 +1,406 @@
+"""``gaptrace report``: one self-contained offline HTML file that explains where a trace's GPU idle time went.
+
+Sections, in reading order (issue 4, "Report"): the headline findings in words; per-device occupancy; occupancy over
+time as a busy-fraction strip with the annotation (NVTX / record_function) ranges below it; gap attribution as an
+icicle of the gap-clipped host stacks plus a table of self and inclusive idle; the blocking syncs with their call
+sites; the graph-launch fit with the capture's unprofiled launch costs beside it; per-round timings when the
+analysis has them; the trace's integrity warnings.
+
+The numbers come from :func:`gaptrace.analyze.run_analysis` (the JSON of ``gaptrace analyze --json``, issue 2); the
+report only adds views that need the trace itself (time bins, annotation lanes, the stack tree, launch points).
+Every string from the trace or the sidecar is escaped (see :mod:`gaptrace.report.html` and
+:func:`gaptrace.report.charts.esc`).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gaptrace.analyses.launch_fit import launch_points
+from gaptrace.analyses.timeline import device_timeline
+from gaptrace.trace import Trace, TraceError
+
+from . import charts
+from .html import fmt_ms, fmt_pct, fmt_us, h, kv_table, page, table
+from .lanes import annotation_lanes
+from .stacks import idle_stack_tree
+
+__all__ = ["render_report", "write_report", "find_sidecar", "load_sidecar", "N_BINS"]
+
+N_BINS = 1500  # strip resolution: exact busy fraction per bin, enough for a 1,500-px-wide screen
+
+
+# ---------------------------------------------------------------------------------------------- sidecar
+def find_sidecar(trace_path: str) -> str | None:
+    """The capture sidecar next to a trace (:func:`gaptrace.capture.sidecar_path`: ``X.json.gz`` ->
+    ``X.gaptrace.json``), or None when there is none."""
+    from gaptrace.capture import sidecar_path
+
+    p = sidecar_path(os.fspath(trace_path).rstrip("/"))
+    return p if os.path.isfile(p) else None
+
+
+def load_sidecar(path: str) -> dict:
+    """Read a capture sidecar (JSON object). Raises TraceError (one line naming the file) if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise TraceError(f"{path}: cannot read the capture sidecar: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise TraceError(f"{path}: the capture sidecar is not a JSON object")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- data
+def _points_from_analysis(fit: dict | None) -> pd.DataFrame | None:
+    pts = (fit or {}).get("points")
+    if not pts:
+        return None
+    if isinstance(pts, dict) and {"nodes", "host_us"} <= set(pts):
+        return pd.DataFrame({"nodes": pts["nodes"], "host_us": pts["host_us"]})
+    if isinstance(pts, list) and isinstance(pts[0], dict):
+        df = pd.DataFrame(pts)
+        ycol = next((c for c in ("host_us", "dur_us", "us") if c in df), None)
+        return df.rename(columns={ycol: "host_us"})[["nodes", "host_us"]] if "nodes" in df and ycol else None
+    if isinstance(pts, list) and isinstance(pts[0], (list, tuple)):
+        a = np.asarray(pts, dtype=float)
+        return pd.DataFrame({"nodes": a[:, 0], "host_us": a[:, 1]})
+    return None
+
+
+def _device_rows(trace: Trace, dev: dict) -> pd.DataFrame:
+    d = trace.device
+    m = d["device"] == int(dev.get("device", -1))
+    if "rank" in dev:
+        m &= d["rank"] == int(dev["rank"])
+    return d[m]
+
+
+def _window(trace: Trace, dev: dict) -> tuple[float, float]:
+    rows = _device_rows(trace, dev)
+    t0 = dev.get("window_start_us")
+    t1 = dev.get("window_end_us")
+    if t0 is None:
+        t0 = float(rows["ts_us"].min()) if len(rows) else 0.0
+    if t1 is None:
+        t1 = float(rows["end_us"].max()) if len(rows) else float(t0)
+    return float(t0), float(t1)
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def _headline(analysis: dict) -> str:
+    lines = analysis.get("headline") or [f.get("summary", "") for f in analysis.get("findings") or []][:3]
+    if isinstance(lines, str):
+        lines = [lines]
+    out = ['<section class="headline" id="headline">']
+    out += [f"<p>{h(line)}</p>" for line in lines if line] or ['<p class="empty">no findings</p>']
+    findings = analysis.get("findings") or []
+    if findings:
+        out.append('<ul class="findings">')
+        for f in findings:
+            share = f.get("idle_share")
+            share_s = f" ({fmt_pct(share)} of idle)" if share is not None else ""
+            out.append(f'<li><span class="kind">{h(f.get("kind", ""))}</span>{h(f.get("summary", ""))}'
+                       f"{h(share_s)}</li>")
+        out.append("</ul>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _devices(analysis: dict) -> str:
+    devs = analysis.get("devices") or []
+    rows = [(d.get("device"), d.get("name", ""), fmt_ms(d.get("window_us")), fmt_ms(d.get("busy_us")),
+             fmt_ms(d.get("idle_us")), fmt_pct(d.get("occupancy")), d.get("gaps", "–")) for d in devs]
+    return ('<h2 id="occupancy">Occupancy</h2><p class="how">Busy = the union of kernel, memcpy and memset '
+            "intervals over all streams; occupancy = busy time / window.</p>"
+            + table([("device", "num"), ("name", ""), ("window (ms)", "num"), ("busy (ms)", "num"),
+                     ("idle (ms)", "num"), ("occupancy", "num"), ("idle gaps", "num")], rows))
+
+
+def _timeline(trace: Trace, analysis: dict, figures: dict) -> str:
+    devs = analysis.get("devices") or []
+    head = ('<h2 id="timeline">Occupancy over time</h2><p class="how">Busy fraction of each device in '
+            f"{N_BINS:,} equal time bins over the window (exact, not sampled); below it the annotation ranges "
+            "(NVTX / record_function), one lane per source and nesting depth; zoom with the mouse.</p>")
+    if not devs:
+        return head + '<p class="empty">no device activity in this trace: no occupancy strip</p>'
+    windows = [_window(trace, d) for d in devs[:8]]
+    t0, t1 = min(w[0] for w in windows), max(w[1] for w in windows)
+    strips = []
+    for d in devs[:8]:
+        tl = device_timeline(_device_rows(trace, d), t0, t1)
+        strips.append((f"GPU {d.get('device')}", tl.busy_fraction_bins(N_BINS)))
+    lanes = annotation_lanes(trace.host, trace.gpu_annotations, t0, t1, N_BINS)
+    figures["fig-timeline"] = charts.occupancy_figure(strips, lanes, t0, t1)
+    merged = int((lanes["count"] > 1).sum()) if len(lanes) else 0
+    note = (f'<p class="how">{merged:,} bars merge neighbouring ranges (hover for counts).</p>' if merged else "")
+    return head + '<div class="chart" id="fig-timeline"></div>' + note
+
+
+def _gaps(trace: Trace, analysis: dict, figures: dict) -> str:
+    devs = analysis.get("devices") or []
+    out = ['<h2 id="gaps">Where the idle time went</h2><p class="how">Each idle gap is charged to the host '
+           "frames open during it, clipped to the gap: to the innermost frame (self) and to every enclosing "
+           "frame (inclusive), on every host thread. The icicle is the stack tree by frame path (click a box to "
+           "zoom in); the table aggregates by frame.</p>"]
+    if devs:
+        d = devs[0]
+        t0, t1 = _window(trace, d)
+        tree = idle_stack_tree(trace, device_timeline(_device_rows(trace, d), t0, t1))
+        if len(tree.nodes):
+            figures["fig-icicle"] = charts.icicle_figure(tree)
+            out.append(f'<p class="how">Stack tree for GPU {h(d.get("device"))}: '
+                       f"{fmt_ms(tree.total_idle_us)} ms idle in the window.</p>"
+                       '<div class="chart" id="fig-icicle"></div>')
+    rows = [(f.get("frame", ""), fmt_ms(f.get("self_idle_us")), fmt_ms(f.get("inclusive_idle_us")),
+             fmt_pct(f.get("share")), f.get("gaps", "–")) for f in (analysis.get("gap_attribution") or [])[:40]]
+    out.append(table([("frame", "frame"), ("self idle (ms)", "num"), ("inclusive idle (ms)", "num"),
+                      ("share of idle", "num"), ("gaps", "num")], rows))
+    return "\n".join(out)
+
+
+def _syncs(analysis: dict) -> str:
+    rows = []
+    for s in (analysis.get("blocking_syncs") or [])[:40]:
+        stack = s.get("stack") or []
+        if isinstance(stack, str):
+            stack = [stack]
+        site = h(s.get("site", ""))
+        if stack:
+            site = f"<details><summary>{site}</summary><pre>{h(chr(10).join(map(str, stack)))}</pre></details>"
+        rows.append((h(s.get("call", "")), site, h(s.get("count", "")), h(fmt_ms(s.get("blocked_us"))),
+                     h(fmt_ms(s.get("idle_after_us"))), h(fmt_pct(s.get("idle_share"))),
+                     h(fmt_pct(s.get("device_busy_during")))))
+    return ('<h2 id="syncs">Blocking syncs</h2><p class="how">Host calls that waited for the device, by call site '
+            "(innermost Python frame with a source file; expand for the stack). Blocked = host time beyond the "
+            "device op's own duration; idle after = device idle from the call's end to the next device work (the "
+            "serialized tail).</p>"
+            + table([("call", "frame"), ("call site", "frame"), ("count", "num"), ("blocked (ms)", "num"),
+                     ("idle after (ms)", "num"), ("share of idle", "num"), ("device busy during", "num")],
+                    rows, raw_cols=range(7)))
+
+
+def _sidecar_graphs(sidecar: dict | None) -> pd.DataFrame | None:
+    graphs = (sidecar or {}).get("graphs")
+    if not isinstance(graphs, list):
+        return None
+    rows = [g for g in graphs if isinstance(g, dict)]
+    df = pd.DataFrame({"name": [str(g.get("name", "")) for g in rows],
+                       "nodes": pd.to_numeric(pd.Series([g.get("nodes") for g in rows], dtype=object),
+                                              errors="coerce"),
+                       "unprofiled_launch_us": pd.to_numeric(
+                           pd.Series([g.get("unprofiled_launch_us") for g in rows], dtype=object), errors="coerce")})
+    return df.dropna(subset=["nodes", "unprofiled_launch_us"]).reset_index(drop=True)
+
+
+def _launch_fit(trace: Trace, analysis: dict, sidecar: dict | None, figures: dict) -> str:
+    fit = analysis.get("launch_fit")
+    out = ['<h2 id="launch-fit">Graph-launch fit</h2><p class="how">Host time of each cudaGraphLaunch against N, '
+           "the device activities it launched, with a robust affine fit t(N) = t0 + κN. Under the profiler κ is "
+           "mostly CUPTI instrumenting each node; the capture's unprofiled launch costs, when present, show what "
+           "the launch costs without it.</p>"]
+    points = _points_from_analysis(fit)
+    if points is None:
+        pts, _ = launch_points(trace)
+        points = pd.DataFrame({"nodes": pts["nodes"], "host_us": pts["dur_us"]})
+    unprof = _sidecar_graphs(sidecar)
+    if not fit and not len(points) and (unprof is None or not len(unprof)):
+        out.append('<p class="empty">no CUDA graph launches in this trace</p>')
+        return "\n".join(out)
+    if len(points) > 5000:  # every k-th point keeps the shape, and the report small
+        points = points.iloc[:: int(np.ceil(len(points) / 5000))]
+    figures["fig-launch"] = charts.launch_fit_figure(points, fit, unprof)
+    side = []
+    if fit:
+        side.append(kv_table([("launches", f"{fit.get('launches', '–')}"),
+                              ("κ (µs per node)", fmt_us(fit.get("kappa_us_per_node"), 3)),
+                              ("t0 (µs)", fmt_us(fit.get("t0_us"))), ("R²", fmt_us(fit.get("r2"), 4))]))
+        g = fit.get("graphs") or []
+        side.append(table([("N", "num"), ("launches", "num"), ("median host (µs)", "num")],
+                          [(x.get("nodes"), x.get("launches"), fmt_us(x.get("median_us"))) for x in g]))
+    if unprof is not None and len(unprof):
+        k = (fit or {}).get("kappa_us_per_node")
+        t0 = (fit or {}).get("t0_us")
+        med = {int(x["nodes"]): x.get("median_us") for x in ((fit or {}).get("graphs") or []) if "nodes" in x}
+        rows = []
+        for r in unprof.itertuples():
+            prof = med.get(int(r.nodes))
+            if prof is None and k is not None and t0 is not None:
+                prof = float(t0) + float(k) * float(r.nodes)
+            ratio = f"{float(prof) / r.unprofiled_launch_us:,.1f}×" if prof and r.unprofiled_launch_us > 0 else "–"
+            rows.append((r.name, int(r.nodes), fmt_us(r.unprofiled_launch_us), fmt_us(prof), ratio))
+        side.append("<p><b>Unprofiled launch cost (capture sidecar)</b></p>"
+                    + table([("graph", "frame"), ("N", "num"), ("unprofiled (µs)", "num"),
+                             ("profiled (µs)", "num"), ("inflation", "num")], rows))
+    out.append('<div class="row"><div class="chart" id="fig-launch"></div><div>' + "".join(side) + "</div></div>")
+    return "\n".join(out)
+
+
+_ROUND_COLS = [  # (normalised key candidates, header, formatter)
+    (("round", "index", "name", "range"), "round", str),
+    (("tgpuus", "gpuus", "tgpu"), "TGPU (ms)", fmt_ms),
+    (("thostus", "hostus", "thost"), "Thost (ms)", fmt_ms),
+    (("troundus", "roundus", "periodus", "tround"), "Tround (ms)", fmt_ms),
+    (("tau", "acceptlength", "tokens"), "τ", lambda v: fmt_us(v, 2)),
+    (("tpotus", "tpot"), "TPOT (ms)", fmt_ms),
+]
+
+
+def _rounds(analysis: dict, sidecar: dict | None) -> str:
+    head = ('<h2 id="rounds">Verify rounds</h2><p class="how">Per annotated round: TGPU = device busy inside it, '
+            "Thost = host dispatch time, Tround = the period, τ = tokens emitted (accepted prefix + bonus), "
+            "TPOT = Tround / τ. Overlapped scheduling gives Tround ≈ max(TGPU, Thost); one sync gives "
+            "Tround ≈ TGPU + Tserial.</p>")
+    rounds = analysis.get("rounds")
+    if isinstance(rounds, dict):
+        rounds = rounds.get("rounds")
+    if not rounds:
+        return head + ('<p class="pending">No per-round analysis for this trace: it needs one annotation per '
+                       'verify round (a range named like "round").</p>')
+    side_rounds = [r for r in (sidecar or {}).get("rounds") or [] if isinstance(r, dict)]
+    rows = []
+    for i, r in enumerate(r for r in rounds if isinstance(r, dict)):
+        norm = {k.replace("_", "").lower(): v for k, v in r.items()}
+        if "tau" not in norm and i < len(side_rounds) and "tau" in side_rounds[i]:
+            norm["tau"] = side_rounds[i]["tau"]
+        if "tpotus" not in norm and "tpot" not in norm:
+            tr = next((norm[k] for k in ("troundus", "roundus", "periodus") if k in norm), None)
+            try:
+                norm["tpotus"] = float(tr) / float(norm["tau"]) if tr is not None and float(norm["tau"]) else None
+            except (KeyError, TypeError, ValueError):
+                pass
+        row = []
+        for keys, _, f in _ROUND_COLS:
+            v = next((norm[k] for k in keys if k in norm), None)
+            row.append("–" if v is None else f(v))
+        rows.append(row)
+    unprof = (sidecar or {}).get("unprofiled_round_ms")
+    note = (f'<p class="how">Unprofiled round time (capture sidecar): {h(unprof)} ms.</p>'
+            if unprof is not None else "")
+    return head + table([(t, "num") for _, t, _ in _ROUND_COLS], rows) + note
+
+
+def _summary(v: Any) -> Any:
+    """A list of numbers as "n values: median, min, max"; anything else unchanged."""
+    if isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        a = np.asarray(v, dtype=float)
+        return f"{len(a)} values: median {np.median(a):,.3f}, min {a.min():,.3f}, max {a.max():,.3f}"
+    return v
+
+
+def _sidecar_section(sidecar: dict | None, sidecar_path: str | None) -> str:
+    if not sidecar:
+        return ""
+    out = [f'<h2 id="capture">Capture</h2><p class="how">From the capture sidecar {h(sidecar_path or "")}.</p>']
+    prof, unprof = sidecar.get("profiled_step_ms"), sidecar.get("unprofiled_step_ms")
+    if isinstance(prof, list) and isinstance(unprof, list) and prof and unprof:
+        try:
+            mp, mu = float(np.median(np.asarray(prof, float))), float(np.median(np.asarray(unprof, float)))
+            out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: the "
+                       f"profiler adds {h(f'{mp - mu:,.3f}')} ms per step ({h(fmt_pct((mp - mu) / mu))}).</p>"
+                       if mu > 0 else "")
+        except (TypeError, ValueError):
+            pass
+    config = sidecar.get("config")
+    if isinstance(config, dict) and config:
+        out.append("<p><b>config</b></p>" + kv_table(sorted(config.items())))
+    out.append(kv_table((k, _summary(v)) for k, v in sidecar.items() if k not in ("graphs", "rounds", "config")))
+    return "\n".join(out)
+
+
+def _warnings(trace: Trace, analysis: dict, extra: list[str]) -> str:
+    warns = list(dict.fromkeys([*(analysis.get("warnings") or []), *trace.warnings, *extra]))
+    body = ("<ul class=\"warnings\">" + "".join(f"<li>{h(w)}</li>" for w in warns) + "</ul>") if warns else \
+        '<p class="empty">none: the trace passed the integrity checks</p>'
+    return '<h2 id="warnings">Integrity warnings</h2>' + body
+
+
+def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *,
+                  sidecar_path: str | None = None, warnings: list[str] | None = None) -> str:
+    """The report page as one HTML string (self-contained: plotly.js inlined, nothing fetched).
+
+    ``analysis``: the dict of :func:`gaptrace.analyze.run_analysis` (issue 2 schema; unknown keys ignored, missing
+    sections rendered as absent). ``sidecar``: the capture sidecar dict or None. ``warnings``: extra lines for the
+    integrity section (e.g. a sidecar that could not be read). Pure: writes nothing.
+    """
+    from gaptrace import __version__
+
+    figures: dict[str, dict] = {}
+    name = os.path.basename(os.fspath(trace.path).rstrip("/"))
+    meta = trace.metadata or {}
+    versions = ", ".join(f"{k} {meta[k]}" for k in ("cuda_runtime_version", "cuda_driver_version", "cupti_version")
+                         if k in meta)
+    devnames = sorted({str(d.get("name") or "") for d in analysis.get("devices") or []} - {""})
+    body = [
+        "<header><h1>gaptrace report: why was the GPU idle?</h1>",
+        f'<div class="meta">{h(trace.path)} · {h(", ".join(devnames) or "no device")}'
+        f'{" · " + h(versions) if versions else ""} · generated '
+        f'{h(_dt.datetime.now().strftime("%Y-%m-%d %H:%M"))} by gaptrace {h(__version__)}</div></header>',
+        _headline(analysis),
+        _devices(analysis),
+        _timeline(trace, analysis, figures),
+        _gaps(trace, analysis, figures),
+        _syncs(analysis),
+        _launch_fit(trace, analysis, sidecar, figures),
+        _rounds(analysis, sidecar),
+        _sidecar_section(sidecar, sidecar_path),
+        _warnings(trace, analysis, warnings or []),
+        "<footer>Times are on the trace's own clock; fractions are shown as percentages. "
+        "Definitions: gaptrace DESIGN.md, \"The analyses\".</footer>",
+    ]
+    return page(f"gaptrace: {name}", "\n".join(body), figures, __version__)
+
+
+def _atomic_write(path_out: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path_out))
+    fd, tmp = tempfile.mkstemp(prefix=".gaptrace-report-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path_out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_report(path_in: str, path_out: str, window: str | None = None, sidecar_path: str | None = None) -> dict:
+    """Load ``path_in``, analyse it, render the report and write it to ``path_out`` atomically (a temporary file
+    in the same directory, then ``os.replace``). The sidecar is ``sidecar_path`` or the one :func:`find_sidecar`
+    finds; an explicitly named sidecar that cannot be read is an error, an implicit one becomes a warning.
+
+    Returns {"path", "bytes", "sidecar"}. Raises TraceError for bad input (nothing is written then).
+    """
+    from gaptrace import load_trace
+    from gaptrace.analyze import run_analysis
+
+    trace = load_trace(path_in)
+    analysis = run_analysis(trace, window=window)
+    extra: list[str] = []
+    sidecar = None
+    if sidecar_path is not None:
+        sidecar = load_sidecar(sidecar_path)
+    else:
+        sidecar_path = find_sidecar(path_in)
+        if sidecar_path is not None:
+            try:
+                sidecar = load_sidecar(sidecar_path)
+            except TraceError as e:
+                extra.append(f"capture sidecar ignored: {e}")
+                sidecar_path = None
+    text = render_report(trace, analysis, sidecar, sidecar_path=sidecar_path, warnings=extra)
+    out_dir = os.path.dirname(os.path.abspath(path_out))
+    if not os.path.isdir(out_dir):
+        raise TraceError(f"{path_out}: the output directory does not exist")
+    _atomic_write(path_out, text)
+    return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path}

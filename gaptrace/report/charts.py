@@ -1,0 +1,209 @@
+"""The report's charts as plain plotly figure dicts (``{"data": [...], "layout": {...}}``), ready for JSON.
+
+No plotly Python objects are built: the dicts go straight into the page and plotly.js draws them. Every string that
+comes from a trace goes through :func:`esc` first: plotly draws labels as SVG text but parses a small set of
+HTML-like tags in them (``<b>``, ``<br>``, ``<a href>``, ``<span style>``) and in hover text, so ``<``, ``>`` and
+``&`` are turned into entities, which plotly shows as the literal characters.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+
+from .stacks import StackTree
+
+__all__ = ["esc", "occupancy_figure", "icicle_figure", "launch_fit_figure", "PALETTE"]
+
+MAX_LEGEND = 10  # annotation names with their own colour and legend entry
+
+PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
+           "#bab0ac"]
+BUSY_COLOUR = "#2a7f62"
+HEAT = [[0.0, "#fdecd2"], [0.35, "#fdbb84"], [0.7, "#ef6548"], [1.0, "#990000"]]
+FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
+
+
+def esc(s: object, limit: int | None = None) -> str:
+    """``str(s)`` with ``&``, ``<``, ``>`` escaped for plotly labels and hover text (optionally shortened first)."""
+    s = str(s)
+    if limit is not None and len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return html.escape(s, quote=False)
+
+
+def _ms(x: np.ndarray | float, t0_us: float) -> np.ndarray:
+    return np.round((np.asarray(x, dtype=np.float64) - t0_us) / 1000.0, 6)
+
+
+def occupancy_figure(strips: list[tuple[str, pd.DataFrame]], lanes: pd.DataFrame, t0_us: float,
+                     t1_us: float) -> dict:
+    """Busy-fraction strips (one per device) over time, with the annotation lanes below them.
+
+    ``strips``: (device label, frame with start_us, end_us, busy_fraction) per device, e.g. from
+    ``BusyTimeline.busy_fraction_bins``. ``lanes``: from :func:`gaptrace.report.lanes.annotation_lanes`.
+    Time is shown in ms from ``t0_us`` (the window start) to ``t1_us``. The ``MAX_LEGEND`` range names with the
+    most time get their own colour and legend entry; the others are grey.
+    """
+    lane_names = list(dict.fromkeys(lanes["lane"])) if len(lanes) else []
+    n_strips = max(len(strips), 1)
+    strip_px, lane_px, gap_px = 150, 26, 30
+    lanes_px = lane_px * len(lane_names)
+    height = 60 + n_strips * (strip_px + gap_px) + (lanes_px + gap_px + 60 if lane_names else 0) + 40
+    plot_px = height - 100
+    data: list[dict] = []
+    layout: dict = {
+        "height": height, "margin": {"l": 70, "r": 20, "t": 20, "b": 50}, "font": FONT, "showlegend": False,
+        "hovermode": "closest", "plot_bgcolor": "#ffffff", "bargap": 0.15, "barmode": "overlay",
+        "uniformtext": {"minsize": 9, "mode": "hide"},
+        "xaxis": {"title": {"text": "time from window start (ms)"}, "zeroline": False,
+                  "range": [0.0, float(_ms(t1_us, t0_us))], "showgrid": True,
+                  "gridcolor": "#eeeeee", "anchor": f"y{n_strips + (1 if lane_names else 0)}"
+                  if n_strips + (1 if lane_names else 0) > 1 else "y"},
+    }
+    top = 1.0
+    for k, (label, bins) in enumerate(strips):
+        axis = "y" if k == 0 else f"y{k + 1}"
+        h = strip_px / plot_px
+        dom = [max(top - h, 0.0), top]
+        top = dom[0] - gap_px / plot_px
+        x = np.r_[_ms(bins["start_us"], t0_us), _ms(bins["end_us"].iloc[-1:], t0_us)] if len(bins) else []
+        y = np.r_[bins["busy_fraction"].to_numpy(), bins["busy_fraction"].to_numpy()[-1:]] if len(bins) else []
+        y = np.round(np.asarray(y, dtype=np.float64), 4)
+        data.append({
+            "type": "scatter", "mode": "lines", "x": list(map(float, x)), "y": list(map(float, y)),
+            "xaxis": "x", "yaxis": axis, "line": {"shape": "hv", "width": 1, "color": BUSY_COLOUR},
+            "fill": "tozeroy", "fillcolor": "rgba(42,127,98,0.45)", "name": esc(label), "showlegend": False,
+            "hovertemplate": "%{x:.3f} ms: busy %{y:.1%}<extra></extra>",
+        })
+        layout["yaxis" if k == 0 else f"yaxis{k + 1}"] = {
+            "domain": dom, "range": [0, 1.02], "tickformat": ".0%", "title": {"text": esc(label, 24)},
+            "anchor": "x", "gridcolor": "#eeeeee", "fixedrange": True}
+    if lane_names:
+        axis_no = n_strips + 1
+        layout[f"yaxis{axis_no}"] = {
+            "domain": [0.0, max(top, 0.0)], "type": "category", "categoryorder": "array",
+            "categoryarray": lane_names[::-1], "anchor": "x", "fixedrange": True, "showgrid": False}
+        names = lanes["name"].to_numpy(dtype=object)
+        start = _ms(lanes["start_us"], t0_us)
+        dur = np.maximum(_ms(lanes["end_us"], t0_us) - start, 0.0)
+        counts = lanes["count"].to_numpy()
+        # one trace (and legend entry) per name, the MAX_LEGEND names with the most time; the rest share one
+        total = pd.Series(dur).groupby(pd.Series(names)).sum().sort_values(ascending=False)
+        top = [n for n in total.index if n][:MAX_LEGEND]
+        group = np.where(pd.Series(names).isin(top).to_numpy(), names, "")
+        for k, n in enumerate([*top, ""]):
+            m = group == n
+            if not m.any():
+                continue
+            text = [esc(x, 40) if x else f"{c} ranges" for x, c in zip(names[m], counts[m])]
+            hover = [f"{esc(x, 200) if x else 'several names'}{f' ({c} ranges merged)' if c > 1 else ''}"
+                     f"<br>{s:.3f} ms + {d:.3f} ms" for x, c, s, d in zip(names[m], counts[m], start[m], dur[m])]
+            data.append({
+                "type": "bar", "orientation": "h", "base": list(map(float, start[m])),
+                "x": list(map(float, dur[m])), "y": list(lanes["lane"].to_numpy()[m]), "xaxis": "x",
+                "yaxis": f"y{axis_no}", "marker": {"color": PALETTE[k % len(PALETTE)] if n else "#bbbbbb"},
+                "text": text, "textposition": "inside", "insidetextanchor": "start", "hovertext": hover,
+                "hoverinfo": "text", "name": esc(n, 40) if n else "other ranges", "showlegend": True,
+                "textfont": {"color": "#ffffff"}, "width": 0.8,
+            })
+        layout["showlegend"] = True
+        layout["legend"] = {"orientation": "h", "x": 0, "y": -60 / plot_px, "yanchor": "top",
+                            "font": {"size": 11}}
+    return {"data": data, "layout": layout}
+
+
+def icicle_figure(tree: StackTree, max_nodes: int = 300, min_share: float = 0.002) -> dict:
+    """Icicle chart of the gap-clipped stacks: thread → outermost frame → ... → innermost, sized by idle µs.
+
+    Keeps at most ``max_nodes`` nodes (largest inclusive idle first) and drops nodes under ``min_share`` of the
+    device's idle time; a dropped node's idle stays in its parent's box ("remainder" branch values, so each box's
+    size is its inclusive idle). A node is only kept with its parent. Colour = the box's own idle, including that
+    of dropped children (pale: the time sits deeper; dark red: it sits right here).
+    """
+    nodes = tree.nodes
+    total = tree.total_idle_us if tree.total_idle_us > 0 else 1.0
+    if nodes.empty:
+        return {"data": [], "layout": {"height": 120, "font": FONT}}
+    nodes = nodes[nodes["inclusive_idle_us"] >= min_share * total]
+    nodes = nodes.sort_values(["inclusive_idle_us", "depth"], ascending=[False, True]).head(max_nodes)
+    kept = set(nodes["node"].tolist())
+    # close the set under "parent kept", level by level
+    nodes = nodes.sort_values("depth")
+    ok = nodes["parent"].isin(kept) | (nodes["parent"] < 0)
+    while not ok.all():
+        nodes = nodes[ok]
+        kept = set(nodes["node"].tolist())
+        ok = nodes["parent"].isin(kept) | (nodes["parent"] < 0)
+    incl = nodes.set_index("node")["inclusive_idle_us"]
+    kept_child_sum = nodes[nodes["parent"] >= 0].groupby("parent")["inclusive_idle_us"].sum()
+    value = (incl - kept_child_sum.reindex(incl.index, fill_value=0.0)).clip(lower=0.0)
+    ids = [f"n{n}" for n in nodes["node"]]
+    parents = ["" if p < 0 else f"n{p}" for p in nodes["parent"]]
+    labels = [esc(lbl, 60) for lbl in nodes["label"]]
+    hover = [f"{esc(lbl, 300)}<br>inclusive idle {i / 1000:,.3f} ms ({i / total:.1%} of GPU idle)"
+             f"<br>self idle {s / 1000:,.3f} ms ({s / total:.1%})<br>{e} host event(s)"
+             for lbl, i, s, e in zip(nodes["label"], nodes["inclusive_idle_us"], nodes["self_idle_us"],
+                                     nodes["events"])]
+    max_depth = int(nodes["depth"].max()) + 1
+    values = [float(round(v, 3)) for v in value.loc[nodes["node"]]]
+    return {
+        "data": [{
+            "type": "icicle", "ids": ids, "labels": labels, "parents": parents,
+            "values": values, "branchvalues": "remainder",
+            "hovertext": hover, "hoverinfo": "text", "textinfo": "label", "sort": False,
+            "tiling": {"orientation": "v"}, "maxdepth": min(max_depth, 12),
+            "marker": {"colors": [float(x / total) for x in values], "colorscale": HEAT,
+                       "cmin": 0.0, "cmax": max(max(values) / total, 1e-9)},
+            "root": {"color": "#f4f4f4"}, "pathbar": {"visible": True},
+        }],
+        "layout": {"height": 640, "margin": {"l": 5, "r": 5, "t": 30, "b": 5}, "font": FONT},
+    }
+
+
+def launch_fit_figure(points: pd.DataFrame, fit: dict | None, unprofiled: pd.DataFrame | None) -> dict:
+    """Scatter of (N device activities, host µs) per graph launch, the fitted line t0 + κN, per-N medians, and the
+    unprofiled launch costs the capture measured (``unprofiled``: columns name, nodes, unprofiled_launch_us).
+
+    ``points``: columns nodes, host_us. ``fit``: the analysis's ``launch_fit`` dict (kappa_us_per_node, t0_us,
+    r2, graphs) or None. DESIGN.md "Launch fit".
+    """
+    data: list[dict] = []
+    if len(points):
+        data.append({"type": "scatter", "mode": "markers", "name": "profiled launches",
+                     "x": points["nodes"].astype(float).tolist(), "y": np.round(points["host_us"], 3).tolist(),
+                     "marker": {"size": 6, "color": "rgba(78,121,167,0.55)"},
+                     "hovertemplate": "N=%{x:.0f}: %{y:,.1f} µs<extra>launch</extra>"})
+    xmax = float(points["nodes"].max()) if len(points) else 1.0
+    if unprofiled is not None and len(unprofiled):
+        xmax = max(xmax, float(unprofiled["nodes"].max()))
+    if fit and fit.get("kappa_us_per_node") is not None and fit.get("t0_us") is not None:
+        k, t0 = float(fit["kappa_us_per_node"]), float(fit["t0_us"])
+        data.append({"type": "scatter", "mode": "lines", "name": f"fit: {t0:,.1f} µs + {k:.3f} µs × N",
+                     "x": [0.0, xmax * 1.05], "y": [t0, t0 + k * xmax * 1.05],
+                     "line": {"color": "#e15759", "width": 2, "dash": "dash"}, "hoverinfo": "skip"})
+    graphs = (fit or {}).get("graphs") or []
+    if graphs:
+        g = pd.DataFrame(graphs)
+        if {"nodes", "median_us"} <= set(g.columns):
+            data.append({"type": "scatter", "mode": "markers", "name": "median per N",
+                         "x": g["nodes"].astype(float).tolist(), "y": g["median_us"].astype(float).tolist(),
+                         "marker": {"symbol": "diamond", "size": 11, "color": "#f28e2b",
+                                    "line": {"width": 1, "color": "#333"}},
+                         "hovertemplate": "N=%{x:.0f}: median %{y:,.1f} µs<extra>profiled</extra>"})
+    if unprofiled is not None and len(unprofiled):
+        names = [esc(n, 60) for n in unprofiled["name"]]
+        data.append({"type": "scatter", "mode": "markers", "name": "unprofiled (capture sidecar)",
+                     "x": unprofiled["nodes"].astype(float).tolist(),
+                     "y": unprofiled["unprofiled_launch_us"].astype(float).tolist(),
+                     "marker": {"symbol": "x", "size": 12, "color": "#59a14f"},
+                     "hovertext": [f"{n}: N={x:.0f}, {y:,.1f} µs without the profiler" for n, x, y in
+                                   zip(names, unprofiled["nodes"], unprofiled["unprofiled_launch_us"])],
+                     "hoverinfo": "text"})
+    return {"data": data, "layout": {
+        "height": 420, "margin": {"l": 70, "r": 20, "t": 20, "b": 50}, "font": FONT, "plot_bgcolor": "#ffffff",
+        "xaxis": {"title": {"text": "N: device activities launched by one cudaGraphLaunch"}, "rangemode": "tozero",
+                  "gridcolor": "#eeeeee"},
+        "yaxis": {"title": {"text": "host time of the launch (µs)"}, "rangemode": "tozero", "gridcolor": "#eeeeee"},
+        "legend": {"x": 0.01, "y": 0.99, "bgcolor": "rgba(255,255,255,0.8)"}}}

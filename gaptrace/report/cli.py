@@ -1,0 +1,43 @@
+"""The ``gaptrace report`` command (registered lazily in :mod:`gaptrace.cli`)."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from gaptrace.trace import TraceError
+
+
+def default_output(trace_path: str) -> str:
+    """``X.json.gz`` -> ``X.report.html`` in the current directory."""
+    base = os.path.basename(os.fspath(trace_path).rstrip("/"))
+    for suffix in (".gz", ".json"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+    return (base or "trace") + ".report.html"
+
+
+@click.command(name="report")
+@click.argument("trace", type=click.Path(exists=True, dir_okay=True))
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
+              help="HTML file to write (default: TRACE's name with .report.html, in the current directory).")
+@click.option("--window", default=None, metavar="NAME",
+              help="Analyse the span of the annotations with this name (default: first to last device activity).")
+@click.option("--sidecar", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Capture sidecar JSON (default: TRACE.gaptrace.json next to the trace, if present).")
+def report(trace: str, output: str | None, window: str | None, sidecar: str | None) -> None:
+    """Write one self-contained offline HTML report of TRACE: headline findings, occupancy over time, where the
+    idle time went, blocking syncs, the graph-launch fit and the integrity warnings."""
+    from gaptrace.cli import fail
+
+    from . import write_report
+
+    out = output or default_output(trace)
+    try:
+        info = write_report(trace, out, window=window, sidecar_path=sidecar)
+    except TraceError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{out}: cannot write the report: {e.strerror or e}")
+    side = f" (with capture sidecar {info['sidecar']})" if info["sidecar"] else ""
+    click.echo(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB){side}")

@@ -1,0 +1,152 @@
+"""The gap-clipped stack tree behind the report's icicle chart, and interval nesting for the annotation lanes.
+
+:func:`idle_stack_tree` aggregates the gap-clipped idle under every host event by frame path (thread → outermost
+frame → ... → innermost frame), the flame-graph view of DESIGN.md "Gap attribution (gap-clipped stacks)".
+:func:`nest_parents` nests any set of intervals per group by time containment (the annotation ranges' lanes).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from gaptrace.analyses.stacks import host_tree
+from gaptrace.analyses.timeline import BusyTimeline
+from gaptrace.trace import Trace
+
+__all__ = ["nest_parents", "StackTree", "idle_stack_tree"]
+
+
+def nest_parents(group: np.ndarray, start_us: np.ndarray, end_us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Parent index and depth of intervals that nest inside groups (threads, streams).
+
+    Shapes: (n,) each (``group`` any integer codes) -> ``parent`` (n,) int64 index into the inputs (-1 for a
+    root) and ``depth`` (n,) int64 (0 for a root). The parent of event i is the latest-starting event of the same
+    group that contains it (start <= start_i and end >= end_i); equal intervals nest in input order. Intervals that
+    overlap without containment are not parents of each other (a clock-skewed trace still yields a tree).
+
+    Method: sort by (group, start, -end); the parent is then the nearest earlier event whose end is >= this end
+    (the "previous greater element"), found by pointer jumping: every jump from k to parent(k) skips only events
+    that end before k does, so it stays correct at every step. O(n log n) vectorised; jumps and depth levels are
+    the only Python loops.
+    """
+    n = len(start_us)
+    if n == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    group = np.asarray(group)
+    s = np.asarray(start_us, dtype=np.float64)
+    e = np.asarray(end_us, dtype=np.float64)
+    order = np.lexsort((np.arange(n), -e, s, group))
+    g, es = group[order], e[order]
+    first = np.r_[True, g[1:] != g[:-1]]
+    gfirst = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    p = np.arange(n, dtype=np.int64) - 1
+    todo = np.flatnonzero(p >= gfirst)
+    while len(todo):
+        cand = p[todo]
+        bad = es[cand] < es[todo]
+        todo = todo[bad]
+        p[todo] = p[cand[bad]]
+        todo = todo[p[todo] >= gfirst[todo]]
+    p[p < gfirst] = -1
+    # depth, one containment level at a time
+    depth_sorted = np.full(n, -1, dtype=np.int64)
+    level = np.flatnonzero(p < 0)
+    d = 0
+    depth_sorted[level] = 0
+    children = np.argsort(p, kind="stable")
+    p_sorted = p[children]
+    while len(level):
+        lo = np.searchsorted(p_sorted, level, side="left")
+        hi = np.searchsorted(p_sorted, level, side="right")
+        level = children[_ranges(lo, hi)]
+        d += 1
+        depth_sorted[level] = d
+    parent = np.full(n, -1, dtype=np.int64)
+    parent[order] = np.where(p >= 0, order[np.maximum(p, 0)], -1)
+    depth = np.empty(n, dtype=np.int64)
+    depth[order] = depth_sorted
+    return parent, depth
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(lo[i], hi[i]) for all i, vectorised."""
+    lens = hi - lo
+    keep = lens > 0
+    lo, lens = lo[keep], lens[keep]
+    if len(lens) == 0:
+        return np.empty(0, dtype=np.int64)
+    offsets = np.repeat(lo - np.r_[0, np.cumsum(lens)[:-1]], lens)
+    return np.arange(lens.sum()) + offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class StackTree:
+    """Gap-clipped idle aggregated by frame path. One row per node in ``nodes``:
+
+    ``node`` (int id), ``parent`` (node id, -1 for a thread root), ``label`` (frame name, normalized; a root is
+    ``thread PID/TID``), ``depth``, ``inclusive_idle_us`` (idle while any event at this path was open),
+    ``self_idle_us`` (inclusive minus the children's inclusive), ``events`` (host events at this path that
+    overlapped idle time). ``total_idle_us`` is the device's idle time in the window.
+    """
+
+    nodes: pd.DataFrame
+    total_idle_us: float
+
+
+def idle_stack_tree(trace: Trace, timeline: BusyTimeline) -> StackTree:
+    """Aggregate the idle time under every host event of ``trace`` by its frame path (thread, then outermost
+    frame inward), for one device's busy ``timeline`` over the analysis window.
+
+    The nesting is :func:`gaptrace.analyses.stacks.host_tree` (the one gap attribution uses, so the icicle and the
+    attribution table agree). Each event's inclusive idle is ``timeline.idle_between(start, end)``: idle clipped
+    to the event and the window (DESIGN.md "A way to compute them in n log n"). Events with no idle under them
+    are dropped (their ancestors keep theirs: a parent contains its children). Vectorised over events; the only
+    Python loop is over depth levels.
+    """
+    empty = pd.DataFrame({"node": [], "parent": [], "label": [], "depth": [], "inclusive_idle_us": [],
+                          "self_idle_us": [], "events": []})
+    tree = host_tree(trace)
+    if tree.n == 0:
+        return StackTree(empty, timeline.idle_us)
+    idle = timeline.idle_between(tree.start_us, tree.end_us)
+    keep = idle > 0
+    if not keep.any():
+        return StackTree(empty, timeline.idle_us)
+    n_frames = len(tree.frames) + 1
+    frame = tree.frame.astype(np.int64) + 1  # -1 (no name) -> 0
+    frame_names = np.r_[np.array([""], dtype=object), tree.frames.to_numpy(dtype=object)]
+    th = tree.threads
+    n_roots = len(th)
+    node_of = np.full(tree.n, -1, dtype=np.int64)
+    parents = [np.full(n_roots, -1, dtype=np.int64)]
+    labels = [np.array([f"thread {p}/{t}" + (f" (rank {r})" if th["rank"].nunique() > 1 else "")
+                        for r, p, t in zip(th["rank"], th["pid"], th["tid"])], dtype=object)]
+    depths = [np.zeros(n_roots, dtype=np.int64)]
+    next_id = n_roots
+    for d in range(int(tree.depth[keep].max()) + 1):
+        idx = np.flatnonzero(keep & (tree.depth == d))
+        if len(idx) == 0:
+            continue
+        par = tree.parent[idx]
+        pnode = np.where(par >= 0, node_of[np.maximum(par, 0)], tree.thread[idx].astype(np.int64))
+        uniq, inv = np.unique(pnode * n_frames + frame[idx], return_inverse=True)
+        node_of[idx] = next_id + inv
+        parents.append(uniq // n_frames)
+        labels.append(frame_names[uniq % n_frames])
+        depths.append(np.full(len(uniq), d + 1, dtype=np.int64))
+        next_id += len(uniq)
+    kept = np.flatnonzero(keep)
+    incl = np.bincount(node_of[kept], weights=idle[kept], minlength=next_id)
+    count = np.bincount(node_of[kept], minlength=next_id)
+    parent = np.concatenate(parents)
+    # a thread root's idle = the sum over its top-level events (siblings on one thread are disjoint)
+    has_parent = parent >= 0
+    child_sum = np.bincount(parent[has_parent], weights=incl[has_parent], minlength=next_id)
+    incl[:n_roots] = child_sum[:n_roots]
+    nodes = pd.DataFrame({"node": np.arange(next_id), "parent": parent, "label": np.concatenate(labels),
+                          "depth": np.concatenate(depths), "inclusive_idle_us": incl,
+                          "self_idle_us": np.maximum(incl - child_sum, 0.0), "events": count})
+    nodes = nodes[nodes["inclusive_idle_us"] > 0].reset_index(drop=True)
+    return StackTree(nodes, timeline.idle_us)
