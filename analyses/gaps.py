@@ -1,0 +1,252 @@
+"""Idle-gap attribution to host stacks, gap-clipped (DESIGN.md "Gap attribution" and "A way to compute them in
+n log n"; issue 2, analysis 2).
+
+For one device (keyed (rank, device); default the busiest) and a window (see :mod:`.occupancy`), with
+idle(t) the device's cumulative idle time (:class:`BusyTimeline`):
+
+- **inclusive idle** of a host event [s, e] = idle(e) - idle(s): device idle time while the event was open.
+- **self idle** of a host event = idle time while it was the *innermost* open event on its thread, i.e. the
+  latest-started event open at that instant (the top of the stack a sampler would see). When events nest properly
+  this is inclusive minus the direct children's inclusive; with partial overlaps (a record_function range that
+  starts inside one Python frame and ends inside another) each instant is still charged to exactly one event
+  per thread, so the self idle of a thread's events sums to the idle under the union of its events.
+- Frames are all host categories: Python frames, ATen ops, user annotations, CUDA runtime/driver calls, under
+  their normalised names (:func:`gaptrace.analyses.stacks.normalize_frame`). Host threads of the device's rank
+  only (another rank's clock is another process's).
+
+Aggregation by frame over all host threads, as *time unions* so that nothing is counted twice:
+``inclusive_idle_us`` is the idle time during which the frame was open on at least one thread (a frame nested
+in itself, recursion, counts its outermost occurrence only; two threads in the same frame at once count once),
+``self_idle_us`` the idle time during which it was the innermost frame on at least one thread. So
+``share = inclusive_idle_us / idle_us of the window`` is in [0, 1].
+
+All of it is vectorised: searchsorted over the busy spans, bincount/unique for grouping, one loop over host
+threads (for a searchsorted) and rounds of pointer jumping (about the nesting depth) to find the innermost event.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from gaptrace.trace import HOST_CATEGORIES, Trace
+
+from .occupancy import busy_timeline, resolve_device
+from .stacks import HostTree, host_tree
+from .timeline import BusyTimeline
+
+__all__ = ["EventIdle", "event_idle", "gap_attribution", "gap_table"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class EventIdle:
+    """Per host event idle for one device and window. Arrays are indexed by :class:`HostTree` node.
+
+    ``inclusive_us``/``self_us``: (n,) float64 µs, 0 for events of other ranks. ``in_rank``: (n,) bool.
+    ``seg_start_us``/``seg_end_us``/``seg_node``: the elementary host-time segments of the rank's threads
+    (between consecutive event boundaries of one thread) and the innermost open event in each (-1: none).
+    """
+
+    rank: int
+    device: int
+    timeline: BusyTimeline
+    tree: HostTree
+    in_rank: np.ndarray
+    inclusive_us: np.ndarray
+    self_us: np.ndarray
+    seg_start_us: np.ndarray
+    seg_end_us: np.ndarray
+    seg_node: np.ndarray
+
+    def thread_covered_idle_us(self) -> np.ndarray:
+        """(T,) idle under the union of each thread's events (= sum of its events' self idle)."""
+        tl = self.timeline
+        act = self.seg_node >= 0
+        idle = tl.idle_between(self.seg_start_us[act], self.seg_end_us[act])
+        return np.bincount(self.tree.thread[self.seg_node[act]], weights=idle,
+                           minlength=len(self.tree.threads)).astype(np.float64)
+
+
+def _segments(tree: HostTree, nodes_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Elementary segments of every selected thread and the innermost (latest-started) open event in each.
+
+    A segment [b_k, b_k+1) lies between consecutive distinct start/end times of one thread; the events open in it
+    are constant. Its innermost event: the last event starting at or before b_k (searchsorted), then jumps along
+    ``open_top`` while the candidate has already ended (every event skipped ended before the candidate started).
+    """
+    starts, ends, owners = [], [], []
+    for k in range(len(tree.threads)):
+        lo, hi = int(tree.thread_bounds[k]), int(tree.thread_bounds[k + 1])
+        if hi == lo or not nodes_mask[lo]:
+            continue
+        s, e = tree.start_us[lo:hi], tree.end_us[lo:hi]
+        b = np.unique(np.concatenate([s, e]))
+        if len(b) < 2:
+            continue
+        pos = np.searchsorted(s, b[:-1], side="right") - 1 + lo
+        starts.append(b[:-1])
+        ends.append(b[1:])
+        owners.append(pos)
+    if not starts:
+        z = np.empty(0)
+        return z, z, np.empty(0, dtype=np.int64)
+    seg_s, seg_e = np.concatenate(starts), np.concatenate(ends)
+    pos = np.concatenate(owners).astype(np.int64)
+    live = np.flatnonzero(pos >= 0)
+    end, top = tree.end_us, tree.open_top
+    while len(live):
+        p = pos[live]
+        closed = end[p] <= seg_s[live]
+        live = live[closed]
+        nxt = top[p[closed]]
+        pos[live] = nxt
+        live = live[nxt >= 0]
+    return seg_s, seg_e, pos
+
+
+def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
+               window: str | tuple[float, float] | None = None) -> EventIdle:
+    """Inclusive and self idle of every host event of the device's rank (definitions in the module docstring).
+
+    ``device``: int, (rank, device) or None (the busiest). ``window``: None (first to last device activity),
+    an annotation name, or (t0_us, t1_us). Raises TraceError when the trace has no device activity or the window
+    matches no annotation.
+    """
+    key = resolve_device(trace, device)
+    tl = busy_timeline(trace, key, window)
+    tree = host_tree(trace)
+    rank_of_thread = tree.threads["rank"].to_numpy()
+    in_rank = rank_of_thread[tree.thread] == key[0] if tree.n else np.zeros(0, dtype=bool)
+    inclusive = np.where(in_rank, tl.idle_between(tree.start_us, tree.end_us), 0.0)
+    seg_s, seg_e, seg_node = _segments(tree, in_rank)
+    act = seg_node >= 0
+    self_us = np.bincount(seg_node[act], weights=tl.idle_between(seg_s[act], seg_e[act]),
+                          minlength=tree.n).astype(np.float64)
+    return EventIdle(rank=key[0], device=key[1], timeline=tl, tree=tree, in_rank=in_rank,
+                     inclusive_us=inclusive, self_us=self_us, seg_start_us=seg_s, seg_end_us=seg_e,
+                     seg_node=seg_node)
+
+
+def _grouped_union(group: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Union of intervals per group: (span_group, span_start, span_end), sorted by (group, start). Vectorised.
+
+    The running maximum of ends within a group is one ``maximum.accumulate`` over ``group * n + rank(end)``.
+    """
+    n = len(s)
+    if n == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0)
+    o = np.lexsort((s, group))
+    g, s, e = group[o].astype(np.int64), s[o], e[o]
+    by_end = np.argsort(e, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_end] = np.arange(n)
+    run = np.maximum.accumulate(g * n + rank) - g * n
+    run_end = e[by_end[run]]
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    new[1:] = (g[1:] != g[:-1]) | (s[1:] > run_end[:-1])
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, n - 1]
+    return g[first], s[first], run_end[last]
+
+
+def _gap_ranges(tl: BusyTimeline, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+    """For intervals [s, e]: index range [lo, hi] of the idle gaps they overlap by a positive length."""
+    gaps = tl.gaps()
+    lo = np.searchsorted(gaps["end_us"].to_numpy(), s, side="right")
+    hi = np.searchsorted(gaps["start_us"].to_numpy(), e, side="left") - 1
+    return lo, hi, gaps
+
+
+def gap_attribution(trace: Trace, device: int | tuple[int, int] | None = None,
+                    window: str | tuple[float, float] | None = None,
+                    result: EventIdle | None = None) -> pd.DataFrame:
+    """Idle time per host frame (normalised name), sorted by inclusive_idle_us desc; frames with no idle omitted.
+
+    Columns: frame, cat (host category of the frame), self_idle_us, inclusive_idle_us, share (inclusive /
+    idle of the window, 0..1), gaps (distinct idle gaps the frame overlapped), events (occurrences of the frame
+    that intersect the window). Units µs. See the module docstring for the union semantics.
+    Pass ``result`` (from :func:`event_idle`) to reuse a computation.
+    """
+    r = result if result is not None else event_idle(trace, device, window)
+    tree, tl = r.tree, r.timeline
+    cols = ["frame", "cat", "self_idle_us", "inclusive_idle_us", "share", "gaps", "events"]
+    nf = len(tree.frames)
+    if tree.n == 0 or tl.idle_us <= 0:
+        return pd.DataFrame({c: [] for c in cols})
+    # inclusive: union per frame of the events that saw idle
+    sel = np.flatnonzero(r.inclusive_us > 0)
+    fg, fs, fe = _grouped_union(tree.frame[sel], tree.start_us[sel], tree.end_us[sel])
+    incl = np.bincount(fg, weights=tl.idle_between(fs, fe), minlength=nf)
+    lo, hi, _ = _gap_ranges(tl, np.maximum(fs, tl.t0_us), np.minimum(fe, tl.t1_us))
+    # distinct gaps per frame: spans of one frame are disjoint and sorted, so ranges overlap at most at one end
+    prev_hi = np.r_[-1, hi[:-1]]
+    prev_hi[np.r_[True, fg[1:] != fg[:-1]]] = -1
+    n_gaps = np.bincount(fg, weights=np.maximum(hi - np.maximum(lo, prev_hi + 1) + 1, 0), minlength=nf)
+    # self: union per frame of the segments where it was innermost on some thread
+    act = np.flatnonzero(r.seg_node >= 0)
+    seg_idle = tl.idle_between(r.seg_start_us[act], r.seg_end_us[act])
+    act = act[seg_idle > 0]
+    sg, ss, se = _grouped_union(tree.frame[r.seg_node[act]], r.seg_start_us[act], r.seg_end_us[act])
+    self_ = np.bincount(sg, weights=tl.idle_between(ss, se), minlength=nf)
+    # occurrences intersecting the window
+    inwin = r.in_rank & (tree.start_us < tl.t1_us) & ((tree.end_us > tl.t0_us) | (tree.start_us >= tl.t0_us))
+    events = np.bincount(tree.frame[inwin], minlength=nf)
+    cat_of = np.full(nf, -1, dtype=np.int64)
+    cat_of[tree.frame[::-1]] = tree.cat[::-1]  # any occurrence's category (the first one wins)
+    keep = np.flatnonzero(incl > 0)
+    out = pd.DataFrame({
+        "frame": tree.frames.to_numpy(dtype=object)[keep],
+        "cat": np.array(HOST_CATEGORIES, dtype=object)[cat_of[keep]],
+        "self_idle_us": self_[keep],
+        "inclusive_idle_us": incl[keep],
+        "share": incl[keep] / tl.idle_us,
+        "gaps": n_gaps[keep].astype(np.int64),
+        "events": events[keep].astype(np.int64),
+    })
+    return out.sort_values(["inclusive_idle_us", "self_idle_us", "frame"], ascending=[False, False, True],
+                           kind="stable").reset_index(drop=True)
+
+
+def gap_table(trace: Trace, device: int | tuple[int, int] | None = None,
+              window: str | tuple[float, float] | None = None, result: EventIdle | None = None) -> pd.DataFrame:
+    """One row per idle gap of the window: gap, start_us, end_us, dur_us, frame, frame_idle_us, frame_share.
+
+    ``frame`` is the innermost host frame that held most of the gap: the frame with the most idle µs inside the
+    gap as the innermost open event of some thread (summed over threads); "" when no host event was open.
+    ``frame_share = frame_idle_us / dur_us`` (can exceed 1 when several threads sat in the same frame).
+    Cost: one row per (segment, gap) overlap; segments of one thread are disjoint, so at most
+    segments + gaps x threads rows.
+    """
+    r = result if result is not None else event_idle(trace, device, window)
+    tree, tl = r.tree, r.timeline
+    gaps = tl.gaps()
+    ng = len(gaps)
+    frame = np.full(ng, "", dtype=object)
+    held = np.zeros(ng)
+    act = np.flatnonzero(r.seg_node >= 0)
+    if ng and len(act):
+        a, b = r.seg_start_us[act], r.seg_end_us[act]
+        lo, hi, _ = _gap_ranges(tl, a, b)
+        cnt = np.maximum(hi - lo + 1, 0)
+        seg = np.repeat(np.arange(len(act)), cnt)
+        off = np.r_[0, np.cumsum(cnt)[:-1]]
+        gi = lo[seg] + (np.arange(len(seg)) - off[seg])
+        gs, ge = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
+        ov = np.minimum(b[seg], ge[gi]) - np.maximum(a[seg], gs[gi])
+        fr = tree.frame[r.seg_node[act][seg]].astype(np.int64)
+        nf = max(len(tree.frames), 1)
+        keys, inv = np.unique(gi.astype(np.int64) * nf + fr, return_inverse=True)
+        tot = np.bincount(inv.reshape(-1), weights=ov)
+        kg, kf = keys // nf, keys % nf
+        o = np.lexsort((-tot, kg))
+        first = o[np.r_[True, kg[o][1:] != kg[o][:-1]]]
+        frame[kg[first]] = tree.frames.to_numpy(dtype=object)[kf[first]]
+        held[kg[first]] = tot[first]
+    dur = gaps["dur_us"].to_numpy()
+    return pd.DataFrame({
+        "gap": np.arange(ng), "start_us": gaps["start_us"].to_numpy(), "end_us": gaps["end_us"].to_numpy(),
+        "dur_us": dur, "frame": frame, "frame_idle_us": held,
+        "frame_share": np.divide(held, dur, out=np.zeros(ng), where=dur > 0),
+    })

@@ -1,0 +1,157 @@
+"""Occupancy per device over a window: busy time (union of kernel, memcpy, memset over all streams) / window length.
+
+DESIGN.md "Busy / occupancy" and "Gap": busy time is the union of a device's activity intervals; occupancy of a
+window = busy time inside it / window length; a gap is a maximal idle interval inside the window. Devices are keyed
+by (rank, device). The arithmetic lives in :class:`gaptrace.analyses.timeline.BusyTimeline`; this module picks
+the window and the device and tabulates.
+
+Windows (:func:`resolve_window`):
+- ``None``: the device's first to last activity;
+- ``"NAME"``: the span of the annotations called NAME (first start to last end): the gpu_user_annotation ranges
+  on that device when it has any, else the host user_annotation ranges of that rank (record_function / NVTX
+  mirrored ranges); TraceError naming the window and the annotation names available when none match;
+- ``(t0_us, t1_us)``: an explicit window on the trace's clock.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+
+from gaptrace.trace import Trace, TraceError
+
+from .timeline import BusyTimeline
+
+__all__ = [
+    "DeviceOccupancy",
+    "resolve_device",
+    "resolve_window",
+    "busy_timeline",
+    "device_occupancy",
+    "occupancy",
+    "busy_fraction_bins",
+]
+
+@dataclasses.dataclass(frozen=True)
+class DeviceOccupancy:
+    """Occupancy of one device over one window. Times in µs on the trace's clock; occupancy in [0, 1]."""
+
+    rank: int
+    device: int
+    name: str
+    window: str  # "activity" (first to last device activity), the annotation name, or "explicit"
+    window_start_us: float
+    window_end_us: float
+    window_us: float
+    busy_us: float
+    idle_us: float
+    occupancy: float
+    gaps: int
+
+
+def resolve_device(trace: Trace, device: int | tuple[int, int] | None = None) -> tuple[int, int]:
+    """``(rank, device)`` for ``device`` given as an int (rank 0 first, then any rank), a pair, or None.
+
+    None picks the busiest device (most busy µs over its own activity span). TraceError if the trace has no
+    device activity or the device is not in it.
+    """
+    ids = trace.device_ids
+    if not ids:
+        raise TraceError(f"{trace.path}: no GPU activity (kernel/memcpy/memset): occupancy cannot be computed")
+    if device is None:
+        busy = [busy_timeline(trace, d).busy_us for d in ids]
+        return ids[int(np.argmax(busy))]
+    if isinstance(device, tuple):
+        key = (int(device[0]), int(device[1]))
+        if key in ids:
+            return key
+    else:
+        match = [d for d in ids if d[1] == int(device)]
+        if match:
+            return match[0]
+    raise TraceError(f"{trace.path}: no activity on device {device}; devices with activity: {ids}")
+
+
+def _device_rows(trace: Trace, key: tuple[int, int]) -> pd.DataFrame:
+    d = trace.device
+    return d[(d["rank"].to_numpy() == key[0]) & (d["device"].to_numpy() == key[1])]
+
+
+def resolve_window(trace: Trace, device: int | tuple[int, int] | None = None,
+                   window: str | tuple[float, float] | None = None) -> tuple[float, float]:
+    """The window ``(t0_us, t1_us)`` for a device (see the module docstring for the three forms).
+
+    Raises TraceError naming the window and the annotation names available when no annotation matches.
+    """
+    key = resolve_device(trace, device)
+    if window is None:
+        rows = _device_rows(trace, key)
+        return float(rows["ts_us"].min()), float(rows["end_us"].max())
+    if isinstance(window, tuple):
+        t0, t1 = float(window[0]), float(window[1])
+        if not t1 >= t0:
+            raise TraceError(f"{trace.path}: window {window} ends before it starts")
+        return t0, t1
+    ga = trace.gpu_annotations
+    sel = ga[(ga["rank"].to_numpy() == key[0]) & (ga["device"].to_numpy() == key[1])
+             & (ga["name"].astype(str).to_numpy() == window)]
+    if sel.empty:
+        ua = trace.host[(trace.host["cat"] == "user_annotation").to_numpy() & (trace.host["rank"].to_numpy() == key[0])]
+        sel = ua[ua["name"].astype(str).to_numpy() == window]
+    if sel.empty:
+        names = sorted(set(ga["name"].astype(str)) | set(
+            trace.host.loc[trace.host["cat"] == "user_annotation", "name"].astype(str)))
+        shown = ", ".join(names[:20]) + (f", … ({len(names)} in all)" if len(names) > 20 else "")
+        raise TraceError(f"{trace.path}: no annotation named {window!r} for window; "
+                         f"annotations in the trace: {shown or 'none'}")
+    return float(sel["ts_us"].min()), float(sel["end_us"].max())
+
+
+def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
+                  window: str | tuple[float, float] | None = None) -> BusyTimeline:
+    """The device's :class:`BusyTimeline` clipped to the window (default: first to last activity).
+
+    Busy = union of kernel, memcpy and memset intervals on all streams of that (rank, device); annotations,
+    cuda_sync and profiler overhead events never count as busy (DESIGN.md "Busy / occupancy").
+    """
+    key = resolve_device(trace, device)
+    rows = _device_rows(trace, key)
+    t0, t1 = (None, None) if window is None else resolve_window(trace, key, window)
+    return BusyTimeline.from_intervals(rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), t0, t1)
+
+
+def device_occupancy(trace: Trace, device: int | tuple[int, int] | None = None,
+                     window: str | tuple[float, float] | None = None) -> DeviceOccupancy:
+    """Occupancy of one device (None: the busiest) over the window. See :func:`occupancy` for the fields."""
+    key = resolve_device(trace, device)
+    tl = busy_timeline(trace, key, window)
+    label = "activity" if window is None else ("explicit" if isinstance(window, tuple) else str(window))
+    return DeviceOccupancy(rank=key[0], device=key[1], name=trace.device_name(key[1]), window=label,
+                           window_start_us=tl.t0_us, window_end_us=tl.t1_us, window_us=tl.window_us,
+                           busy_us=tl.busy_us, idle_us=tl.idle_us, occupancy=tl.occupancy, gaps=len(tl.gaps()))
+
+
+def occupancy(trace: Trace, window: str | tuple[float, float] | None = None) -> pd.DataFrame:
+    """Occupancy of every (rank, device) with activity, one row each, sorted by (rank, device).
+
+    Columns: rank, device, name (GPU product name), window, window_start_us, window_end_us, window_us, busy_us,
+    idle_us, occupancy (busy_us / window_us, 0..1), gaps (number of idle gaps inside the window).
+    With a named window, devices without a matching annotation use the rank's host user_annotation range.
+    Raises TraceError when the trace has no device activity or no annotation matches the window.
+    """
+    rows = [dataclasses.asdict(device_occupancy(trace, key, window)) for key in trace.device_ids]
+    if not rows:
+        raise TraceError(f"{trace.path}: no GPU activity (kernel/memcpy/memset): occupancy cannot be computed")
+    return pd.DataFrame(rows)
+
+
+def busy_fraction_bins(trace: Trace, device: int | tuple[int, int] | None, n_bins: int,
+                       window: str | tuple[float, float] | None = None) -> pd.DataFrame:
+    """Busy fraction of the device in ``n_bins`` equal time bins over the window, for the occupancy strip.
+
+    Columns start_us, end_us, busy_fraction (0..1); exact from busy(t), not sampled. ValueError if n_bins < 1.
+    """
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    return busy_timeline(trace, device, window).busy_fraction_bins(n_bins)
