@@ -78,32 +78,27 @@ def _import_runtime():
 
 # ----------------------------------------------------------------------------------------------------- configs
 
-def model_config(ModelConfig, role: str, vocab_size: int, eos_id: int, plain_attention: bool, dry_run: bool):
-    """The ModelConfig of the tiny target or draft.
+def model_config(role: str, vocab_size: int, eos_id: int, plain_attention: bool, dry_run: bool):
+    """The ModelConfig of the tiny target or draft: the runtime's ``tiny`` preset (gaptrace.runtime.config).
 
-    Target (hybrid): 8 layers, hidden 384, pattern linear, linear, linear, full (3 : 1), about 10 M parameters,
-    about 20 MB in bf16. Draft: 3 full-attention layers, hidden 192, tied embeddings, about 2.1 M parameters.
-    ``dry_run`` shrinks both for a CPU smoke run.
+    Target: 8 layers, hidden 384, linear : full = 3 : 1 (about 14 M parameters, about 28 MB in bf16);
+    ``plain_attention``: the same shape with full attention in every layer (model_type qwen3). Draft: 3
+    full-attention layers, hidden 192, tied embeddings (about 2.1 M parameters). ``dry_run`` shrinks both for a
+    CPU smoke run.
     """
-    if role == "target":
-        n_layers, hidden, heads, kv_heads, head_dim, ffn = (4, 64, 2, 1, 32, 128) if dry_run else (8, 384, 6, 2, 64, 1024)
-        layer_types = ["full_attention" if plain_attention or i % 4 == 3 else "linear_attention" for i in range(n_layers)]
-    else:
-        n_layers, hidden, heads, kv_heads, head_dim, ffn = (2, 32, 2, 1, 16, 64) if dry_run else (3, 192, 3, 1, 64, 576)
-        layer_types = ["full_attention"] * n_layers
-    return ModelConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        num_layers=n_layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=ffn,
-        layer_types=layer_types,
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-        eos_token_id=eos_id,
-    )
+    from gaptrace.runtime.config import FULL, ModelConfig, tiny_draft_config, tiny_target_config
+
+    base = tiny_target_config if role == "target" else tiny_draft_config
+    d = dataclasses.asdict(base(vocab_size=vocab_size, eos_token_id=eos_id))
+    if dry_run:
+        d.update(hidden_size=64, intermediate_size=128, head_dim=32, num_attention_heads=2, num_key_value_heads=1,
+                 linear_num_key_heads=0, linear_num_value_heads=0, linear_key_head_dim=0, linear_value_head_dim=0)
+        if role == "target":
+            d.update(num_hidden_layers=4, layer_types=d["layer_types"][:4])
+    if role == "target" and plain_attention:
+        d["layer_types"] = [FULL] * d["num_hidden_layers"]
+    d["model_type"] = ""  # re-derived: gaptrace_hybrid, or qwen3 for an all-full-attention model
+    return ModelConfig(**d)
 
 
 # -------------------------------------------------------------------------------------------------------- data
@@ -243,6 +238,29 @@ def train(model, train_ids, val, args, device, *, seconds: float, max_steps: int
     return {"steps": step, "tokens": step * args.batch_size * args.seq_len, "train_seconds": round(wall, 1),
             "compile_seconds": round(compile_s, 1), "final_train_loss": round(loss_ema, 4), "best_step": best_step,
             "heldout": {k: round(v, 4) for k, v in best.items()}, "peak_lr": peak_lr}
+
+
+@torch.no_grad()
+def check_linear_kernel(model, tokens: torch.Tensor, device: str, bf16: bool) -> float | None:
+    """Relative L2 difference of ``model``'s logits on ``tokens`` with fla's chunked gated-delta-rule kernel
+    against the runtime's plain recurrence (gdn.gated_delta_rule_ref); None when fla is not in use (CPU, or not
+    installed). NaN when the kernel returns non-finite values (DESIGN.md: a first naive call once did)."""
+    from gaptrace.runtime.models import gdn
+
+    if device != "cuda" or not gdn.fla_available() or not model.linear_layers:
+        return None
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cuda", enabled=False)
+    with ctx:
+        fast = model(tokens).float()
+    saved, gdn._fla_chunk = gdn._fla_chunk, None
+    try:
+        with ctx:
+            ref = model(tokens).float()
+    finally:
+        gdn._fla_chunk = saved
+    if not torch.isfinite(fast).all():
+        return float("nan")
+    return ((fast - ref).norm() / ref.norm()).item()
 
 
 # ------------------------------------------------------------------------------------------- evaluation (τ)
@@ -426,12 +444,16 @@ def main(argv=None) -> int:
     stats: dict = {"corpus": corpus, "vocab_size": tok.get_vocab_size()}
     models = {}
     for role in ("target", "draft"):
-        cfg = model_config(ModelConfig, role, tok.get_vocab_size(), eos, args.plain_attention, args.dry_run)
+        cfg = model_config(role, tok.get_vocab_size(), eos, args.plain_attention, args.dry_run)
         torch.manual_seed(args.seed + (role == "draft"))
         model = Transformer(cfg).to(device)
         n_params = sum(p.numel() for p in model.parameters())
         log(f"[{role}] {n_params:,} parameters, layer types {cfg.layer_types}")
         if role == "target":
+            rel = check_linear_kernel(model, val[0][:2, :128].to(device), device, bf16=True)
+            log(f"[target] fla chunk kernel vs reference recurrence (bf16 autocast): relative L2 {rel}")
+            if rel is not None and not rel < 5e-2:
+                raise SystemExit(f"fla gated-delta-rule kernel disagrees with the reference (relative L2 {rel})")
             s = train(model, train_ids, val, args, device, seconds=args.target_seconds, max_steps=args.target_steps,
                       peak_lr=args.target_lr, name=role, log=log)
         else:
@@ -452,6 +474,14 @@ def main(argv=None) -> int:
     eval_dtype = torch.float32
     target = load_checkpoint(target_dir, device, eval_dtype).eval()
     draft = load_checkpoint(draft_dir, device, eval_dtype).eval()
+    rel = check_linear_kernel(target, val[0][:2, :256].to(device), device, bf16=False)
+    log(f"[tau] fla chunk kernel vs reference recurrence (float32): relative L2 {rel}")
+    if rel is not None and not rel < 1e-3:
+        from gaptrace.runtime.models import gdn
+
+        gdn._fla_chunk = None
+        log("[tau] evaluating with the reference recurrence (fla disagrees in float32)")
+    linear_impl = "fla chunk kernel" if rel is not None and rel < 1e-3 else "reference recurrence"
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     prompt_ids = [tok.encode(p["prompt"]).ids for p in prompts]
     if args.dry_run:
@@ -484,7 +514,8 @@ def main(argv=None) -> int:
         command="python scripts/train_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
         n_prompts=len(prompt_ids), max_new_tokens=args.max_new_tokens, eval_dtype=str(eval_dtype).split(".")[-1],
         eval_device=device,
-        decoder="scripts/train_pair.py spec_decode (no cache, full forward per draft step and per verify)",
+        decoder=("scripts/train_pair.py spec_decode (no cache, full forward per draft step and per verify; "
+                 f"linear-attention layers through the {linear_impl})"),
         wall_seconds=time.perf_counter() - t_start,
     )
     for role, lim in (("target", TARGET_LIMIT_BYTES), ("draft", DRAFT_LIMIT_BYTES)):
