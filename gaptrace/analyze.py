@@ -1,0 +1,335 @@
+"""``gaptrace analyze``: all core analyses of one trace, the findings in words, and the JSON for CI gates.
+
+:func:`run_analysis` returns one JSON-able dict (the ``--json`` output; the report renders the same dict):
+
+- ``devices``: [{rank, device, name, window, window_start_us, window_end_us, window_us, busy_us, idle_us,
+  occupancy (0..1), gaps}] (DESIGN.md "Busy / occupancy");
+- ``gap_attribution``: [{frame, cat, self_idle_us, inclusive_idle_us, share, gaps, events}], sorted by
+  inclusive_idle_us desc, for the analysed device (the busiest unless ``device`` is given);
+- ``idle_sites``: [{site, idle_us, share}]: the device's idle time charged to the innermost host frame with a
+  source file open at each moment (self idle of that frame plus of the ATen ops, runtime calls and built-ins
+  it called), the answer to "which of my functions was the host in while the GPU idled";
+- ``blocking_syncs``: [{call, site, aten_op, stack, count, blocked_us, idle_after_us, idle_share,
+  device_busy_during, max_blocked_us, mean_blocked_us, ...}] sorted by blocked_us desc (DESIGN.md "Blocking syncs");
+- ``launch_fit``: {launches, kappa_us_per_node, t0_us, r2, graphs: [{nodes, launches, median_us, ...}], ...} or None;
+- ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
+- ``headline``: [str], the occupancy sentence per device followed by the first finding;
+- ``warnings``: [str], the loader's integrity warnings and the analyses' own.
+
+Every figure is a sum or ratio of µs read off the trace (see each analysis module for its formula), so it can be
+reproduced by hand from the trace.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+import click
+import numpy as np
+import pandas as pd
+
+from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError
+
+__all__ = ["run_analysis", "idle_sites", "findings", "analyze", "to_jsonable"]
+
+# Findings below this share of the window's idle time are not stated (they stay in the tables).
+FINDING_MIN_SHARE = 0.05
+# Rows of gap_attribution kept in the JSON: frames holding at least this share of idle, at most MAX_FRAMES.
+FRAME_MIN_SHARE = 0.001
+MAX_FRAMES = 500
+
+
+def to_jsonable(obj: Any) -> Any:
+    """numpy/pandas scalars and containers -> plain JSON types (NaN/inf -> None)."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    return obj
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return [to_jsonable(r) for r in df.to_dict("records")]
+
+
+def idle_sites(result: Any) -> pd.DataFrame:
+    """Idle charged to the innermost host frame with a source file, per such frame (normalised name).
+
+    ``result`` is a :class:`gaptrace.analyses.gaps.EventIdle`. At every moment of device idle, each host thread's
+    innermost open event is charged to itself if it is a Python frame with a source file, else to its nearest
+    enclosing one (an ATen op, a CUDA runtime call or a ``<built-in method …>`` frame names what was called, not
+    where it was called from). Per site the charged moments are merged over threads (a union, as in
+    :func:`gaptrace.analyses.gaps.gap_attribution`), so ``idle_us`` never exceeds the window's idle.
+    Moments whose innermost event has no such frame above it go to "(no Python frame)".
+    Columns: site, idle_us, share (idle_us / window idle, 0..1).
+    """
+    from gaptrace.analyses import stacks
+    from gaptrace.analyses.gaps import _grouped_union
+
+    tree, tl = result.tree, result.timeline
+    empty = pd.DataFrame({"site": [], "idle_us": [], "share": []})
+    act = np.flatnonzero(result.seg_node >= 0)
+    if tree.n == 0 or tl.idle_us <= 0 or len(act) == 0:
+        return empty
+    s, e, node = result.seg_start_us[act], result.seg_end_us[act], result.seg_node[act]
+    keep = tl.idle_between(s, e) > 0
+    s, e, node = s[keep], e[keep], node[keep]
+    site_rows = stacks.innermost_site(tree, tree.rows(node))
+    n_frames = len(tree.frames)
+    site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
+    g, us, ue = _grouped_union(site, s, e)
+    idle = np.bincount(g, weights=tl.idle_between(us, ue), minlength=n_frames + 1)
+    nz = np.flatnonzero(idle > 0)
+    names = np.r_[tree.frames.to_numpy(dtype=object), np.array(["(no Python frame)"], dtype=object)]
+    out = pd.DataFrame({"site": names[nz], "idle_us": idle[nz], "share": idle[nz] / tl.idle_us})
+    return out.sort_values(["idle_us", "site"], ascending=[False, True], kind="stable").reset_index(drop=True)
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def overhead_idle(trace: Trace, timeline: Any, rank: int) -> dict[str, float]:
+    """Idle µs under the trace's ``overhead`` events, per group: "profiler" (Buffer Flush, Activity Buffer
+    Request: CUPTI's own buffers) and "lazy_loading" (Runtime Triggered Module Loading, Lazy Function Loading:
+    CUDA's lazy module loading, CUDA_MODULE_LOADING=LAZY, which happens without the profiler too).
+    Each group's intervals are merged first, so overlapping events count once."""
+    from gaptrace.analyses.timeline import merge_intervals
+
+    ov = trace.overhead[trace.overhead["rank"].to_numpy() == rank]
+    names = ov["name"].astype(str)
+    groups = {"lazy_loading": names.str.contains("Loading", case=False).to_numpy()}
+    groups["profiler"] = ~groups["lazy_loading"]
+    out = {}
+    for g, m in groups.items():
+        s, e = merge_intervals(ov["ts_us"].to_numpy()[m], ov["end_us"].to_numpy()[m])
+        out[g] = float(timeline.idle_between(s, e).sum()) if len(s) else 0.0
+    return out
+
+
+def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame, fit: Any,
+             launch_idle_us: float, overhead_idle_us: dict[str, float]) -> list[dict]:
+    """What explains the idle time, as sentences, sorted by idle_share desc (issue 2 "headline findings").
+
+    - ``blocking_sync``: a call site whose blocking calls hold or are followed by idle (idle_share = (its
+      idle_during_us + idle_after_us) / window idle; seed 000: "91% of all GPU-idle gap time sat under a single
+      cudaMemcpyAsync ...");
+    - ``idle_site``: a host function the host sat in while the device idled (see :func:`idle_sites`);
+    - ``profiler_inflation``: the part of graph-launch host time that grows with node count (κ·N), charged with the
+      idle that sat under graph launches in proportion (seed 000, "A red herring from the instrument");
+    - ``profiler_overhead``: idle under the profiler's own buffer flushes and requests;
+    - ``lazy_loading``: idle under CUDA lazy module loading (kernels loaded on first use, mid-run).
+    Only findings with idle_share >= FINDING_MIN_SHARE are stated.
+    """
+    out: list[dict] = []
+    if idle_total_us <= 0:
+        return out
+    for r in sync_sites.itertuples(index=False):
+        # idle under the blocking call itself (the host waited while the device had nothing to run: it waited on
+        # something else) plus the idle right after it (the serialized tail before the next device work)
+        idle_us = float(r.idle_during_us) + float(r.idle_after_us)
+        share = min(idle_us / idle_total_us, 1.0)
+        if share < FINDING_MIN_SHARE:
+            continue
+        op = f" ({r.aten_op})" if r.aten_op else ""
+        out.append({
+            "kind": "blocking_sync",
+            "summary": (f"{share:.0%} of GPU-idle time ({_ms(idle_us)}) sat under or right after {r.call}{op} from "
+                        f"{r.site or '(no Python frame)'}: it blocked the host {_ms(r.mean_blocked_us)} on average "
+                        f"(max {_ms(r.max_blocked_us)}) over {int(r.count)} calls while the GPU was "
+                        f"{r.device_busy_during:.0%} busy"),
+            "idle_share": share, "call": r.call, "site": r.site, "aten_op": r.aten_op,
+        })
+    for r in sites[sites["site"] != "(no Python frame)"].head(5).itertuples(index=False):
+        share = float(r.share)
+        if share < FINDING_MIN_SHARE:
+            continue
+        out.append({
+            "kind": "idle_site",
+            "summary": f"{share:.0%} of GPU-idle time ({_ms(r.idle_us)}) the host was inside {r.site}",
+            "idle_share": share, "site": r.site,
+        })
+    if fit is not None and fit.kappa_us_per_node is not None and fit.inflation_share:
+        share = min(launch_idle_us * min(fit.inflation_share, 1.0) / idle_total_us, 1.0)
+        mean_n = float(fit.points["nodes"].mean())
+        out.append({
+            "kind": "profiler_inflation",
+            "summary": (f"graph-launch host time fits t(N) = {fit.t0_us:.1f} µs + {fit.kappa_us_per_node:.2f} µs/node × N "
+                        f"(R² {fit.r2:.2f}, {fit.launches} launches): about {fit.kappa_us_per_node * mean_n:.0f} µs "
+                        f"of an average launch ({fit.inflation_share:.0%} of all launch host time) is the profiler "
+                        "instrumenting graph nodes, not the driver"),
+            "idle_share": share, "kappa_us_per_node": fit.kappa_us_per_node,
+        })
+    texts = {"profiler": ("profiler_overhead", "sat under the profiler's own buffer flushes and requests"),
+             "lazy_loading": ("lazy_loading", "sat under CUDA lazy module loading (kernels loaded on first use: "
+                                              "warm up every kernel, or CUDA_MODULE_LOADING=EAGER)")}
+    for g, us in overhead_idle_us.items():
+        share = us / idle_total_us
+        if share >= FINDING_MIN_SHARE:
+            kind, text = texts[g]
+            out.append({"kind": kind, "summary": f"{share:.0%} of GPU-idle time ({_ms(us)}) {text}",
+                        "idle_share": share})
+    # by share (to 0.1%); on a tie the more specific diagnosis first: a blocking call names both call and site
+    priority = {"blocking_sync": 0, "idle_site": 1}
+    out.sort(key=lambda f: (-round(f["idle_share"], 3), priority.get(f["kind"], 2)))
+    return out
+
+
+def run_analysis(trace: Trace, window: str | None = None, device: int | None = None,
+                 sidecar: dict | None = None) -> dict[str, Any]:
+    """All four core analyses of ``trace`` over ``window`` as one JSON-able dict (see the module docstring).
+
+    ``window``: None (each device's first to last activity) or an annotation name (its span; TraceError when no
+    annotation has that name). ``device``: the device gap attribution and findings are computed for (default:
+    the busiest). ``sidecar``: a capture sidecar (unprofiled graph-launch costs feed the launch fit).
+    A trace with host events but no device activity yields devices [] and the host-side analyses only.
+    """
+    from gaptrace.analyses import gaps, launch_fit, occupancy, syncs
+
+    warnings = list(trace.warnings)
+    out: dict[str, Any] = {"trace": trace.path, "window": window, "devices": [], "gap_attribution": [],
+                           "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
+                           "headline": [], "warnings": warnings}
+    has_device = not trace.device.empty
+    unprofiled = None
+    if sidecar:
+        unprofiled = {int(g["nodes"]): float(g["unprofiled_launch_us"]) for g in sidecar.get("graphs") or []
+                      if isinstance(g, dict) and g.get("nodes") and g.get("unprofiled_launch_us")}
+    fit = launch_fit.launch_fit(trace, unprofiled)
+    out["launch_fit"] = fit.to_dict() if fit is not None else None
+    if not has_device:
+        report = syncs.blocking_syncs(trace)
+        out["blocking_syncs"] = report.to_list()
+        out["headline"] = ["no GPU activity in the trace: occupancy and idle-gap attribution are absent"]
+        return out
+
+    occ = occupancy.occupancy(trace, window)
+    out["devices"] = _records(occ)
+    key = occupancy.resolve_device(trace, device)
+    ev = gaps.event_idle(trace, key, window)
+    tl = ev.timeline
+    attribution = gaps.gap_attribution(trace, key, window, result=ev)
+    keep = attribution[attribution["share"] >= FRAME_MIN_SHARE].head(MAX_FRAMES)
+    out["gap_attribution"] = _records(keep)
+    sites = idle_sites(ev)
+    out["idle_sites"] = _records(sites[sites["share"] >= FRAME_MIN_SHARE].head(MAX_FRAMES))
+    report = syncs.blocking_syncs(trace, window=(tl.t0_us, tl.t1_us) if window else None)
+    out["blocking_syncs"] = report.to_list()
+    # the sync shares must be over the analysed device's idle, like every other share
+    dev_sites = report.sites.copy()
+    if not report.calls.empty and "device" in report.calls.columns and len(trace.device_ids) > 1:
+        calls = report.calls[(report.calls["rank"] == key[0]) & (report.calls["device"] == key[1])]
+        dev_sites = syncs.sync_sites(calls, tl.idle_us)
+    launch_idle = 0.0
+    if fit is not None:
+        h = trace.host
+        lrows = np.flatnonzero(h["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy() & (h["rank"].to_numpy() == key[0]))
+        launch_idle = float(ev.inclusive_us[ev.tree.nodes(lrows)].sum()) if len(lrows) else 0.0
+    out["findings"] = to_jsonable(findings(tl.idle_us, dev_sites, sites, fit, launch_idle,
+                                           overhead_idle(trace, tl, key[0])))
+    for d in out["devices"]:
+        where = f" of window {window!r}" if window else ""
+        out["headline"].append(
+            f"{d['name'] if d['name'].startswith('GPU ') else d['name'] + ' (GPU ' + str(d['device']) + ')'}"
+            f"{' on rank ' + str(d['rank']) if d['rank'] else ''} busy "
+            f"{d['occupancy']:.1%} of {d['window_us'] / 1000:.2f} ms{where}; {d['idle_us'] / 1000:.2f} ms idle "
+            f"in {d['gaps']} gaps")
+    if out["findings"]:
+        out["headline"].append(out["findings"][0]["summary"])
+    partial = int(ev.tree.partial_overlaps) if hasattr(ev.tree, "partial_overlaps") else 0
+    if partial:
+        warnings.append(f"{partial} host events partially overlap an enclosing event on their thread "
+                        "(nested under their innermost container for attribution)")
+    return out
+
+
+def _table(rows: list[dict], cols: list[tuple[str, str, str]], limit: int) -> str:
+    """Plain-text table: cols = [(key, header, format)]."""
+    if not rows:
+        return "  (none)"
+    body = [[format(r.get(k), f) if r.get(k) is not None else "-" for k, _, f in cols] for r in rows[:limit]]
+    heads = [h for _, h, _ in cols]
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(heads)]
+    lines = ["  " + "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
+    for b in body:
+        lines.append("  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(b, widths))))
+    if len(rows) > limit:
+        lines.append(f"  … {len(rows) - limit} more (see --json)")
+    return "\n".join(lines)
+
+
+def render_text(res: dict, top: int = 15) -> str:
+    """The human-readable form of :func:`run_analysis`'s dict: headline, findings, then the tables."""
+    parts = [*res["headline"], ""]
+    if res["findings"]:
+        parts.append("Findings (share of GPU-idle time):")
+        parts += [f"  {i}. [{f['kind']}] {f['summary']}" for i, f in enumerate(res["findings"], 1)]
+        parts.append("")
+    parts.append("Devices:")
+    parts.append(_table(res["devices"], [("name", "device", "s"), ("device", "id", "d"), ("window_us", "window µs", ",.0f"),
+                                         ("busy_us", "busy µs", ",.0f"), ("idle_us", "idle µs", ",.0f"),
+                                         ("occupancy", "occupancy", ".1%"), ("gaps", "gaps", "d")], 64))
+    parts += ["", "Idle by host frame (gap-clipped; inclusive counts each moment once per frame):"]
+    parts.append(_table(res["gap_attribution"], [("frame", "frame", "s"), ("self_idle_us", "self µs", ",.0f"),
+                                                 ("inclusive_idle_us", "inclusive µs", ",.0f"),
+                                                 ("share", "share", ".1%"), ("gaps", "gaps", "d")], top))
+    parts += ["", "Blocking syncs (per call site):"]
+    parts.append(_table(res["blocking_syncs"], [("call", "call", "s"), ("aten_op", "op", "s"), ("site", "site", "s"),
+                                                ("count", "n", "d"), ("blocked_us", "blocked µs", ",.0f"),
+                                                ("idle_after_us", "idle after µs", ",.0f"),
+                                                ("idle_share", "idle share", ".1%"),
+                                                ("device_busy_during", "GPU busy during", ".0%")], top))
+    fit = res.get("launch_fit")
+    parts += ["", "Graph-launch fit t(N) = t0 + κN:"]
+    if fit is None:
+        parts.append("  (no graph launches with device work)")
+    else:
+        if fit["kappa_us_per_node"] is not None:
+            parts.append(f"  κ = {fit['kappa_us_per_node']:.3f} µs/node, t0 = {fit['t0_us']:.1f} µs, "
+                         f"R² = {fit['r2']:.3f} over {fit['launches']} launches")
+        else:
+            parts.append(f"  {fit['reason']}")
+        parts.append(_table(fit["graphs"], [("nodes", "N", "d"), ("launches", "launches", "d"),
+                                            ("median_us", "median µs", ",.1f"), ("inflation_us", "κN µs", ",.1f")], 50))
+    if res["warnings"]:
+        parts += ["", "Warnings:"] + [f"  - {w}" for w in res["warnings"]]
+    return "\n".join(parts)
+
+
+@click.command()
+@click.argument("trace_path", metavar="TRACE")
+@click.option("--window", default=None, metavar="NAME",
+              help="Analyse the span of the annotations (record_function / NVTX ranges) with this name.")
+@click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per text table.")
+def analyze(trace_path: str, window: str | None, device: int | None, as_json: bool, top: int) -> None:
+    """Occupancy, idle-gap attribution, blocking syncs and graph-launch fit of TRACE (.json, .json.gz or a
+    directory of per-rank files). Exit code 2 on bad input, or when the trace has no GPU activity (the host-side
+    analyses are still printed)."""
+    from gaptrace import load_trace
+    from gaptrace.capture import read_sidecar
+    from gaptrace.cli import fail
+
+    try:
+        trace = load_trace(trace_path)
+        res = run_analysis(trace, window=window, device=device, sidecar=read_sidecar(trace_path))
+    except TraceError as e:
+        fail(str(e))
+    if as_json:
+        click.echo(json.dumps(to_jsonable(res), indent=1, ensure_ascii=False))
+    else:
+        click.echo(render_text(res, top))
+    if not res["devices"]:
+        fail(f"{trace_path}: the trace has no GPU activity (kernel/memcpy/memset); only host-side analyses ran")

@@ -1,0 +1,142 @@
+"""`gaptrace analyze`: the JSON schema on real traces, figures that match the analyses, and bad input."""
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from gaptrace.cli import main
+
+PROBE = "fixtures/traces/h200_graph_launch_probe.json.gz"
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def probe_json():
+    r = run("analyze", PROBE, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def test_schema(probe_json):
+    d = probe_json
+    for key in ("devices", "gap_attribution", "blocking_syncs", "launch_fit", "findings", "warnings", "headline"):
+        assert key in d
+    dev = d["devices"][0]
+    for key in ("device", "window_us", "busy_us", "idle_us", "occupancy", "gaps"):
+        assert key in dev
+    assert dev["busy_us"] + dev["idle_us"] == pytest.approx(dev["window_us"], rel=1e-12)
+    assert 0 <= dev["occupancy"] <= 1
+    for row in d["gap_attribution"]:
+        assert set(row) >= {"frame", "self_idle_us", "inclusive_idle_us", "share", "gaps"}
+        assert row["self_idle_us"] <= row["inclusive_idle_us"] + 1e-6
+    incl = [r["inclusive_idle_us"] for r in d["gap_attribution"]]
+    assert incl == sorted(incl, reverse=True)
+    for row in d["blocking_syncs"]:
+        assert set(row) >= {"call", "site", "stack", "count", "blocked_us", "idle_after_us", "idle_share",
+                            "device_busy_during"}
+    blocked = [r["blocked_us"] for r in d["blocking_syncs"]]
+    assert blocked == sorted(blocked, reverse=True)
+    fit = d["launch_fit"]
+    assert set(fit) >= {"launches", "kappa_us_per_node", "t0_us", "r2", "graphs"}
+    for f in d["findings"]:
+        assert set(f) >= {"kind", "summary", "idle_share"}
+    shares = [f["idle_share"] for f in d["findings"]]
+    assert shares == sorted(shares, reverse=True) or all(abs(a - b) < 1e-3 for a, b in zip(shares, shares[1:]))
+
+
+def test_probe_figures_by_hand(probe_json):
+    """Occupancy and launch count recomputed from the raw JSON with plain Python."""
+    doc = json.load(gzip.open(PROBE))
+    ivs = sorted((e["ts"], e["ts"] + e["dur"]) for e in doc["traceEvents"]
+                 if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in ivs:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    window = max(e for _, e in ivs) - ivs[0][0]
+    dev = probe_json["devices"][0]
+    assert dev["window_us"] == pytest.approx(window, abs=1e-3)
+    assert dev["busy_us"] == pytest.approx(busy, abs=1e-3)
+    assert dev["occupancy"] == pytest.approx(busy / window, abs=1e-9)
+    assert probe_json["launch_fit"]["launches"] == 42
+    assert 1.3 <= probe_json["launch_fit"]["kappa_us_per_node"] <= 2.1
+    # the .cpu() of the probe (aten::to -> cudaMemcpyAsync to pageable memory) blocks longest
+    top = probe_json["blocking_syncs"][0]
+    assert top["call"] == "cudaMemcpyAsync" and top["aten_op"] == "aten::to"
+    assert top["count"] == 6 and top["blocked_us"] / 6 > 3000
+    # the headline states the occupancy
+    assert f"{dev['occupancy']:.1%}" in probe_json["headline"][0]
+
+
+def test_text_output_has_headline_and_tables():
+    r = run("analyze", PROBE)
+    assert r.exit_code == 0
+    assert r.output.startswith("NVIDIA H200 (GPU 0) busy ")
+    for section in ("Findings", "Idle by host frame", "Blocking syncs", "Graph-launch fit"):
+        assert section in r.output
+
+
+def test_window_by_annotation_name():
+    r = run("analyze", PROBE, "--window", "round_2", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    full = json.loads(run("analyze", PROBE, "--json").output)
+    assert d["devices"][0]["window_us"] < full["devices"][0]["window_us"]
+
+
+def _cli(*args):
+    """Run the real console script, so exit codes and stderr are the user's."""
+    return subprocess.run([sys.executable, "-m", "gaptrace.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("content,what", [
+    (b"not json at all", "not valid JSON"),
+    (b'{"traceEvents": []}', "no complete"),
+    (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2', "JSON"),
+    (b'{"foo": 1}', "traceEvents"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, content, what):
+    p = tmp_path / "bad.json"
+    p.write_bytes(content)
+    r = _cli("analyze", str(p))
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(p) in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_truncated_gzip(tmp_path):
+    data = open(PROBE, "rb").read()
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(data[: len(data) // 2])
+    r = _cli("analyze", str(p))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_unknown_window_names_available(tmp_path):
+    r = _cli("analyze", PROBE, "--window", "nope")
+    assert r.returncode == 2 and "round_0" in r.stderr
+
+
+def test_host_only_trace_runs_host_analyses_then_exit_2(tmp_path):
+    doc = json.load(gzip.open(PROBE))
+    doc["traceEvents"] = [e for e in doc["traceEvents"]
+                          if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")]
+    p = tmp_path / "host_only.json"
+    p.write_text(json.dumps(doc))
+    r = _cli("analyze", str(p), "--json")
+    assert r.returncode == 2
+    out = json.loads(r.stdout)
+    assert out["devices"] == [] and any("no GPU" in w for w in out["warnings"])
+    assert "no GPU activity" in r.stderr
