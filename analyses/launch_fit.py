@@ -232,5 +232,6 @@ def launch_fit(trace: Trace, unprofiled_us: Mapping[int, float] | None = None) -
             gb = graphs[both]
             ratio = float((gb["launches"] * gb["median_us"]).sum() / (gb["launches"] * gb["unprofiled_us"]).sum())
     return LaunchFit(launches=len(pts), skipped_launches=skipped, kappa_us_per_node=kappa, t0_us=t0, r2=r2,
-                     r2_medians=r2_med, graphs=graphs, points=pts, total_launch_us=float(y.sum()), inflation_total_us=infl_total,
+                     r2_medians=r2_med, graphs=graphs, points=pts, total_launch_us=float(y.sum()),
+                     inflation_total_us=infl_total,
                      inflation_share=infl_share, unprofiled_ratio=ratio, reason=reason)

@@ -16,6 +16,9 @@ the CUDA Runtime API's "API synchronization behavior" section states:
                       ``_local_scalar_dense`` → cudaMemcpyAsync + cudaStreamSynchronize. The pair is ONE blocking
                       call, named after the copy (``call``), the sync in ``sync_call``; the sync is not reported
                       again on its own.
+``sync_memcpy``       a synchronous copy API (cudaMemcpy, cuMemcpyDtoH, hipMemcpy, hipMemcpyWithStream: no "Async"
+                      in the name) between host and device (HtoD / DtoH; a synchronous DtoD copy does not block the
+                      host): it returns only once the copy is done.
 ``sync_event``        any host call that a ``cuda_sync`` device event (``enable_cuda_sync_events``) names by
                       correlation id, except device-side waits (sync kinds containing "Wait", cudaStreamWaitEvent).
 
@@ -47,6 +50,7 @@ else the first device of its rank. Sites group calls by (call, site frame, ATen 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import numpy as np
@@ -60,6 +64,8 @@ from .timeline import BusyTimeline, device_timeline
 __all__ = [
     "SYNC_API_NAMES",
     "PAGEABLE_HOST_MEMORY",
+    "api_base_name",
+    "is_sync_api",
     "is_memcpy_api",
     "SyncReport",
     "blocking_calls",
@@ -68,14 +74,28 @@ __all__ = [
 ]
 
 SYNC_API_NAMES = frozenset({
-    "cudaStreamSynchronize", "cudaStreamSynchronize_ptsz", "cudaDeviceSynchronize", "cudaEventSynchronize",
-    "cudaThreadSynchronize",
-    "cuStreamSynchronize", "cuStreamSynchronize_ptsz", "cuCtxSynchronize", "cuEventSynchronize",
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
     "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipCtxSynchronize",
 })
 PAGEABLE_HOST_MEMORY = ("Pageable", "Host")
 _MEMCPY_PREFIXES = ("cudaMemcpy", "cuMemcpy", "hipMemcpy")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+
+
+_API_SUFFIX_RE = re.compile(r"(?:_v\d+|_ptsz|_ptds)+$")
+
+
+def api_base_name(name: str) -> str:
+    """A runtime/driver API name without CUPTI's version and per-thread suffixes:
+    ``cudaStreamSynchronize_v3020`` -> ``cudaStreamSynchronize``,
+    ``cudaMemcpyAsync_ptsz_v7000`` -> ``cudaMemcpyAsync``."""
+    return _API_SUFFIX_RE.sub("", name)
+
+
+def is_sync_api(name: str) -> bool:
+    """True for a host API that blocks until device work completes (``SYNC_API_NAMES``, any CUPTI suffix)."""
+    return api_base_name(name) in SYNC_API_NAMES
 
 
 def is_memcpy_api(name: str) -> bool:
@@ -122,7 +142,7 @@ class SyncReport:
 def _name_flags(names: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """(is_sync_api, is_memcpy_api) per row, computed once per symbol of the categorical ``names``."""
     cats = names.cat.categories
-    sync = np.fromiter((c in SYNC_API_NAMES for c in cats), dtype=bool, count=len(cats))
+    sync = np.fromiter((is_sync_api(str(c)) for c in cats), dtype=bool, count=len(cats))
     memcpy = np.fromiter((is_memcpy_api(str(c)) for c in cats), dtype=bool, count=len(cats))
     codes = names.cat.codes.to_numpy()
     ok = codes >= 0
@@ -155,7 +175,7 @@ def _thread_codes(rt: pd.DataFrame) -> np.ndarray:
 
 def _thread_devices(trace: Trace, rt: pd.DataFrame) -> np.ndarray:
     """For each runtime row: the device its thread last launched work on (by correlation id), else the next one it
-    launches on, else the first device of its rank, else -1. Loops over threads only."""
+    launches on, else the first device of its rank, else -1. Vectorised (a per-thread forward/backward fill)."""
     dev = trace.device
     first_dev = (dev[dev["correlation"] >= 0].groupby(["rank", "correlation"], sort=False, observed=True)["device"]
                  .first().rename("launched").reset_index())
@@ -223,10 +243,10 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
     ``window``: (t0_us, t1_us) on the trace clock for every device; default per (rank, device) its first to last
     activity. Calls whose host interval misses the window are left out.
     Returns ``(calls, not_blocking, timelines)``: ``calls`` has one row per blocking call, in time order, with
-    columns ``CALL_COLUMNS``: host_row (positional row of the call in ``trace.host``; the copy for a pair), sync_row (the paired
-    sync's, or -1), rank, pid, tid, device, call, sync_call ("" if none), kind, ts_us / end_us (the unit's span),
-    host_us (host time inside the calls), device_op_us, memcpy_kind, host_memory, bytes, blocked_us, busy_us,
-    device_busy_during (0..1), idle_after_us, aten_row (innermost enclosing ATen op's host index, or -1);
+    columns ``CALL_COLUMNS``: host_row (positional row of the call in ``trace.host``; the copy for a pair),
+    sync_row (the paired sync's, or -1), rank, pid, tid, device, call, sync_call ("" if none), kind,
+    ts_us / end_us (the unit's span), host_us (host time inside the calls), device_op_us, memcpy_kind,
+    host_memory, bytes, blocked_us, busy_us, device_busy_during (0..1), idle_during_us, idle_after_us, aten_row (innermost enclosing ATen op's host index, or -1);
     ``not_blocking`` counts candidates without evidence of waiting; ``timelines`` maps (rank, device) to its
     BusyTimeline. Vectorised over calls; loops over threads and devices only.
     """
@@ -237,7 +257,12 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
         return empty, 0, {}
     rt = host.iloc[rt_rows]
     is_sync, is_memcpy = _name_flags(rt["name"])
-    names = rt["name"].astype(str).to_numpy()
+    name_cats = rt["name"].cat.categories.to_numpy(dtype=object)
+    name_codes = rt["name"].cat.codes.to_numpy()
+
+    def names(pos: np.ndarray) -> np.ndarray:
+        return np.where(name_codes[pos] >= 0, name_cats[np.maximum(name_codes[pos], 0)], "")
+
     rt_dev = _thread_devices(trace, rt) if not trace.device.empty else np.full(len(rt), -1, dtype=np.int64)
     tree = stacks.host_tree(trace)
     aten = stacks.innermost_aten_op(tree, rt_rows)
@@ -271,7 +296,10 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
     absorbed = np.zeros(len(rt), dtype=bool)
     absorbed[sync_row[paired]] = True
 
-    mc_cand = paired | pageable | has_event[mc_pos]
+    host_side = mc["memcpy_kind"].isin(("DtoH", "HtoD")).to_numpy()
+    sync_copy = np.fromiter(("Async" not in api_base_name(str(n)) for n in names(mc_pos)), dtype=bool,
+                            count=len(mc_pos)) & host_side
+    mc_cand = paired | pageable | sync_copy | has_event[mc_pos]
     sync_pos = np.flatnonzero((is_sync | has_event) & ~absorbed & ~is_memcpy)
     ts = rt["ts_us"].to_numpy()
     end = rt["end_us"].to_numpy()
@@ -287,14 +315,14 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
     mc_dev = np.where(np.isnan(mc_dev.astype(float)), rt_dev[c_mc], mc_dev).astype(np.int64)
     mc_dev = np.where(has_event[c_mc], np.where(mc_dev >= 0, mc_dev, ev_device[c_mc]), mc_dev)
     part_mc = pd.DataFrame({
-        "pos": c_mc, "sync_pos": sr, "device": mc_dev, "sync_call": np.where(has_sync, names[srr], ""),
-        "kind": np.where(has_sync, "memcpy_then_sync",
-                         np.where(mcc["host_memory"].isin(PAGEABLE_HOST_MEMORY).to_numpy(), "pageable_memcpy",
-                                  "sync_event")),
+        "pos": c_mc, "sync_pos": sr, "device": mc_dev, "sync_call": np.where(has_sync, names(srr), ""),
+        "kind": np.select([has_sync, pageable[mc_cand], sync_copy[mc_cand]],
+                          ["memcpy_then_sync", "pageable_memcpy", "sync_memcpy"], "sync_event"),
         "ts_us": ts[c_mc], "end_us": np.where(has_sync, end[srr], end[c_mc]),
         "host_us": dur[c_mc] + np.where(has_sync, dur[srr], 0.0),
         "device_op_us": dev_op, "dev_end_us": mcc["dev_end_us"].to_numpy(np.float64),
-        "memcpy_kind": mcc["memcpy_kind"].fillna("").to_numpy(), "host_memory": mcc["host_memory"].fillna("").to_numpy(),
+        "memcpy_kind": mcc["memcpy_kind"].fillna("").to_numpy(),
+        "host_memory": mcc["host_memory"].fillna("").to_numpy(),
         "bytes": mcc["bytes"].fillna(-1).to_numpy(np.int64),
         "s2": np.where(has_sync, ts[srr], np.nan), "e2": np.where(has_sync, end[srr], np.nan),
     })
@@ -311,9 +339,9 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
     cand["host_row"] = rt_rows[pos]
     cand["sync_row"] = np.where(cand["sync_pos"] >= 0, rt_rows[np.maximum(cand["sync_pos"], 0)], -1)
     cand["rank"] = rt["rank"].to_numpy()[pos]
-    cand["pid"] = rt["pid"].astype(str).to_numpy()[pos]
-    cand["tid"] = rt["tid"].astype(str).to_numpy()[pos]
-    cand["call"] = names[pos]
+    cand["pid"] = rt["pid"].iloc[pos].astype(str).to_numpy()
+    cand["tid"] = rt["tid"].iloc[pos].astype(str).to_numpy()
+    cand["call"] = names(pos)
     cand["aten_row"] = aten[pos]
 
     timelines = _device_windows(trace, window)
@@ -407,8 +435,8 @@ def sync_sites(calls: pd.DataFrame, total_idle_us: float) -> pd.DataFrame:
     ``calls`` needs the columns of :func:`blocking_calls` plus site, aten_op, inner_op, stack (see
     :func:`blocking_syncs`). Columns ``SITE_COLUMNS``: count, blocked_us (sum), idle_after_us (sum), idle_share
     (idle_after_us / ``total_idle_us``, 0..1), device_busy_during (time-weighted: Σ busy / Σ host time),
-    max_blocked_us, mean_blocked_us, host_us, idle_during_us (sums); stack: the site's stack with the most blocked time; kind, sync_call
-    and inner_op: the most frequent value in the site.
+    max_blocked_us, mean_blocked_us, host_us, idle_during_us (sums); stack: the site's stack with the most blocked
+    time; kind, sync_call and inner_op: the most frequent value in the site.
     """
     if calls.empty:
         return pd.DataFrame({c: [] for c in SITE_COLUMNS})
@@ -416,10 +444,10 @@ def sync_sites(calls: pd.DataFrame, total_idle_us: float) -> pd.DataFrame:
     c = calls.copy()
     c["stack_key"] = [tuple(s) for s in c["stack"]]
     g = c.groupby(key, sort=False)
-    out = g.agg(count=("blocked_us", "size"), blocked_us=("blocked_us", "sum"),
-                idle_after_us=("idle_after_us", "sum"), busy_us=("busy_us", "sum"), host_us=("host_us", "sum"),
-                idle_during_us=("idle_during_us", "sum"),
+    out = g.agg(count=("blocked_us", "size"), blocked_us=("blocked_us", "sum"), host_us=("host_us", "sum"),
                 max_blocked_us=("blocked_us", "max"), mean_blocked_us=("blocked_us", "mean"))
+    for col in ("idle_after_us", "busy_us", "idle_during_us"):  # NaN (no device timeline) stays NaN
+        out[col] = g[col].sum(min_count=1)
     for col in ("kind", "sync_call", "inner_op"):
         out[col] = g[col].agg(lambda s: s.value_counts().index[0])
     per_stack = c.groupby(key + ["stack_key"], sort=False)["blocked_us"].sum().reset_index()
