@@ -246,7 +246,8 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
     columns ``CALL_COLUMNS``: host_row (positional row of the call in ``trace.host``; the copy for a pair),
     sync_row (the paired sync's, or -1), rank, pid, tid, device, call, sync_call ("" if none), kind,
     ts_us / end_us (the unit's span), host_us (host time inside the calls), device_op_us, memcpy_kind,
-    host_memory, bytes, blocked_us, busy_us, device_busy_during (0..1), idle_during_us, idle_after_us, aten_row (innermost enclosing ATen op's host index, or -1);
+    host_memory, bytes, blocked_us, busy_us, device_busy_during (0..1), idle_during_us, idle_after_us,
+    aten_row (innermost enclosing ATen op's host row, or -1);
     ``not_blocking`` counts candidates without evidence of waiting; ``timelines`` maps (rank, device) to its
     BusyTimeline. Vectorised over calls; loops over threads and devices only.
     """
