@@ -1,0 +1,157 @@
+"""Verify rounds: the round timing model of seed 000 ("The round timing model") read off a trace.
+
+With one host annotation per verify round (the runtime's NVTX/record_function range ``round``), for round i with
+host range [s_i, e_i] and period [s_i, s_{i+1}) (start to start; the last round has no period and is dropped):
+
+- ``t_round_us``  = s_{i+1} − s_i, the round period;
+- ``t_gpu_us``    = device busy time inside the period (busy(s_{i+1}) − busy(s_i); DESIGN.md "Rounds": TGPU);
+- ``t_host_us``   = host dispatch time inside the round: the round range's length e_i − s_i minus the time its thread
+  spent blocked in sync calls inside it (blocked_us of :mod:`.syncs`), i.e. the host's own work;
+- ``t_serial_us`` = device idle time inside the period: host work that ran against an idle device.
+  t_round_us = t_gpu_us + t_serial_us exactly, since busy + idle = period.
+- ``tau`` and ``tpot_us`` = t_round_us / tau when the capture sidecar holds the accepted tokens per round.
+
+Verdict (seed 000): an overlapped scheduler runs at Tround ≈ max(TGPU, Thost); with a sync point it degrades to
+Tround ≈ TGPU + Tserial. A trace is called ``overlapped`` when the mean Tround exceeds max(mean TGPU, mean Thost) by
+at most ``OVERLAP_TOLERANCE`` of Tround, else ``serialized``; both figures are reported so the call can be checked.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace
+
+from .occupancy import busy_timeline, resolve_device
+
+__all__ = ["RoundsReport", "rounds", "OVERLAP_TOLERANCE", "ROUND_NAME"]
+
+ROUND_NAME = "round"
+OVERLAP_TOLERANCE = 0.05
+
+
+@dataclasses.dataclass
+class RoundsReport:
+    """Per-round table and the trace-level verdict. Times in µs.
+
+    ``table`` columns: round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes
+    (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar).
+    ``summary``: means of those, ``verdict`` ("overlapped" | "serialized"), ``bound`` ("GPU" when mean TGPU >=
+    mean Thost, else "host"), ``overlap_excess`` ((Tround −
+    max(TGPU, Thost)) / Tround), and the profiler check when the sidecar has unprofiled round times:
+    ``unprofiled_round_us``, ``profiler_excess_us`` (profiled − unprofiled Tround) and ``kappa_explained_us``
+    (κ · mean Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``.
+    """
+
+    table: pd.DataFrame
+    summary: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        from gaptrace.analyze import to_jsonable
+
+        return to_jsonable({"summary": self.summary, "rounds": self.table.to_dict("records")})
+
+
+def _round_taus(sidecar: dict | None) -> list[float] | None:
+    if not sidecar:
+        return None
+    rounds = sidecar.get("rounds")
+    if not isinstance(rounds, list):
+        return None
+    out = []
+    for r in rounds:
+        t = r.get("tau") if isinstance(r, dict) else r
+        out.append(float(t) if isinstance(t, (int, float)) else float("nan"))
+    return out
+
+
+def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] | None = None,
+           sidecar: dict | None = None, kappa_us_per_node: float | None = None) -> RoundsReport | None:
+    """The round table of ``trace`` (module docstring), or None when it has fewer than two ``name`` annotations.
+
+    ``sidecar``: the capture sidecar (``rounds``: [{tau, ...}] in trace order, ``unprofiled_round_ms``: float or
+    list); ``kappa_us_per_node``: κ from :func:`gaptrace.analyses.launch_fit.launch_fit` for the profiler check.
+    Rounds are the host user_annotation ranges named ``name`` (or ``name_<n>``) on the rank of the analysed device, sorted by start.
+    """
+    from . import syncs
+
+    h = trace.host
+    if trace.device.empty:
+        return None
+    key = resolve_device(trace, device)
+    ua = h[(h["cat"] == "user_annotation").to_numpy() & (h["rank"].to_numpy() == key[0])]
+    # "round", or numbered ranges such as "round_3" / "round 3" (one name per round)
+    match = ua["name"].astype(str).str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool)
+    sel = ua[match].sort_values("ts_us", kind="stable")
+    if len(sel) < 2:
+        return None
+    s = sel["ts_us"].to_numpy()
+    e = sel["end_us"].to_numpy()
+    tid = sel["tid"].astype(str).to_numpy()
+    tl = busy_timeline(trace, key, (float(s[0]), float(s[-1])))
+    ps, pe = s[:-1], s[1:]
+    t_round = pe - ps
+    t_gpu = tl.busy_between(ps, pe)
+    t_serial = t_round - t_gpu
+    # blocked time of sync calls inside each round, on the round's own thread
+    report = syncs.blocking_syncs(trace, window=(float(s[0]), float(s[-1])))
+    blocked = np.zeros(len(ps))
+    calls = report.calls
+    if not calls.empty:
+        c = calls[calls["rank"].to_numpy() == key[0]]
+        cts = c["ts_us"].to_numpy()
+        idx = np.searchsorted(ps, cts, side="right") - 1
+        ok = (idx >= 0) & (idx < len(ps))
+        ok &= cts < e[:-1][np.clip(idx, 0, len(ps) - 1)]
+        ok &= c["tid"].astype(str).to_numpy() == tid[:-1][np.clip(idx, 0, len(ps) - 1)]
+        blocked = np.bincount(idx[ok], weights=c["blocked_us"].to_numpy()[ok], minlength=len(ps))
+    t_host = np.maximum((e[:-1] - ps) - blocked, 0.0)
+    # graph nodes launched per round (for κ·ΣN)
+    nodes = np.zeros(len(ps))
+    launches = h[h["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy() & (h["rank"].to_numpy() == key[0])]
+    if len(launches):
+        dev = trace.device
+        cnt = dev[dev["rank"] == key[0]].groupby("correlation").size()
+        n = launches["correlation"].map(cnt).fillna(0).to_numpy()
+        lts = launches["ts_us"].to_numpy()
+        li = np.searchsorted(ps, lts, side="right") - 1
+        ok = (li >= 0) & (lts < pe[np.clip(li, 0, len(ps) - 1)])
+        nodes = np.bincount(li[ok], weights=n[ok], minlength=len(ps))
+    taus = _round_taus(sidecar)
+    tau = np.full(len(ps), np.nan)
+    if taus:
+        m = min(len(taus), len(ps))
+        tau[:m] = taus[:m]
+    table = pd.DataFrame({"round": np.arange(len(ps)), "start_us": ps, "t_round_us": t_round, "t_gpu_us": t_gpu,
+                          "t_host_us": t_host, "t_serial_us": t_serial, "blocked_us": blocked,
+                          "launch_nodes": nodes, "tau": tau,
+                          "tpot_us": np.divide(t_round, tau, out=np.full(len(ps), np.nan), where=tau > 0)})
+    mean = table.mean(numeric_only=True)
+    bound = max(mean["t_gpu_us"], mean["t_host_us"])
+    excess = (mean["t_round_us"] - bound) / mean["t_round_us"] if mean["t_round_us"] > 0 else 0.0
+    summary: dict[str, Any] = {
+        "rounds": len(table), "annotation": name,
+        "t_round_us": mean["t_round_us"], "t_gpu_us": mean["t_gpu_us"], "t_host_us": mean["t_host_us"],
+        "t_serial_us": mean["t_serial_us"], "blocked_us": mean["blocked_us"],
+        "tau": float(np.nanmean(tau)) if np.isfinite(tau).any() else None,
+        "tpot_us": (mean["t_round_us"] / float(np.nanmean(tau))) if np.isfinite(tau).any() else None,
+        "overlap_excess": excess,
+        "verdict": "overlapped" if excess <= OVERLAP_TOLERANCE else "serialized",
+        "bound": "GPU" if mean["t_gpu_us"] >= mean["t_host_us"] else "host",
+    }
+    unprof = (sidecar or {}).get("unprofiled_round_ms")
+    if isinstance(unprof, list) and unprof:
+        unprof = float(np.median(unprof))
+    if isinstance(unprof, (int, float)) and unprof > 0:
+        summary["unprofiled_round_us"] = float(unprof) * 1e3
+        summary["profiler_excess_us"] = mean["t_round_us"] - float(unprof) * 1e3
+        if kappa_us_per_node is not None:
+            explained = kappa_us_per_node * mean["launch_nodes"]
+            summary["kappa_explained_us"] = explained
+            summary["kappa_explained_share"] = (explained / summary["profiler_excess_us"]
+                                                if summary["profiler_excess_us"] > 0 else None)
+    return RoundsReport(table=table, summary=summary)
