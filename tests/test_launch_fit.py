@@ -189,3 +189,15 @@ def test_launch_without_device_work_is_skipped(tmp_path):
     out.write_text(json.dumps(doc))
     fit = launch_fit(load_trace(str(out)))
     assert fit.launches == 41 and fit.skipped_launches == 1
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5000), min_size=2, max_size=12, unique=True),
+       reps=st.integers(1, 4), t0=st.floats(0, 500), kappa=st.floats(0.01, 20))
+def test_points_on_a_line_give_that_line(sizes, reps, t0, kappa):
+    x = np.repeat(np.array(sizes, float), reps)
+    t0_fit, k_fit = robust_affine_fit(x, t0 + kappa * x)
+    assert k_fit == pytest.approx(kappa, rel=1e-9) and t0_fit == pytest.approx(t0, rel=1e-6, abs=1e-6)
