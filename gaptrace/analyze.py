@@ -12,6 +12,9 @@
 - ``blocking_syncs``: [{call, site, aten_op, stack, count, blocked_us, idle_after_us, idle_share,
   device_busy_during, max_blocked_us, mean_blocked_us, ...}] sorted by blocked_us desc (DESIGN.md "Blocking syncs");
 - ``launch_fit``: {launches, kappa_us_per_node, t0_us, r2, graphs: [{nodes, launches, median_us, ...}], ...} or None;
+- ``rounds``: {summary: {rounds, t_round_us, t_gpu_us, t_host_us, t_serial_us, tau, tpot_us, verdict, bound, ...},
+  rounds: [{round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes, tau,
+  tpot_us}]} when the trace annotates verify rounds, else None (:mod:`gaptrace.analyses.rounds`);
 - ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
 - ``headline``: [str], the occupancy sentence per device followed by the first finding;
 - ``warnings``: [str], the loader's integrity warnings and the analyses' own.
@@ -187,20 +190,21 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
 
 
 def run_analysis(trace: Trace, window: str | None = None, device: int | None = None,
-                 sidecar: dict | None = None) -> dict[str, Any]:
+                 sidecar: dict | None = None, round_name: str = "round") -> dict[str, Any]:
     """All four core analyses of ``trace`` over ``window`` as one JSON-able dict (see the module docstring).
 
     ``window``: None (each device's first to last activity) or an annotation name (its span; TraceError when no
     annotation has that name). ``device``: the device gap attribution and findings are computed for (default:
-    the busiest). ``sidecar``: a capture sidecar (unprofiled graph-launch costs feed the launch fit).
+    the busiest). ``sidecar``: a capture sidecar (unprofiled graph-launch costs feed the launch fit; τ per round and
+    unprofiled round times feed the rounds table). ``round_name``: the annotation that marks one verify round.
     A trace with host events but no device activity yields devices [] and the host-side analyses only.
     """
-    from gaptrace.analyses import gaps, launch_fit, occupancy, syncs
+    from gaptrace.analyses import gaps, launch_fit, occupancy, rounds, syncs
 
     warnings = list(trace.warnings)
     out: dict[str, Any] = {"trace": trace.path, "window": window, "devices": [], "gap_attribution": [],
                            "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
-                           "headline": [], "warnings": warnings}
+                           "rounds": None, "headline": [], "warnings": warnings}
     has_device = not trace.device.empty
     unprofiled = None
     if sidecar:
@@ -236,6 +240,9 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
         h = trace.host
         lrows = np.flatnonzero(h["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy() & (h["rank"].to_numpy() == key[0]))
         launch_idle = float(ev.inclusive_us[ev.tree.nodes(lrows)].sum()) if len(lrows) else 0.0
+    rr = rounds.rounds(trace, round_name, key, sidecar,
+                       fit.kappa_us_per_node if fit is not None else None)
+    out["rounds"] = rr.to_dict() if rr is not None else None
     out["findings"] = to_jsonable(findings(tl.idle_us, dev_sites, sites, fit, launch_idle,
                                            overhead_idle(trace, tl, key[0])))
     for d in out["devices"]:
@@ -302,6 +309,20 @@ def render_text(res: dict, top: int = 15) -> str:
             parts.append(f"  {fit['reason']}")
         parts.append(_table(fit["graphs"], [("nodes", "N", "d"), ("launches", "launches", "d"),
                                             ("median_us", "median µs", ",.1f"), ("inflation_us", "κN µs", ",.1f")], 50))
+    rr = res.get("rounds")
+    if rr:
+        m = rr["summary"]
+        parts += ["", f"Verify rounds ({m['rounds']} periods of '{m['annotation']}'): {m['verdict']}, {m['bound']}-bound"]
+        line = (f"  mean Tround {m['t_round_us']:,.0f} µs = TGPU {m['t_gpu_us']:,.0f} + Tserial {m['t_serial_us']:,.0f}; "
+                f"Thost {m['t_host_us']:,.0f} µs; max(TGPU, Thost) is {1 - m['overlap_excess']:.0%} of Tround")
+        parts.append(line)
+        if m.get("tau"):
+            parts.append(f"  τ {m['tau']:.2f} tokens/round, TPOT {m['tpot_us'] / 1000:.3f} ms")
+        if m.get("unprofiled_round_us"):
+            parts.append(f"  unprofiled Tround {m['unprofiled_round_us']:,.0f} µs; the profiler added "
+                         f"{m['profiler_excess_us']:,.0f} µs per round"
+                         + (f", of which κ·ΣN explains {m['kappa_explained_us']:,.0f} µs"
+                            if m.get("kappa_explained_us") is not None else ""))
     if res["warnings"]:
         parts += ["", "Warnings:"] + [f"  - {w}" for w in res["warnings"]]
     return "\n".join(parts)
@@ -313,8 +334,11 @@ def render_text(res: dict, top: int = 15) -> str:
               help="Analyse the span of the annotations (record_function / NVTX ranges) with this name.")
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
+              help="Annotation that marks one verify round (also matches NAME_<n>).")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per text table.")
-def analyze(trace_path: str, window: str | None, device: int | None, as_json: bool, top: int) -> None:
+def analyze(trace_path: str, window: str | None, device: int | None, as_json: bool, round_name: str,
+            top: int) -> None:
     """Occupancy, idle-gap attribution, blocking syncs and graph-launch fit of TRACE (.json, .json.gz or a
     directory of per-rank files). Exit code 2 on bad input, or when the trace has no GPU activity (the host-side
     analyses are still printed)."""
@@ -324,7 +348,8 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
 
     try:
         trace = load_trace(trace_path)
-        res = run_analysis(trace, window=window, device=device, sidecar=read_sidecar(trace_path))
+        res = run_analysis(trace, window=window, device=device, sidecar=read_sidecar(trace_path),
+                           round_name=round_name)
     except TraceError as e:
         fail(str(e))
     if as_json:
