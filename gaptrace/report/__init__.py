@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gaptrace.analyses.gaps import event_idle
 from gaptrace.analyses.launch_fit import launch_points
-from gaptrace.analyses.timeline import device_timeline
+from gaptrace.analyses.occupancy import busy_fraction_bins, resolve_device
 from gaptrace.trace import Trace, TraceError
 
 from . import charts
@@ -135,8 +136,9 @@ def _timeline(trace: Trace, analysis: dict, figures: dict) -> str:
     t0, t1 = min(w[0] for w in windows), max(w[1] for w in windows)
     strips = []
     for d in devs[:8]:
-        tl = device_timeline(_device_rows(trace, d), t0, t1)
-        strips.append((f"GPU {d.get('device')}", tl.busy_fraction_bins(N_BINS)))
+        key = (int(d["rank"]), int(d["device"])) if "rank" in d else int(d["device"])
+        label = f"GPU {d['device']}" + (f" (rank {d['rank']})" if int(d.get("rank", 0)) else "")
+        strips.append((label, busy_fraction_bins(trace, key, N_BINS, window=(t0, t1))))
     lanes = annotation_lanes(trace.host, trace.gpu_annotations, t0, t1, N_BINS)
     figures["fig-timeline"] = charts.occupancy_figure(strips, lanes, t0, t1)
     merged = int((lanes["count"] > 1).sum()) if len(lanes) else 0
@@ -151,14 +153,15 @@ def _gaps(trace: Trace, analysis: dict, figures: dict) -> str:
            "frame (inclusive), on every host thread. The icicle is the stack tree by frame path (click a box to "
            "zoom in); the table aggregates by frame.</p>"]
     if devs:
-        d = devs[0]
-        t0, t1 = _window(trace, d)
-        tree = idle_stack_tree(trace, device_timeline(_device_rows(trace, d), t0, t1))
+        key = resolve_device(trace, None)  # the busiest device, as the attribution table's
+        d = next((x for x in devs if int(x.get("device", -1)) == key[1] and int(x.get("rank", key[0])) == key[0]),
+                 devs[0])
+        tree = idle_stack_tree(event_idle(trace, key, _window(trace, d)))
         if len(tree.nodes):
             figures["fig-icicle"] = charts.icicle_figure(tree)
-            out.append(f'<p class="how">Stack tree for GPU {h(d.get("device"))}: '
-                       f"{fmt_ms(tree.total_idle_us)} ms idle in the window.</p>"
-                       '<div class="chart" id="fig-icicle"></div>')
+            out.append(f'<p class="how">Stack tree for GPU {h(key[1])}: {fmt_ms(tree.total_idle_us)} ms idle in '
+                       "the window. Box width = idle under the frame (each instant counted once per thread); "
+                       'colour = idle with this frame innermost.</p><div class="chart" id="fig-icicle"></div>')
     rows = [(f.get("frame", ""), fmt_ms(f.get("self_idle_us")), fmt_ms(f.get("inclusive_idle_us")),
              fmt_pct(f.get("share")), f.get("gaps", "–")) for f in (analysis.get("gap_attribution") or [])[:40]]
     out.append(table([("frame", "frame"), ("self idle (ms)", "num"), ("inclusive idle (ms)", "num"),

@@ -54,7 +54,7 @@ def occupancy_figure(strips: list[tuple[str, pd.DataFrame]], lanes: pd.DataFrame
     plot_px = height - 100
     data: list[dict] = []
     layout: dict = {
-        "height": height, "margin": {"l": 70, "r": 20, "t": 20, "b": 50}, "font": FONT, "showlegend": False,
+        "height": height, "margin": {"l": 110, "r": 20, "t": 20, "b": 50}, "font": FONT, "showlegend": False,
         "hovermode": "closest", "plot_bgcolor": "#ffffff", "bargap": 0.15, "barmode": "overlay",
         "uniformtext": {"minsize": 9, "mode": "hide"},
         "xaxis": {"title": {"text": "time from window start (ms)"}, "zeroline": False,
@@ -117,28 +117,29 @@ def occupancy_figure(strips: list[tuple[str, pd.DataFrame]], lanes: pd.DataFrame
 def icicle_figure(tree: StackTree, max_nodes: int = 300, min_share: float = 0.002) -> dict:
     """Icicle chart of the gap-clipped stacks: thread → outermost frame → ... → innermost, sized by idle µs.
 
-    Keeps at most ``max_nodes`` nodes (largest inclusive idle first) and drops nodes under ``min_share`` of the
-    device's idle time; a dropped node's idle stays in its parent's box ("remainder" branch values, so each box's
-    size is its inclusive idle). A node is only kept with its parent. Colour = the box's own idle, including that
-    of dropped children (pale: the time sits deeper; dark red: it sits right here).
+    A box's size is the self idle of its subtree (so the boxes under a thread add up to the idle under that
+    thread's events, counted once). Keeps at most ``max_nodes`` boxes (largest first) and drops boxes under
+    ``min_share`` of the device's idle; a dropped box's idle stays in its parent's box. A node is only kept with
+    its parent. Colour = the box's own idle, including that of dropped children (pale: the time sits deeper;
+    dark red: it sits right here).
     """
     nodes = tree.nodes
     total = tree.total_idle_us if tree.total_idle_us > 0 else 1.0
     if nodes.empty:
         return {"data": [], "layout": {"height": 120, "font": FONT}}
-    nodes = nodes[nodes["inclusive_idle_us"] >= min_share * total]
-    nodes = nodes.sort_values(["inclusive_idle_us", "depth"], ascending=[False, True]).head(max_nodes)
+    nodes = nodes[nodes["subtree_idle_us"] >= min_share * total]
+    nodes = nodes.sort_values(["subtree_idle_us", "depth"], ascending=[False, True]).head(max_nodes)
+    nodes = nodes.sort_values("depth", kind="stable")
     kept = set(nodes["node"].tolist())
-    # close the set under "parent kept", level by level
-    nodes = nodes.sort_values("depth")
     ok = nodes["parent"].isin(kept) | (nodes["parent"] < 0)
-    while not ok.all():
+    while not ok.all():  # close the set under "parent kept"
         nodes = nodes[ok]
         kept = set(nodes["node"].tolist())
         ok = nodes["parent"].isin(kept) | (nodes["parent"] < 0)
-    incl = nodes.set_index("node")["inclusive_idle_us"]
-    kept_child_sum = nodes[nodes["parent"] >= 0].groupby("parent")["inclusive_idle_us"].sum()
-    value = (incl - kept_child_sum.reindex(incl.index, fill_value=0.0)).clip(lower=0.0)
+    size = nodes.set_index("node")["subtree_idle_us"]
+    kept_child = nodes[nodes["parent"] >= 0].groupby("parent")["subtree_idle_us"].sum()
+    own = (size - kept_child.reindex(size.index, fill_value=0.0)).clip(lower=0.0)
+    values = [float(round(v, 3)) for v in own.loc[nodes["node"]]]
     ids = [f"n{n}" for n in nodes["node"]]
     parents = ["" if p < 0 else f"n{p}" for p in nodes["parent"]]
     labels = [esc(lbl, 60) for lbl in nodes["label"]]
@@ -147,15 +148,13 @@ def icicle_figure(tree: StackTree, max_nodes: int = 300, min_share: float = 0.00
              for lbl, i, s, e in zip(nodes["label"], nodes["inclusive_idle_us"], nodes["self_idle_us"],
                                      nodes["events"])]
     max_depth = int(nodes["depth"].max()) + 1
-    values = [float(round(v, 3)) for v in value.loc[nodes["node"]]]
     return {
         "data": [{
-            "type": "icicle", "ids": ids, "labels": labels, "parents": parents,
-            "values": values, "branchvalues": "remainder",
-            "hovertext": hover, "hoverinfo": "text", "textinfo": "label", "sort": False,
-            "tiling": {"orientation": "v"}, "maxdepth": min(max_depth, 12),
-            "marker": {"colors": [float(x / total) for x in values], "colorscale": HEAT,
-                       "cmin": 0.0, "cmax": max(max(values) / total, 1e-9)},
+            "type": "icicle", "ids": ids, "labels": labels, "parents": parents, "values": values,
+            "branchvalues": "remainder", "hovertext": hover, "hoverinfo": "text", "textinfo": "label",
+            "sort": False, "tiling": {"orientation": "v"}, "maxdepth": min(max_depth, 12),
+            "marker": {"colors": [v / total for v in values], "colorscale": HEAT, "cmin": 0.0,
+                       "cmax": max(max(values) / total, 1e-9)},
             "root": {"color": "#f4f4f4"}, "pathbar": {"visible": True},
         }],
         "layout": {"height": 640, "margin": {"l": 5, "r": 5, "t": 30, "b": 5}, "font": FONT},

@@ -11,9 +11,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from gaptrace.analyses.stacks import host_tree
-from gaptrace.analyses.timeline import BusyTimeline
-from gaptrace.trace import Trace
+from gaptrace.analyses.gaps import EventIdle
 
 __all__ = ["nest_parents", "StackTree", "idle_stack_tree"]
 
@@ -85,35 +83,32 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 class StackTree:
     """Gap-clipped idle aggregated by frame path. One row per node in ``nodes``:
 
-    ``node`` (int id), ``parent`` (node id, -1 for a thread root), ``label`` (frame name, normalized; a root is
-    ``thread PID/TID``), ``depth``, ``inclusive_idle_us`` (idle while any event at this path was open),
-    ``self_idle_us`` (inclusive minus the children's inclusive), ``events`` (host events at this path that
-    overlapped idle time). ``total_idle_us`` is the device's idle time in the window.
+    ``node`` (int id), ``parent`` (node id, -1 for a thread root), ``label`` (normalized frame name; a root is
+    ``thread PID/TID``), ``depth``, ``inclusive_idle_us`` (summed over the path's events: idle while they were
+    open), ``self_idle_us`` (idle while one of them was the innermost open event), ``subtree_idle_us`` (self idle
+    summed over the node and everything below it: the box size in the icicle; at a thread root, the idle under the
+    union of the thread's events), ``events`` (host events at this path that overlapped idle time).
+    ``total_idle_us``: the device's idle time in the window; ``device``: (rank, device).
     """
 
     nodes: pd.DataFrame
     total_idle_us: float
+    device: tuple[int, int]
 
 
-def idle_stack_tree(trace: Trace, timeline: BusyTimeline) -> StackTree:
-    """Aggregate the idle time under every host event of ``trace`` by its frame path (thread, then outermost
-    frame inward), for one device's busy ``timeline`` over the analysis window.
+def idle_stack_tree(ev: EventIdle) -> StackTree:
+    """Aggregate per-event idle (:func:`gaptrace.analyses.gaps.event_idle`: the same numbers as the gap
+    attribution table) by frame path: thread, then outermost frame inward (DESIGN.md "Gap attribution").
 
-    The nesting is :func:`gaptrace.analyses.stacks.host_tree` (the one gap attribution uses, so the icicle and the
-    attribution table agree). Each event's inclusive idle is ``timeline.idle_between(start, end)``: idle clipped
-    to the event and the window (DESIGN.md "A way to compute them in n log n"). Events with no idle under them
-    are dropped (their ancestors keep theirs: a parent contains its children). Vectorised over events; the only
-    Python loop is over depth levels.
+    Events with no idle under them are dropped (their ancestors keep theirs: a parent contains its children).
+    Vectorised over events; the only Python loops are over depth levels.
     """
-    empty = pd.DataFrame({"node": [], "parent": [], "label": [], "depth": [], "inclusive_idle_us": [],
-                          "self_idle_us": [], "events": []})
-    tree = host_tree(trace)
-    if tree.n == 0:
-        return StackTree(empty, timeline.idle_us)
-    idle = timeline.idle_between(tree.start_us, tree.end_us)
-    keep = idle > 0
+    cols = ["node", "parent", "label", "depth", "inclusive_idle_us", "self_idle_us", "subtree_idle_us", "events"]
+    tree = ev.tree
+    key = (ev.rank, ev.device)
+    keep = (ev.inclusive_us > 0) & ev.in_rank if tree.n else np.zeros(0, dtype=bool)
     if not keep.any():
-        return StackTree(empty, timeline.idle_us)
+        return StackTree(pd.DataFrame({c: [] for c in cols}), ev.timeline.idle_us, key)
     n_frames = len(tree.frames) + 1
     frame = tree.frame.astype(np.int64) + 1  # -1 (no name) -> 0
     frame_names = np.r_[np.array([""], dtype=object), tree.frames.to_numpy(dtype=object)]
@@ -121,8 +116,7 @@ def idle_stack_tree(trace: Trace, timeline: BusyTimeline) -> StackTree:
     n_roots = len(th)
     node_of = np.full(tree.n, -1, dtype=np.int64)
     parents = [np.full(n_roots, -1, dtype=np.int64)]
-    labels = [np.array([f"thread {p}/{t}" + (f" (rank {r})" if th["rank"].nunique() > 1 else "")
-                        for r, p, t in zip(th["rank"], th["pid"], th["tid"])], dtype=object)]
+    labels = [np.array([f"thread {p}/{t}" for p, t in zip(th["pid"], th["tid"])], dtype=object)]
     depths = [np.zeros(n_roots, dtype=np.int64)]
     next_id = n_roots
     for d in range(int(tree.depth[keep].max()) + 1):
@@ -138,15 +132,18 @@ def idle_stack_tree(trace: Trace, timeline: BusyTimeline) -> StackTree:
         depths.append(np.full(len(uniq), d + 1, dtype=np.int64))
         next_id += len(uniq)
     kept = np.flatnonzero(keep)
-    incl = np.bincount(node_of[kept], weights=idle[kept], minlength=next_id)
+    incl = np.bincount(node_of[kept], weights=ev.inclusive_us[kept], minlength=next_id)
+    self_idle = np.bincount(node_of[kept], weights=ev.self_us[kept], minlength=next_id)
     count = np.bincount(node_of[kept], minlength=next_id)
     parent = np.concatenate(parents)
-    # a thread root's idle = the sum over its top-level events (siblings on one thread are disjoint)
-    has_parent = parent >= 0
-    child_sum = np.bincount(parent[has_parent], weights=incl[has_parent], minlength=next_id)
-    incl[:n_roots] = child_sum[:n_roots]
+    depth = np.concatenate(depths)
+    subtree = self_idle.copy()
+    for d in range(int(depth.max()), 0, -1):  # children before parents
+        m = depth == d
+        subtree += np.bincount(parent[m], weights=subtree[m], minlength=next_id)
+    incl[:n_roots] = subtree[:n_roots]
     nodes = pd.DataFrame({"node": np.arange(next_id), "parent": parent, "label": np.concatenate(labels),
-                          "depth": np.concatenate(depths), "inclusive_idle_us": incl,
-                          "self_idle_us": np.maximum(incl - child_sum, 0.0), "events": count})
-    nodes = nodes[nodes["inclusive_idle_us"] > 0].reset_index(drop=True)
-    return StackTree(nodes, timeline.idle_us)
+                          "depth": depth, "inclusive_idle_us": incl, "self_idle_us": self_idle,
+                          "subtree_idle_us": subtree, "events": count})
+    nodes = nodes[nodes["subtree_idle_us"] > 0].reset_index(drop=True)
+    return StackTree(nodes, ev.timeline.idle_us, key)
