@@ -13,6 +13,7 @@ import click
 # name -> "module:attribute" of a click command, imported only when the command runs (or --help lists it)
 LAZY_COMMANDS = {
     "analyze": "gaptrace.analyze:analyze",
+    "diff": "gaptrace.diff:diff",
     "decode": "gaptrace.runtime.cli:decode",
     "report": "gaptrace.report.cli:report",
 }

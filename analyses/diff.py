@@ -1,0 +1,135 @@
+"""Compare two analyses (A = baseline, B = candidate): what changed, and did it win.
+
+Input: two dicts from :func:`gaptrace.analyze.run_analysis`. Output (:func:`diff_analyses`):
+
+- ``metrics``: {name: {a, b, delta, rel}} for occupancy, busy_us, idle_us, window_us, t_round_us, t_gpu_us,
+  t_host_us, t_serial_us, tau, tpot_us, kappa_us_per_node, blocked_us (Σ over sync sites), idle_after_us;
+  delta = b − a, rel = delta / a (None where a is 0 or either side is missing);
+- ``frames``: idle by frame, {vanished: [...], appeared: [...], changed: [...]} (frame, a_us, b_us, delta_us),
+  each sorted by |delta|;
+- ``syncs``: the same for blocking-sync sites (keyed by call + site + ATen op);
+- ``accept_length``: seed 000's inequality for the pair. TPOT = Tround / τ, so B's TPOT is lower exactly when
+  (1 + ΔTround/Tround) < (1 + Δτ/τ); to first order a change that costs accept length wins only if it cuts the
+  round by a larger fraction: −ΔTround/Tround > −Δτ/τ ("a change wins only if ΔTround/Tround > Δτ/τ", in the
+  seed's sign convention of savings). Reports both fractions, the exact TPOT ratio and the verdict.
+
+Gates (:func:`check_gates`): expressions ``METRIC OP NUMBER`` (OP one of < <= > >= == !=), where METRIC is a
+metric name (B's value), ``delta_NAME`` or ``rel_NAME``; e.g. ``occupancy < 0.9``, ``rel_tpot_us > 0.02``.
+Parsed, never ``eval``-ed.
+"""
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any
+
+__all__ = ["diff_analyses", "check_gates", "parse_gate", "GateError", "METRICS"]
+
+METRICS = ("occupancy", "busy_us", "idle_us", "window_us", "t_round_us", "t_gpu_us", "t_host_us", "t_serial_us",
+           "tau", "tpot_us", "kappa_us_per_node", "blocked_us", "idle_after_us")
+
+_OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
+        "!=": operator.ne}
+_GATE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|==|!=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+
+
+class GateError(ValueError):
+    """A --fail-if expression that cannot be parsed or names an unknown metric."""
+
+
+def _scalars(res: dict) -> dict[str, float | None]:
+    """The comparable scalars of one analysis (the device the analysis focused on: the busiest)."""
+    out: dict[str, float | None] = {m: None for m in METRICS}
+    devs = res.get("devices") or []
+    if devs:
+        d = max(devs, key=lambda d: d.get("busy_us") or 0)
+        for k in ("occupancy", "busy_us", "idle_us", "window_us"):
+            out[k] = d.get(k)
+    rr = (res.get("rounds") or {}).get("summary") or {}
+    for k in ("t_round_us", "t_gpu_us", "t_host_us", "t_serial_us", "tau", "tpot_us"):
+        out[k] = rr.get(k)
+    fit = res.get("launch_fit") or {}
+    out["kappa_us_per_node"] = fit.get("kappa_us_per_node")
+    syncs = res.get("blocking_syncs") or []
+    out["blocked_us"] = float(sum(s.get("blocked_us") or 0 for s in syncs))
+    out["idle_after_us"] = float(sum(s.get("idle_after_us") or 0 for s in syncs))
+    return out
+
+
+def _delta(a: float | None, b: float | None) -> dict[str, float | None]:
+    if a is None or b is None:
+        return {"a": a, "b": b, "delta": None, "rel": None}
+    d = b - a
+    return {"a": a, "b": b, "delta": d, "rel": (d / a) if a else None}
+
+
+def _keyed_diff(a_rows: list[dict], b_rows: list[dict], key, value: str, limit: int = 25) -> dict[str, list]:
+    a = {key(r): r.get(value) or 0.0 for r in a_rows}
+    b = {key(r): r.get(value) or 0.0 for r in b_rows}
+    vanished = [{"key": k, "a_us": a[k], "b_us": 0.0, "delta_us": -a[k]} for k in a.keys() - b.keys()]
+    appeared = [{"key": k, "a_us": 0.0, "b_us": b[k], "delta_us": b[k]} for k in b.keys() - a.keys()]
+    changed = [{"key": k, "a_us": a[k], "b_us": b[k], "delta_us": b[k] - a[k]} for k in a.keys() & b.keys()]
+    srt = lambda rows: sorted(rows, key=lambda r: -abs(r["delta_us"]))[:limit]  # noqa: E731
+    return {"vanished": srt(vanished), "appeared": srt(appeared), "changed": srt(changed)}
+
+
+def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
+    """Compare analysis ``a`` (baseline) with ``b`` (candidate); see the module docstring for the fields."""
+    sa, sb = _scalars(a), _scalars(b)
+    metrics = {m: _delta(sa[m], sb[m]) for m in METRICS}
+    frames = _keyed_diff(a.get("gap_attribution") or [], b.get("gap_attribution") or [],
+                         lambda r: r["frame"], "inclusive_idle_us")
+    for part in frames.values():
+        for r in part:
+            r["frame"] = r.pop("key")
+    syncs = _keyed_diff(a.get("blocking_syncs") or [], b.get("blocking_syncs") or [],
+                        lambda r: f"{r.get('call')} ({r.get('aten_op') or '-'}) from {r.get('site') or '-'}",
+                        "blocked_us")
+    for part in syncs.values():
+        for r in part:
+            r["site"] = r.pop("key")
+    accept = None
+    ta, tb, ra, rb = sa["tau"], sb["tau"], sa["t_round_us"], sb["t_round_us"]
+    if ta and tb and ra and rb:
+        round_saving = (ra - rb) / ra   # fraction of the round B saves
+        tau_loss = (ta - tb) / ta       # fraction of accept length B gives up
+        tpot_ratio = (rb / tb) / (ra / ta)
+        accept = {
+            "round_saving": round_saving, "tau_loss": tau_loss, "tpot_ratio": tpot_ratio,
+            "wins": tpot_ratio < 1.0,
+            "statement": (f"B saves {round_saving:+.1%} of Tround and gives up {tau_loss:+.1%} of τ: "
+                          f"TPOT changes by {tpot_ratio - 1:+.1%}, so B {'wins' if tpot_ratio < 1 else 'loses'} "
+                          "(TPOT = Tround/τ; a change wins only if its round saving exceeds its τ loss)"),
+        }
+    return {"a": a.get("trace"), "b": b.get("trace"), "metrics": metrics, "frames": frames, "syncs": syncs,
+            "accept_length": accept}
+
+
+def parse_gate(expr: str) -> tuple[str, str, float]:
+    """``"occupancy < 0.9"`` -> ("occupancy", "<", 0.9). GateError for anything else."""
+    m = _GATE_RE.match(expr)
+    if not m:
+        raise GateError(f"cannot parse gate {expr!r}: expected METRIC OP NUMBER, e.g. 'occupancy < 0.9'")
+    name, op, num = m.group(1), m.group(2), float(m.group(3))
+    base = re.sub(r"^(delta|rel)_", "", name)
+    if base not in METRICS:
+        raise GateError(f"unknown metric {name!r} in gate {expr!r}; metrics: {', '.join(METRICS)} "
+                        "(or delta_NAME, rel_NAME)")
+    return name, op, num
+
+
+def check_gates(diff: dict, exprs: list[str]) -> list[dict]:
+    """Evaluate gates against a :func:`diff_analyses` result. Returns [{gate, value, tripped}]; a gate whose
+    metric is missing (e.g. no rounds in the trace) trips, with value None, so CI never passes silently."""
+    out = []
+    for expr in exprs:
+        name, op, num = parse_gate(expr)
+        if name.startswith("delta_"):
+            v = diff["metrics"][name[6:]]["delta"]
+        elif name.startswith("rel_"):
+            v = diff["metrics"][name[4:]]["rel"]
+        else:
+            v = diff["metrics"][name]["b"]
+        tripped = True if v is None else bool(_OPS[op](v, num))
+        out.append({"gate": expr, "value": v, "tripped": tripped})
+    return out

@@ -1,0 +1,80 @@
+"""``gaptrace diff A B``: compare two traces (A baseline, B candidate) and gate CI on the result."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from gaptrace.analyze import run_analysis, to_jsonable
+from gaptrace.trace import TraceError
+
+__all__ = ["diff", "render_diff"]
+
+
+def _fmt(v, name: str) -> str:
+    if v is None:
+        return "-"
+    if name == "occupancy":
+        return f"{v:.1%}"
+    if name in ("tau", "kappa_us_per_node"):
+        return f"{v:.3f}"
+    return f"{v:,.0f}"
+
+
+def render_diff(d: dict) -> str:
+    """Text form of :func:`gaptrace.analyses.diff.diff_analyses`."""
+    lines = [f"A: {d['a']}", f"B: {d['b']}", "", f"  {'metric':<18} {'A':>12} {'B':>12} {'B-A':>12} {'rel':>8}"]
+    for name, m in d["metrics"].items():
+        if m["a"] is None and m["b"] is None:
+            continue
+        delta = "-" if m["delta"] is None else (f"{m['delta']:+.1%}" if name == "occupancy" else
+                                                f"{m['delta']:+,.3f}" if name in ("tau", "kappa_us_per_node")
+                                                else f"{m['delta']:+,.0f}")
+        rel = "-" if m["rel"] is None else f"{m['rel']:+.1%}"
+        lines.append(f"  {name:<18} {_fmt(m['a'], name):>12} {_fmt(m['b'], name):>12} {delta:>12} {rel:>8}")
+    if d["accept_length"]:
+        lines += ["", "Accept length: " + d["accept_length"]["statement"]]
+    for title, part, key in (("Idle by frame", d["frames"], "frame"), ("Blocking syncs (blocked µs)", d["syncs"], "site")):
+        lines += ["", f"{title}:"]
+        for kind in ("vanished", "appeared", "changed"):
+            for r in part[kind][:8]:
+                lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {r[key]}")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("trace_a", metavar="A")
+@click.argument("trace_b", metavar="B")
+@click.option("--window", default=None, metavar="NAME", help="Analyse the span of this annotation in both traces.")
+@click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
+              help="Annotation that marks one verify round.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--fail-if", "gates", multiple=True, metavar="EXPR",
+              help="Exit 1 if EXPR holds for B, e.g. 'occupancy < 0.9', 'rel_tpot_us > 0.02', "
+                   "'delta_blocked_us > 0'. Repeatable; a gate on a metric the traces lack trips.")
+def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_json: bool,
+         gates: tuple[str, ...]) -> None:
+    """Compare trace A (baseline) with trace B (candidate): occupancy, Tround, τ, TPOT, κ, idle by frame and
+    blocking syncs, and the accept-length inequality. Exit 2 on bad input, 1 when a --fail-if gate trips."""
+    from gaptrace import load_trace
+    from gaptrace.analyses.diff import GateError, check_gates, diff_analyses, parse_gate
+    from gaptrace.capture import read_sidecar
+    from gaptrace.cli import fail
+
+    try:
+        for g in gates:
+            parse_gate(g)
+        res = [run_analysis(load_trace(p), window=window, sidecar=read_sidecar(p), round_name=round_name)
+               for p in (trace_a, trace_b)]
+    except (TraceError, GateError) as e:
+        fail(str(e))
+    d = diff_analyses(*res)
+    d["gates"] = check_gates(d, list(gates))
+    if as_json:
+        click.echo(json.dumps(to_jsonable(d), indent=1, ensure_ascii=False))
+    else:
+        click.echo(render_diff(d))
+        for g in d["gates"]:
+            click.echo(f"gate {g['gate']!r}: value {g['value']} -> {'TRIPPED' if g['tripped'] else 'ok'}")
+    if any(g["tripped"] for g in d["gates"]):
+        raise SystemExit(1)

@@ -1,0 +1,71 @@
+"""`gaptrace diff`: the accept-length inequality, gates, and the command on real traces."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gaptrace.analyses.diff import GateError, check_gates, diff_analyses, parse_gate
+
+A_PATH = "fixtures/traces/hta_a100_trace_diff_control.json.gz"
+B_PATH = "fixtures/traces/hta_v100_trace_diff_test.json.gz"
+
+
+def analysis(t_round_us, tau, occupancy=0.9, frames=(), syncs=()):
+    return {"trace": "x", "devices": [{"occupancy": occupancy, "busy_us": 1.0, "idle_us": 1.0, "window_us": 2.0}],
+            "rounds": {"summary": {"t_round_us": t_round_us, "tau": tau, "tpot_us": t_round_us / tau}},
+            "launch_fit": None, "gap_attribution": list(frames), "blocking_syncs": list(syncs)}
+
+
+def test_seed_fp8_head_loses():
+    """Seed 000: the fp8 sampling head cut τ 4.28 -> 4.16 (2.8%) and saved ~2% of the round: a net loss."""
+    a = analysis(16_200.0, 4.28)
+    b = analysis(16_200.0 * 0.98, 4.16)
+    acc = diff_analyses(a, b)["accept_length"]
+    assert acc["tau_loss"] == pytest.approx(0.12 / 4.28)
+    assert acc["round_saving"] == pytest.approx(0.02)
+    assert not acc["wins"]
+    assert acc["tpot_ratio"] == pytest.approx((0.98 / 4.16) * 4.28)
+
+
+def test_round_saving_beats_tau_loss_wins():
+    acc = diff_analyses(analysis(20_900.0, 4.4), analysis(16_200.0, 4.3))["accept_length"]
+    assert acc["wins"] and acc["tpot_ratio"] < 1
+
+
+def test_frames_vanish_and_appear():
+    a = analysis(1.0, 1.0, frames=[{"frame": "plan", "inclusive_idle_us": 500.0},
+                                   {"frame": "launch", "inclusive_idle_us": 100.0}])
+    b = analysis(1.0, 1.0, frames=[{"frame": "launch", "inclusive_idle_us": 40.0},
+                                   {"frame": "commit", "inclusive_idle_us": 70.0}])
+    f = diff_analyses(a, b)["frames"]
+    assert [r["frame"] for r in f["vanished"]] == ["plan"]
+    assert [r["frame"] for r in f["appeared"]] == ["commit"]
+    assert f["changed"][0]["delta_us"] == pytest.approx(-60.0)
+
+
+def test_gates():
+    d = diff_analyses(analysis(100.0, 2.0, occupancy=0.95), analysis(110.0, 2.0, occupancy=0.85))
+    res = check_gates(d, ["occupancy < 0.9", "rel_t_round_us > 0.2", "delta_occupancy<0", "kappa_us_per_node > 1"])
+    assert [g["tripped"] for g in res] == [True, False, True, True]  # missing κ trips, never passes silently
+    assert parse_gate(" tpot_us >= 1e3") == ("tpot_us", ">=", 1000.0)
+    for bad in ["occupancy", "occupancy < x", "__import__('os') < 1", "nosuch < 1"]:
+        with pytest.raises(GateError):
+            parse_gate(bad)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "gaptrace.cli", *args], capture_output=True, text=True)
+
+
+def test_diff_cli_on_real_traces():
+    r = _cli("diff", A_PATH, B_PATH, "--json", "--fail-if", "occupancy < 0.5")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    occ = d["metrics"]["occupancy"]
+    assert occ["delta"] == pytest.approx(occ["b"] - occ["a"])
+    assert 0.8 < occ["a"] < 0.9 and 0.9 < occ["b"] < 1.0
+    r = _cli("diff", A_PATH, B_PATH, "--fail-if", "occupancy < 0.99")
+    assert r.returncode == 1 and "TRIPPED" in r.stdout
+    r = _cli("diff", A_PATH, B_PATH, "--fail-if", "occupancy <")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
