@@ -70,10 +70,28 @@ def _import_runtime():
         gaptrace.runtime = mod
         spec.loader.exec_module(mod)
     from gaptrace.runtime.config import ModelConfig
+    from gaptrace.runtime.models import gdn
     from gaptrace.runtime.models.checkpoint import load_checkpoint, save_checkpoint
     from gaptrace.runtime.models.model import Transformer
 
+    _fla_same_dtype(gdn)
     return ModelConfig, Transformer, save_checkpoint, load_checkpoint
+
+
+def _fla_same_dtype(gdn) -> None:
+    """Work around mixed dtypes reaching fla under bf16 autocast: GatedDeltaNet.project casts the L2-normalised
+    q and k back to the residual stream's dtype (float32) while v comes out of the autocast projection in bf16,
+    and fla's Triton ``tl.dot`` refuses fp32 x bf16 (seen on the H200, fla-core 0.6.0). Casting q and k to v's
+    dtype is what the layer means; a no-op when the dtypes already agree (float32 evaluation, CPU)."""
+    fla_fn = gdn.gated_delta_rule_fla
+    if getattr(fla_fn, "_same_dtype", False):
+        return
+
+    def gated_delta_rule_fla(q, k, v, g, beta, state=None):
+        return fla_fn(q.to(v.dtype), k.to(v.dtype), v, g, beta, state)
+
+    gated_delta_rule_fla._same_dtype = True
+    gdn.gated_delta_rule_fla = gated_delta_rule_fla
 
 
 # ----------------------------------------------------------------------------------------------------- configs
@@ -328,6 +346,44 @@ def greedy_decode(model, prompt: list[int], max_new_tokens: int, device: str) ->
     return ids[0, len(prompt):].tolist()
 
 
+def evaluate_tau(stats, load_checkpoint, target_dir, draft_dir, prompt_ids, val, eos, eval_dtype, args, log):
+    """Reload the saved pair in ``eval_dtype`` and fill stats["tau"] (one row per B), stats["exactness"] and
+    stats["linear_impl"]. On CUDA, fla is used when it agrees with the reference recurrence in float32 (relative L2
+    of logits < 1e-2, i.e. tf32-level rounding), the reference otherwise."""
+    from gaptrace.runtime.models import gdn
+
+    device = args.device
+    target = load_checkpoint(target_dir, device, eval_dtype).eval()
+    draft = load_checkpoint(draft_dir, device, eval_dtype).eval()
+    try:
+        rel = check_linear_kernel(target, val[0][:2, :256].to(device), device, bf16=False)
+    except Exception as e:  # e.g. a Triton compile error for float32 inputs
+        rel = float("nan")
+        log(f"[tau] fla failed in float32: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    log(f"[tau] fla chunk kernel vs reference recurrence (float32): relative L2 {rel}")
+    if rel is not None and not rel < 1e-2:
+        gdn._fla_chunk = None
+        log("[tau] evaluating with the reference recurrence (fla disagrees or failed in float32)")
+    stats["linear_impl"] = "fla chunk kernel" if rel is not None and rel < 1e-2 else "reference recurrence"
+    spec_out = None
+    for B in BLOCK_SIZES:
+        t0 = time.perf_counter()
+        r = spec_decode(target, draft, prompt_ids, B, args.max_new_tokens, eos, device)
+        stats["tau"].append({"B": B, "tau": r["tau"], "rounds": r["rounds"], "emitted": r["emitted"]})
+        log(f"[tau] B={B:2d}  tau {r['tau']:.3f}  rounds {r['rounds']}  emitted {r['emitted']}  "
+            f"({time.perf_counter() - t0:.1f} s)")
+        if B == 8:
+            spec_out = r["outputs"]
+    # the evaluation loop itself: speculative output == plain greedy, on the first prompts
+    n_same, n_checked = 0, min(3, len(prompt_ids))
+    for i in range(n_checked):
+        ref = greedy_decode(target, prompt_ids[i], args.max_new_tokens, device)
+        n_same += spec_out[i][: len(ref)] == ref
+    stats["exactness"] = (f"B = 8 speculative output equals the target's plain greedy decoding on {n_same} of "
+                          f"{n_checked} prompts ({args.max_new_tokens} tokens each, {eval_dtype} on {device}).")
+    log(stats["exactness"])
+
+
 # ---------------------------------------------------------------------------------------------------- report
 
 def _dir_bytes(path: Path) -> int:
@@ -450,10 +506,17 @@ def main(argv=None) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         log(f"[{role}] {n_params:,} parameters, layer types {cfg.layer_types}")
         if role == "target":
-            rel = check_linear_kernel(model, val[0][:2, :128].to(device), device, bf16=True)
+            try:
+                rel = check_linear_kernel(model, val[0][:2, :128].to(device), device, bf16=True)
+            except Exception as e:
+                rel = float("nan")
+                log(f"[target] fla failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             log(f"[target] fla chunk kernel vs reference recurrence (bf16 autocast): relative L2 {rel}")
             if rel is not None and not rel < 5e-2:
-                raise SystemExit(f"fla gated-delta-rule kernel disagrees with the reference (relative L2 {rel})")
+                from gaptrace.runtime.models import gdn
+
+                gdn._fla_chunk = None  # slow but right: train through the reference recurrence
+                log("[target] WARNING: fla disagrees with the reference; training with the reference recurrence")
             s = train(model, train_ids, val, args, device, seconds=args.target_seconds, max_steps=args.target_steps,
                       peak_lr=args.target_lr, name=role, log=log)
         else:
@@ -472,50 +535,24 @@ def main(argv=None) -> int:
 
     # τ from the SAVED checkpoints, reloaded in float32
     eval_dtype = torch.float32
-    target = load_checkpoint(target_dir, device, eval_dtype).eval()
-    draft = load_checkpoint(draft_dir, device, eval_dtype).eval()
-    rel = check_linear_kernel(target, val[0][:2, :256].to(device), device, bf16=False)
-    log(f"[tau] fla chunk kernel vs reference recurrence (float32): relative L2 {rel}")
-    if rel is not None and not rel < 1e-3:
-        from gaptrace.runtime.models import gdn
-
-        gdn._fla_chunk = None
-        log("[tau] evaluating with the reference recurrence (fla disagrees in float32)")
-    linear_impl = "fla chunk kernel" if rel is not None and rel < 1e-3 else "reference recurrence"
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
-    prompt_ids = [tok.encode(p["prompt"]).ids for p in prompts]
-    if args.dry_run:
-        prompt_ids = prompt_ids[:3]
-    stats["tau"] = []
-    for B in BLOCK_SIZES:
-        t0 = time.perf_counter()
-        r = spec_decode(target, draft, prompt_ids, B, args.max_new_tokens, eos, device)
-        stats["tau"].append({"B": B, "tau": r["tau"], "rounds": r["rounds"], "emitted": r["emitted"]})
-        log(f"[tau] B={B:2d}  tau {r['tau']:.3f}  rounds {r['rounds']}  emitted {r['emitted']}  "
-            f"({time.perf_counter() - t0:.1f} s)")
-        if B == 8:
-            spec_out = r["outputs"]
-    # the evaluation loop itself: speculative output == plain greedy, on the first 4 prompts
-    n_same, n_tok, n_checked = 0, 0, min(4, len(prompt_ids))
-    for i in range(n_checked):
-        ref = greedy_decode(target, prompt_ids[i], args.max_new_tokens, device)
-        got = spec_out[i][: len(ref)]
-        first_diff = next((k for k, (a, b) in enumerate(zip(ref, got)) if a != b), None)
-        n_same += first_diff is None
-        n_tok += len(ref)
-    stats["exactness"] = (f"B = 8 speculative output equals the target's plain greedy decoding on {n_same} of "
-                          f"{n_checked} prompts ({args.max_new_tokens} tokens each, {eval_dtype} on {device}).")
-    log(stats["exactness"])
+    prompt_ids = [tok.encode(p["prompt"]).ids for p in prompts][: 3 if args.dry_run else None]
+    stats.update(tau=[], exactness="not measured (the evaluation failed; see the log)", linear_impl="?")
+    try:
+        evaluate_tau(stats, load_checkpoint, target_dir, draft_dir, prompt_ids, val, eos, eval_dtype, args, log)
+    except Exception as e:  # keep the checkpoints and the report; τ can be re-measured from the saved pair
+        import traceback
 
+        log("[tau] FAILED:\n" + traceback.format_exc())
     stats.update(
         title="The tiny pair" + (" (plain attention)" if args.plain_attention else ""),
         date=time.strftime("%Y-%m-%d"), torch=f"torch {torch.__version__}",
         device_name=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "CPU",
         command="python scripts/train_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        n_prompts=len(prompt_ids), max_new_tokens=args.max_new_tokens, eval_dtype=str(eval_dtype).split(".")[-1],
+        n_prompts=len(prompt_ids), max_new_tokens=args.max_new_tokens, eval_dtype=str(eval_dtype).removeprefix("torch."),
         eval_device=device,
         decoder=("scripts/train_pair.py spec_decode (no cache, full forward per draft step and per verify; "
-                 f"linear-attention layers through the {linear_impl})"),
+                 f"linear-attention layers through the {stats['linear_impl']})"),
         wall_seconds=time.perf_counter() - t_start,
     )
     for role, lim in (("target", TARGET_LIMIT_BYTES), ("draft", DRAFT_LIMIT_BYTES)):
