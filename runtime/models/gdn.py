@@ -71,9 +71,9 @@ def gated_delta_rule_fla(q, k, v, g, beta, state=None):
 
 
 def gated_delta_rule(q, k, v, g, beta, state=None, return_all: bool = False):
-    """Dispatch: the fla kernel on CUDA when it is installed and one final state is enough (training, prefill);
-    the reference recurrence otherwise."""
-    if _fla_chunk is not None and q.is_cuda and not return_all:
+    """Dispatch: the fla kernel on CUDA when it is installed, T > 1 and one final state is enough (training,
+    prefill); the reference recurrence otherwise (one-token decode and the verify, on every device)."""
+    if _fla_chunk is not None and q.is_cuda and not return_all and q.shape[1] > 1:
         return gated_delta_rule_fla(q, k, v, g, beta, state)
     return gated_delta_rule_ref(q, k, v, g, beta, state, return_all)
 

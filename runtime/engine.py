@@ -1,0 +1,171 @@
+"""The decode loop: admit, plan, run a round, read the previous round's results (nano-vllm's LLMEngine.step,
+with the host one round ahead of the device).
+
+Each iteration enqueues round n and then reads everything enqueued before it (round n - 1, and the prefills
+admitted while planning round n): results are read one round late through pinned non-blocking copies and
+events, under both schedulers, so both make the same admission and retirement decisions. A request that
+finished in round n - 1 rides along in round n (its output there is discarded), then its slot is freed and a
+waiting request is admitted into it.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .annotate import annotate
+from .config import RuntimeConfig
+from .model_runner import ModelRunner, Readback
+from .models.model import Transformer
+from .scheduler import RoundPlan, make_scheduler
+from .sequence import Request
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (empty prompt, or too long for the context)."""
+
+
+@dataclass
+class DecodeStats:
+    """rounds: verify rounds run; tau: mean tokens emitted per live request-round (accepted + bonus);
+    tround_ms = decode wall time / rounds; tpot_ms = tround_ms / tau (seed 000); tokens_per_s over all requests."""
+
+    rounds: int
+    tau: float
+    tokens: int
+    elapsed_s: float
+    tokens_per_s: float
+    tround_ms: float
+    tpot_ms: float
+    round_tau: list = field(default_factory=list)
+
+
+class Engine:
+    """Block-speculative decoding of many prompts with one target and one draft."""
+
+    def __init__(self, target: Transformer, draft: Transformer, rcfg: RuntimeConfig, eos_token_id: int | None = None):
+        if target.config.vocab_size != draft.config.vocab_size:
+            raise RequestError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary "
+                               f"{target.config.vocab_size}")
+        self.rcfg, self.eos_token_id = rcfg, eos_token_id
+        self.runner = ModelRunner(target, draft, rcfg)
+        self.scheduler = make_scheduler(rcfg.scheduler, self.runner)
+        self.graph_nodes: dict = {}
+        if self.runner.device.type == "cuda":
+            self._prewarm()
+            if rcfg.cuda_graphs:
+                self.graph_nodes = self.runner.capture_graphs()
+
+    def _prewarm(self) -> None:
+        """Run one prefill on the scratch slot before serving, so Triton (fla) compiles now, not mid-decode."""
+        with torch.no_grad():
+            n = min(self.rcfg.prefill_chunk + 1, self.rcfg.max_seq_len - self.rcfg.block_size)
+            self.runner.prefill(self.runner.scratch, [0] * n)
+            self.runner.state.lengths[self.runner.scratch:].fill_(0)
+        torch.cuda.synchronize()  # SYNC (deliberate, start-up only)
+
+    def check_request(self, prompt: list, max_new_tokens: int) -> None:
+        """RequestError unless 1 <= len(prompt) and len(prompt) + max_new_tokens + 2B <= max_seq_len (one round
+        may run past the end before the host reads that the request finished)."""
+        if not prompt:
+            raise RequestError("empty prompt")
+        if max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        need = len(prompt) + max_new_tokens + 2 * self.rcfg.block_size
+        if need > self.rcfg.max_seq_len:
+            raise RequestError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens + 2 blocks of "
+                               f"{self.rcfg.block_size} exceeds the context of {self.rcfg.max_seq_len} tokens")
+
+    @torch.no_grad()
+    def generate(self, prompts: list, max_new_tokens: int, on_tokens: Callable[[int], None] | None = None,
+                 on_round: Callable[[int], None] | None = None) -> tuple[list[Request], DecodeStats]:
+        """Decode every prompt (token id lists). ``on_tokens(n)`` is called as n new tokens are read back;
+        ``on_round(i)`` after round i is enqueued (a hook for capture: warm-up, then profiling)."""
+        reqs = [Request(i, list(p), max_new_tokens, self.eos_token_id) for i, p in enumerate(prompts)]
+        for r in reqs:
+            self.check_request(r.prompt, max_new_tokens)
+        waiting, running = deque(reqs), {}
+        free = list(range(self.rcfg.batch_size))
+        pending: deque = deque()
+        self._on_tokens = on_tokens or (lambda n: None)
+        round_tau: list = []
+        t0, rounds = time.perf_counter(), 0
+        while waiting or running:
+            with annotate("round"):
+                with annotate("plan"):
+                    self._admit(waiting, running, free, pending)
+                    plan = self.scheduler.plan(rounds, running)
+                self._run_round(plan, pending)
+            current = pending[-1]
+            with annotate("read"):
+                while pending[0] is not current:
+                    self._process(pending.popleft(), running, free, round_tau)
+            rounds += 1
+            if on_round is not None:
+                on_round(rounds)
+        while pending:
+            self._process(pending.popleft(), running, free, round_tau)
+        elapsed = time.perf_counter() - t0
+        live = sum(r.rounds for r in reqs)
+        tau = sum(r.accepted for r in reqs) / live if live else 0.0
+        tokens = sum(len(r.output) for r in reqs)
+        tround = 1e3 * elapsed / max(rounds, 1)
+        return reqs, DecodeStats(rounds, tau, tokens, elapsed, tokens / elapsed if elapsed else 0.0, tround,
+                                 tround / tau if tau else 0.0, round_tau)
+
+    def _admit(self, waiting: deque, running: dict, free: list, pending: deque) -> None:
+        while free and waiting:
+            r, slot = waiting.popleft(), free.pop(0)
+            r.slot, r.committed_len = slot, len(r.prompt)
+            self.runner.blocks.ensure(slot, len(r.prompt) + self.rcfg.block_size)
+            self.runner.upload_page_tables()
+            with annotate("prefill"):
+                first = self.runner.prefill(slot, r.prompt)
+            pending.append(("prefill", r, Readback({"tok": first})))
+            running[slot] = r
+
+    def _run_round(self, plan: RoundPlan, pending: deque) -> None:
+        nb, run = plan.nb, self.runner
+        with annotate("draft"):
+            draft_tokens, drf_states = run.run_draft(nb)
+        with annotate("verify"):
+            pred, tgt_states = run.run_verify(nb, draft_tokens)
+        with annotate("accept"):
+            tau = run.accept(nb, draft_tokens, pred)
+        with annotate("commit"):
+            run.commit(nb, pred, tau, tgt_states, drf_states)
+        with annotate("sample"):
+            pending.append(("round", plan, Readback({"pred": pred, "tau": tau})))
+
+    def _process(self, item, running: dict, free: list, round_tau: list) -> None:
+        kind, what, rb = item
+        data = rb.get()
+        if kind == "prefill":
+            n0 = len(what.output)
+            done = what.append(data["tok"])
+            self._on_tokens(len(what.output) - n0)
+            if done:
+                self._retire(what, running, free)
+            return
+        taus = []
+        for i, r in enumerate(what.requests):
+            if r is None or r.finished:
+                continue  # padding, or a request that finished in an earlier round (this round's output is void)
+            t = int(data["tau"][i])
+            r.rounds, r.accepted, r.committed_len = r.rounds + 1, r.accepted + t, r.committed_len + t
+            taus.append(t)
+            n0 = len(r.output)
+            done = r.append(data["pred"][i, :t])
+            self._on_tokens(len(r.output) - n0)
+            if done:
+                self._retire(r, running, free)
+        round_tau.append(taus)
+
+    def _retire(self, r: Request, running: dict, free: list) -> None:
+        running.pop(r.slot, None)
+        self.runner.blocks.free(r.slot)
+        free.append(r.slot)
+        free.sort()

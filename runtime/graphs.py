@@ -1,0 +1,71 @@
+"""CUDA graphs for the draft block and the target verify, one per batch-size bucket (nano-vllm's model_runner).
+
+Graphs are made with ``torch.cuda.CUDAGraph(keep_graph=True)`` so the captured ``cudaGraph_t`` stays readable:
+its node count comes from ``cuda.bindings.runtime.cudaGraphGetNodes(graph, numNodes=0)`` (DESIGN.md "The
+trace": kappa, the profiler's cost per graph node, is fitted against it). Without cuda.bindings the count is
+None and everything else works. All graphs of one engine share one memory pool; they replay in order on one
+stream, and every graph's outputs stay referenced, so no live tensor is reused.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """Batch sizes that get a graph: powers of two below ``max_batch``, and ``max_batch`` itself."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
+def bucket_for(n: int, buckets: list[int]) -> int:
+    """The smallest bucket >= n."""
+    return next(b for b in buckets if b >= n)
+
+
+def graph_node_count(graph: "torch.cuda.CUDAGraph") -> int | None:
+    """Number of nodes of a graph captured with keep_graph=True, via cudaGraphGetNodes; None if unavailable."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        return None
+    raw = graph.raw_cuda_graph()
+    for arg in (raw, getattr(cudart, "cudaGraph_t", lambda init_value: raw)(init_value=raw)):
+        try:
+            err, _nodes, num = cudart.cudaGraphGetNodes(arg, numNodes=0)
+        except Exception:
+            continue
+        if int(err) == 0:
+            return int(num)
+    return None
+
+
+class GraphedCall:
+    """``fn()`` (no arguments: it reads and writes static tensors) captured once as a CUDA graph.
+
+    ``capture`` warms ``fn`` up on a side stream (allocator, lazy kernels), captures it, instantiates the
+    executable graph and reads its node count; ``__call__`` replays it and returns the outputs captured (the
+    same tensors every time, overwritten by each replay).
+    """
+
+    def __init__(self, name: str, fn: Callable[[], object], pool, warmup: int = 2):
+        self.name, self.fn = name, fn
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.outputs = fn()
+        self.graph.instantiate()
+        self.num_nodes = graph_node_count(self.graph)
+
+    def __call__(self):
+        self.graph.replay()
+        return self.outputs

@@ -1,0 +1,178 @@
+"""The model runner: both models, the device state, per-bucket static buffers and CUDA graphs, and the host <->
+device traffic of a round (pinned non-blocking copies, events). nano-vllm's model_runner.py, for speculation.
+
+It runs phases; it decides nothing (the scheduler plans, the engine loops).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .cache.paged import BlockManager
+from .config import RuntimeConfig
+from .graphs import GraphedCall, batch_buckets
+from .models.model import Transformer
+from .spec.accept import greedy_accept, simulated_accept
+from .spec.commit import commit_round
+from .spec.draft import draft_block
+from .spec.plan import rect_fixed, rect_packed
+from .spec.prefill import prefill_request
+from .spec.state import DecodeState
+from .spec.verify import verify_block
+
+
+@dataclass
+class RoundBuffers:
+    """Static device tensors of one batch-size bucket: the graphs' inputs (rows, the window rectangle)."""
+
+    rows: torch.Tensor       # [nb] long: the slot of each row (scratch for padding rows)
+    rect: torch.Tensor       # [nb, W+P-1] long: draft window token slots
+    rect_len: torch.Tensor   # [nb] long: c(L) per row
+
+
+class Readback:
+    """Device tensors copied to pinned host memory without blocking; ``get`` reads them later.
+
+    On CUDA the copy is enqueued behind the work that produced the tensors and an event is recorded after it;
+    ``get`` waits on that event, which the engine only does a round later, when it has normally completed.
+    """
+
+    def __init__(self, tensors: dict[str, torch.Tensor]):
+        self.event = None
+        if tensors and next(iter(tensors.values())).is_cuda:
+            self.host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in tensors.items()}
+            for k, v in tensors.items():
+                self.host[k].copy_(v, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = {k: v.detach().clone() for k, v in tensors.items()}
+
+    def ready(self) -> bool:
+        """True when the copies have landed (never blocks)."""
+        return self.event is None or self.event.query()
+
+    def get(self) -> dict[str, np.ndarray]:
+        """The host arrays. SYNC (deliberate): waits on this readback's event; the engine calls it one round
+        after the copy was enqueued, while the next round is already queued behind it, so the device stays busy."""
+        if self.event is not None:
+            self.event.synchronize()
+        return {k: v.numpy() for k, v in self.host.items()}
+
+
+class ModelRunner:
+    """Owns target + draft, the DecodeState, the block manager, and per-bucket buffers and graphs."""
+
+    def __init__(self, target: Transformer, draft: Transformer, rcfg: RuntimeConfig):
+        self.target, self.draft, self.rcfg = target, draft, rcfg
+        self.device = next(target.parameters()).device
+        self.dtype = next(target.parameters()).dtype
+        slots = rcfg.batch_size + 1
+        max_pages = rcfg.max_seq_len // rcfg.page_size
+        self.blocks = BlockManager(slots, max_pages, rcfg.page_size)
+        self.state = DecodeState.allocate(target.config, draft.config, rcfg, self.blocks.num_pages, self.device,
+                                          self.dtype)
+        self.buckets = batch_buckets(rcfg.batch_size)
+        self.buffers = {nb: self._new_buffers(nb) for nb in self.buckets}
+        self.graphs: dict[tuple[str, int], GraphedCall] = {}
+        self.generator = None
+        if rcfg.sim_accept_rate is not None:
+            self.generator = torch.Generator(device=self.device)
+            self.generator.manual_seed(rcfg.seed)
+
+    @property
+    def scratch(self) -> int:
+        """The slot padding rows use."""
+        return self.state.scratch
+
+    def _new_buffers(self, nb: int) -> RoundBuffers:
+        z = lambda *s: torch.zeros(*s, dtype=torch.long, device=self.device)  # noqa: E731
+        return RoundBuffers(z(nb).fill_(self.rcfg.batch_size), z(nb, self.state.rect_width), z(nb))
+
+    # ---------------------------------------------------------------------------------------- host -> device
+    def to_device(self, array) -> torch.Tensor:
+        """A host array on the device: through pinned memory, non-blocking on CUDA (no stream sync)."""
+        t = torch.as_tensor(np.ascontiguousarray(array))
+        if self.device.type != "cuda":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
+    def upload_page_tables(self) -> None:
+        """Copy the page-table rows the block manager changed to the device."""
+        rows = self.blocks.take_dirty()
+        if rows:
+            self.state.page_table.index_copy_(0, self.to_device(np.array(rows)),
+                                              self.to_device(self.blocks.page_table[rows]))
+
+    def set_rows(self, nb: int, rows: list[int]) -> RoundBuffers:
+        """Write a round's row -> slot map into bucket nb's static buffer."""
+        buf = self.buffers[nb]
+        buf.rows.copy_(self.to_device(np.array(rows, dtype=np.int64)), non_blocking=True)
+        return buf
+
+    def build_rect(self, buf: RoundBuffers, packed: bool) -> None:
+        """Fill the bucket's window rectangle: fixed-shape (overlap) or the seed's data-dependent gathers (sync)."""
+        rect, c = (rect_packed if packed else rect_fixed)(self.state, buf.rows)
+        buf.rect.copy_(rect)
+        buf.rect_len.copy_(c)
+
+    # ---------------------------------------------------------------------------------------- phases
+    def prefill(self, slot: int, prompt: list[int]) -> torch.Tensor:
+        """Prefill one request into ``slot`` (its pages must be allocated and uploaded); first token [1]."""
+        ids = self.to_device(np.array(prompt, dtype=np.int64))
+        return prefill_request(self.target, self.draft, self.state, slot, ids, self.rcfg.prefill_chunk)
+
+    def _draft_fn(self, nb: int):
+        buf = self.buffers[nb]
+        return lambda: draft_block(self.draft, self.state, buf.rows, buf.rect, buf.rect_len)
+
+    def _verify_fn(self, nb: int, draft_tokens: torch.Tensor):
+        buf = self.buffers[nb]
+        return lambda: verify_block(self.target, self.state, buf.rows, draft_tokens)
+
+    def capture_graphs(self) -> dict[str, dict[int, int | None]]:
+        """Capture the draft-block and verify graphs of every bucket (CUDA only). Returns node counts per phase
+        and bucket. Capture runs with every row on the scratch slot, so it writes only the garbage page."""
+        pool = torch.cuda.graph_pool_handle()
+        with torch.no_grad():
+            for nb in self.buckets:
+                d = GraphedCall(f"draft_bs{nb}", self._draft_fn(nb), pool)
+                v = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
+                self.graphs["draft", nb], self.graphs["verify", nb] = d, v
+        torch.cuda.synchronize()  # SYNC (deliberate, start-up only): capture finished before decoding starts
+        return self.node_counts()
+
+    def node_counts(self) -> dict[str, dict[int, int | None]]:
+        """{"draft": {bucket: nodes}, "verify": {...}} of the captured graphs."""
+        out: dict[str, dict[int, int | None]] = {"draft": {}, "verify": {}}
+        for (phase, nb), g in self.graphs.items():
+            out[phase][nb] = g.num_nodes
+        return out
+
+    def run_draft(self, nb: int):
+        """(tokens [nb, B], draft states) for bucket nb: graph replay, or eager."""
+        g = self.graphs.get(("draft", nb))
+        return g() if g is not None else self._draft_fn(nb)()
+
+    def run_verify(self, nb: int, draft_tokens: torch.Tensor):
+        """(pred [nb, B], target states): graph replay (its input is the draft graph's output), or eager."""
+        g = self.graphs.get(("verify", nb))
+        return g() if g is not None else self._verify_fn(nb, draft_tokens)()
+
+    def accept(self, nb: int, draft_tokens: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        """tau [nb]: greedy verification, or the bench preset's simulated acceptance."""
+        if self.generator is not None:
+            return simulated_accept(nb, self.rcfg.block_size, self.rcfg.sim_accept_rate, self.generator,
+                                    self.device)
+        return greedy_accept(draft_tokens, pred)
+
+    def commit(self, nb: int, pred, tau, tgt_states, drf_states) -> None:
+        """Advance lengths, pending tokens and linear states of bucket nb's rows."""
+        commit_round(self.state, self.buffers[nb].rows, pred, tau, tgt_states, drf_states)
+
+    def device_lengths_to_host(self) -> np.ndarray:
+        """SYNC (deliberate; the sync scheduler's, seed 000): exact accept-dependent lengths, copied to the host
+        with a blocking device-to-host copy that waits for every queued round."""
+        return self.state.lengths.cpu().numpy()

@@ -1,0 +1,36 @@
+"""The draft block: B autoregressive draft steps for every row, over the draft's compact window (seed 000).
+
+Step j feeds one token at position L + j and reads the window rectangle (its first c(L) columns) plus the
+block's own positions L .. L + j. Inputs are [last_tok, d1, ..., d_{B-1}]; outputs d1 .. dB. dB is never
+verified (the verify block holds B tokens: last_tok and d1 .. d_{B-1}), but feeding d_{B-1} fills the draft's KV
+at position L + B - 1, needed when the whole block is accepted. Fixed shapes: one CUDA graph on the GPU.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..models.model import CacheView, Transformer
+from .plan import window_mask
+from .state import DecodeState
+
+
+def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: torch.Tensor,
+                rect_len: torch.Tensor):
+    """rows [nb] slots; rect [nb, W+P-1], rect_len [nb] from ``plan``. Returns (tokens [nb, B] long: d1 .. dB,
+    states [n_linear, nb, B, ...] float32: the draft's linear state after each step, or None)."""
+    B, nb = st.block_size, rows.shape[0]
+    ar = torch.arange(B, device=rows.device)
+    L, tok = st.lengths[rows], st.last_tok[rows]
+    blk_slots = st.token_map(rows).gather(1, (L[:, None] + ar).clamp(max=st.max_len - 1))
+    read = torch.cat([rect, blk_slots], 1)
+    wmask = window_mask(rect_len, st.rect_width)
+    state = st.drf_lin.gather(rows)
+    tokens, states = [], []
+    for j in range(B):
+        mask = torch.cat([wmask, (ar <= j).expand(nb, B)], 1)[:, None, :]
+        cache = CacheView(st.drf_k, st.drf_v, blk_slots[:, j:j + 1], read, mask, state)
+        logits, state = model(tok[:, None], (L + j)[:, None], cache)
+        tok = logits[:, -1].argmax(-1)
+        tokens.append(tok)
+        states.append(state)
+    return torch.stack(tokens, 1), (torch.stack(states, 2) if state is not None else None)

@@ -1,0 +1,26 @@
+"""The target verify: one forward over the bs x B block tokens [last_tok, d1, ..., d_{B-1}] at positions
+L .. L + B - 1, over the paged KV (every column of the slot's token map, masked to positions <= the query's).
+The linear-attention layers return their state after every block token, for the commit. Fixed shapes: one
+CUDA graph on the GPU (seed 000)."""
+from __future__ import annotations
+
+import torch
+
+from ..models.model import CacheView, Transformer
+from .state import DecodeState
+
+
+def verify_block(model: Transformer, st: DecodeState, rows: torch.Tensor, draft_tokens: torch.Tensor):
+    """rows [nb]; draft_tokens [nb, B] (d1 .. dB). Returns (pred [nb, B] long: the target's greedy token after
+    each block prefix, states [n_linear, nb, B, Hv, dk, dv] float32 or None)."""
+    B = st.block_size
+    ar = torch.arange(B, device=rows.device)
+    L = st.lengths[rows]
+    tokens = torch.cat([st.last_tok[rows][:, None], draft_tokens[:, : B - 1]], 1)
+    pos = L[:, None] + ar
+    tmap = st.token_map(rows)
+    write = tmap.gather(1, pos.clamp(max=st.max_len - 1))
+    mask = torch.arange(st.max_len, device=rows.device)[None, None, :] <= pos[:, :, None]
+    cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, st.tgt_lin.gather(rows), all_states=True)
+    logits, states = model(tokens, pos, cache)
+    return logits.argmax(-1), states
