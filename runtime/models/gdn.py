@@ -63,6 +63,7 @@ def gated_delta_rule_ref(q, k, v, g, beta, state=None, return_all: bool = False)
 
 def gated_delta_rule_fla(q, k, v, g, beta, state=None):
     """flash-linear-attention's chunked kernel; same arguments and (o, final state) as the reference."""
+    q, k = q.to(v.dtype), k.to(v.dtype)  # fla's tl.dot needs one dtype
     o, final = _fla_chunk(q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
                           beta.to(v.dtype).contiguous(), scale=q.shape[-1] ** -0.5,
                           initial_state=None if state is None else state.float().contiguous(),
@@ -105,8 +106,8 @@ class GatedDeltaNet(nn.Module):
         rep = self.hv // self.hk
         if rep > 1:  # grouped value attention: value head h reads key head h // rep
             q, k = q.repeat_interleave(rep, 2), k.repeat_interleave(rep, 2)
-        q = F.normalize(q.float(), dim=-1, eps=1e-6).to(x.dtype)
-        k = F.normalize(k.float(), dim=-1, eps=1e-6).to(x.dtype)
+        q = F.normalize(q.float(), dim=-1, eps=1e-6).to(v.dtype)  # v's dtype: under autocast x stays float32
+        k = F.normalize(k.float(), dim=-1, eps=1e-6).to(v.dtype)
         b, a, z = self.in_proj_gates(x).float().chunk(3, -1)
         g = -self.A_log.float().exp() * F.softplus(a + self.dt_bias.float())
         return q, k, v, g, b.sigmoid(), z
