@@ -234,19 +234,28 @@ def test_broken_sidecar_is_a_warning_unless_named(tmp_path):
     assert not (tmp_path / "r2.html").exists()
 
 
-def test_rounds_section_renders_when_analysed():
+def test_rounds_section(tmp_path):
+    """The probe annotates round_0..round_5: Tround is start-to-next-start of those ranges (from the raw JSON);
+    τ from the sidecar gives TPOT = Tround / τ."""
     from gaptrace import load_trace
     from gaptrace.analyze import run_analysis
 
+    starts = sorted(float(e["ts"]) for e in _events(PROBE)
+                    if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith("round_"))
+    periods = np.diff(starts)
     trace = load_trace(PROBE)
     analysis = run_analysis(trace)
-    assert "No per-round analysis" in render_report(trace, {**analysis, "rounds": None})
-    rounds = [{"round": i, "t_gpu_us": 900.0 + i, "t_host_us": 700.0, "t_round_us": 1200.0 + 100 * i}
-              for i in range(3)]
-    text = render_report(trace, {**analysis, "rounds": rounds}, {"rounds": [{"tau": 4}, {"tau": 3}, {"tau": 2}]})
+    taus = [4, 3, 5, 2, 6]
+    text = render_report(trace, analysis, {"rounds": [{"tau": t} for t in taus]})
     section = text[text.index('id="rounds"'):text.index('id="warnings"')]
-    for i, tau in enumerate((4, 3, 2)):
-        assert f"{(1200.0 + 100 * i) / tau / 1000:,.3f}" in section  # TPOT = Tround / tau, in ms
+    rows = re.findall(r"<tr>(.*?)</tr>", section, re.S)[1:]  # after the header row
+    assert len(rows) == len(periods) == 5
+    for row, period, tau in zip(rows, periods, taus):
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        assert cells[1] == f"{period / 1000:,.3f}"  # Tround (ms)
+        assert cells[-2] == f"{tau:,.2f}" and cells[-1] == f"{period / tau / 1000:,.3f}"  # τ, TPOT (ms)
+    assert "fig-rounds" in _figures(text)
+    assert "No per-round analysis" in render_report(trace, {**analysis, "rounds": None})
 
 
 def test_cli_writes_atomically_and_rejects_bad_input(tmp_path):
@@ -271,6 +280,13 @@ def test_cli_writes_atomically_and_rejects_bad_input(tmp_path):
     r = runner.invoke(main, ["report", PROBE, "-o", str(tmp_path / "w.html"), "--window", "no_such_range"])
     assert r.exit_code == 2 and "no_such_range" in r.output
     assert not (tmp_path / "w.html").exists()
+
+    host_only = tmp_path / "host_only.json"
+    ev = [e for e in _events(PROBE) if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset")]
+    host_only.write_text(json.dumps({"traceEvents": ev}))
+    r = runner.invoke(main, ["report", str(host_only), "-o", str(tmp_path / "h.html")])
+    assert r.exit_code == 2 and "no GPU activity" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "h.html").exists()
 
 
 def test_nest_parents_matches_a_stack_sweep():

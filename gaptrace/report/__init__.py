@@ -106,10 +106,8 @@ def _headline(analysis: dict) -> str:
     if findings:
         out.append('<ul class="findings">')
         for f in findings:
-            share = f.get("idle_share")
-            share_s = f" ({fmt_pct(share)} of idle)" if share is not None else ""
-            out.append(f'<li><span class="kind">{h(f.get("kind", ""))}</span>{h(f.get("summary", ""))}'
-                       f"{h(share_s)}</li>")
+            out.append(f'<li><span class="kind">{h(str(f.get("kind", "")).replace("_", " "))}</span>'
+                       f'{h(f.get("summary", ""))}</li>')
         out.append("</ul>")
     out.append("</section>")
     return "\n".join(out)
@@ -146,14 +144,14 @@ def _timeline(trace: Trace, analysis: dict, figures: dict) -> str:
     return head + '<div class="chart" id="fig-timeline"></div>' + note
 
 
-def _gaps(trace: Trace, analysis: dict, figures: dict) -> str:
+def _gaps(trace: Trace, analysis: dict, figures: dict, device: int | None) -> str:
     devs = analysis.get("devices") or []
     out = ['<h2 id="gaps">Where the idle time went</h2><p class="how">Each idle gap is charged to the host '
            "frames open during it, clipped to the gap: to the innermost frame (self) and to every enclosing "
            "frame (inclusive), on every host thread. The icicle is the stack tree by frame path (click a box to "
            "zoom in); the table aggregates by frame.</p>"]
     if devs:
-        key = resolve_device(trace, None)  # the busiest device, as the attribution table's
+        key = resolve_device(trace, device)  # the analysed device (default the busiest), as the table's
         d = next((x for x in devs if int(x.get("device", -1)) == key[1] and int(x.get("rank", key[0])) == key[0]),
                  devs[0])
         tree = idle_stack_tree(event_idle(trace, key, _window(trace, d)))
@@ -162,6 +160,14 @@ def _gaps(trace: Trace, analysis: dict, figures: dict) -> str:
             out.append(f'<p class="how">Stack tree for GPU {h(key[1])}: {fmt_ms(tree.total_idle_us)} ms idle in '
                        "the window. Box width = idle under the frame (each instant counted once per thread); "
                        'colour = idle with this frame innermost.</p><div class="chart" id="fig-icicle"></div>')
+    sites = analysis.get("idle_sites") or []
+    if sites:
+        out.append('<p><b>By call site</b>: idle charged to the innermost host frame with a source file open at each '
+                   "moment (with the ops, runtime calls and built-ins it called).</p>"
+                   + table([("site", "frame"), ("idle (ms)", "num"), ("share of idle", "num")],
+                           [(x.get("site", ""), fmt_ms(x.get("idle_us")), fmt_pct(x.get("share")))
+                            for x in sites[:20]]))
+        out.append("<p><b>By frame</b>: every frame, self and inclusive.</p>")
     rows = [(f.get("frame", ""), fmt_ms(f.get("self_idle_us")), fmt_ms(f.get("inclusive_idle_us")),
              fmt_pct(f.get("share")), f.get("gaps", "–")) for f in (analysis.get("gap_attribution") or [])[:40]]
     out.append(table([("frame", "frame"), ("self idle (ms)", "num"), ("inclusive idle (ms)", "num"),
@@ -175,19 +181,23 @@ def _syncs(analysis: dict) -> str:
         stack = s.get("stack") or []
         if isinstance(stack, str):
             stack = [stack]
-        site = h(s.get("site", ""))
+        site = h(s.get("site", "")) or '<span class="empty">no Python frame</span>'
         if stack:
             site = f"<details><summary>{site}</summary><pre>{h(chr(10).join(map(str, stack)))}</pre></details>"
-        rows.append((h(s.get("call", "")), site, h(s.get("count", "")), h(fmt_ms(s.get("blocked_us"))),
-                     h(fmt_ms(s.get("idle_after_us"))), h(fmt_pct(s.get("idle_share"))),
-                     h(fmt_pct(s.get("device_busy_during")))))
+        call = h(s.get("call", "")) + (f" + {h(s['sync_call'])}" if s.get("sync_call") else "")
+        rows.append((call, h(s.get("aten_op") or ""), site, h(s.get("count", "")),
+                     h(fmt_ms(s.get("blocked_us"))), h(fmt_us(s.get("mean_blocked_us"))),
+                     h(fmt_us(s.get("max_blocked_us"))), h(fmt_ms(s.get("idle_after_us"))),
+                     h(fmt_pct(s.get("idle_share"))), h(fmt_pct(s.get("device_busy_during")))))
     return ('<h2 id="syncs">Blocking syncs</h2><p class="how">Host calls that waited for the device, by call site '
             "(innermost Python frame with a source file; expand for the stack). Blocked = host time beyond the "
             "device op's own duration; idle after = device idle from the call's end to the next device work (the "
-            "serialized tail).</p>"
-            + table([("call", "frame"), ("call site", "frame"), ("count", "num"), ("blocked (ms)", "num"),
+            "serialized tail); device busy = the device's own work while the host waited (low: the host waited on "
+            "latency, not work).</p>"
+            + table([("call", "frame"), ("ATen op", "frame"), ("call site", "frame"), ("count", "num"),
+                     ("blocked (ms)", "num"), ("mean (µs)", "num"), ("max (µs)", "num"),
                      ("idle after (ms)", "num"), ("share of idle", "num"), ("device busy during", "num")],
-                    rows, raw_cols=range(7)))
+                    rows, raw_cols=range(10)))
 
 
 def _sidecar_graphs(sidecar: dict | None) -> pd.DataFrame | None:
@@ -247,47 +257,73 @@ def _launch_fit(trace: Trace, analysis: dict, sidecar: dict | None, figures: dic
 
 
 _ROUND_COLS = [  # (normalised key candidates, header, formatter)
-    (("round", "index", "name", "range"), "round", str),
-    (("tgpuus", "gpuus", "tgpu"), "TGPU (ms)", fmt_ms),
-    (("thostus", "hostus", "thost"), "Thost (ms)", fmt_ms),
-    (("troundus", "roundus", "periodus", "tround"), "Tround (ms)", fmt_ms),
-    (("tau", "acceptlength", "tokens"), "τ", lambda v: fmt_us(v, 2)),
-    (("tpotus", "tpot"), "TPOT (ms)", fmt_ms),
+    (("round", "index", "name"), "round", str),
+    (("troundus", "roundus", "periodus"), "Tround (ms)", fmt_ms),
+    (("tgpuus", "gpuus"), "TGPU (ms)", fmt_ms),
+    (("thostus", "hostus"), "Thost (ms)", fmt_ms),
+    (("tserialus", "serialus"), "Tserial (ms)", fmt_ms),
+    (("blockedus",), "blocked (ms)", fmt_ms),
+    (("launchnodes",), "graph nodes", lambda v: fmt_us(v, 0)),
+    (("tau", "acceptlength"), "τ", lambda v: fmt_us(v, 2)),
+    (("tpotus",), "TPOT (ms)", fmt_ms),
 ]
 
 
-def _rounds(analysis: dict, sidecar: dict | None) -> str:
-    head = ('<h2 id="rounds">Verify rounds</h2><p class="how">Per annotated round: TGPU = device busy inside it, '
-            "Thost = host dispatch time, Tround = the period, τ = tokens emitted (accepted prefix + bonus), "
-            "TPOT = Tround / τ. Overlapped scheduling gives Tround ≈ max(TGPU, Thost); one sync gives "
-            "Tround ≈ TGPU + Tserial.</p>")
-    rounds = analysis.get("rounds")
-    if isinstance(rounds, dict):
-        rounds = rounds.get("rounds")
+def _norm_round(r: dict, side: dict | None) -> dict:
+    """A round's fields keyed without underscores and in lower case; τ from the sidecar's round when the analysis
+    has none; TPOT = Tround / τ when missing."""
+    norm = {k.replace("_", "").lower(): v for k, v in r.items()}
+    if norm.get("tau") is None and side and side.get("tau") is not None:
+        norm["tau"] = side["tau"]
+    if norm.get("tpotus") is None:
+        try:
+            norm["tpotus"] = float(norm["troundus"]) / float(norm["tau"])
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            pass
+    return norm
+
+
+def _rounds(analysis: dict, sidecar: dict | None, figures: dict) -> str:
+    head = ('<h2 id="rounds">Verify rounds</h2><p class="how">Per annotated round (period = start to next start): '
+            "Tround = the period, TGPU = device busy in it, Tserial = device idle in it (Tround = TGPU + Tserial), "
+            "Thost = host dispatch time (the round range minus its blocked syncs), τ = tokens emitted (accepted "
+            "prefix + bonus), TPOT = Tround / τ. Overlapped scheduling gives Tround ≈ max(TGPU, Thost); a sync "
+            "gives Tround ≈ TGPU + Tserial. A change wins only if ΔTround/Tround > Δτ/τ.</p>")
+    rr = analysis.get("rounds")
+    rounds = rr.get("rounds") if isinstance(rr, dict) else rr
     if not rounds:
-        return head + ('<p class="pending">No per-round analysis for this trace: it needs one annotation per '
-                       'verify round (a range named like "round").</p>')
+        return head + ('<p class="pending">No per-round analysis for this trace: it needs one host annotation per '
+                       'verify round (a range named "round" or "round_&lt;n&gt;", or the name given to '
+                       "<code>--rounds</code>).</p>")
     side_rounds = [r for r in (sidecar or {}).get("rounds") or [] if isinstance(r, dict)]
+    norm = [_norm_round(r, side_rounds[i] if i < len(side_rounds) else None)
+            for i, r in enumerate(r for r in rounds if isinstance(r, dict))]
+    out = [head]
+    summary = rr.get("summary") if isinstance(rr, dict) else None
+    if isinstance(summary, dict) and summary:
+        sm = _norm_round(summary, None)
+        verdict = summary.get("verdict")
+        bound = summary.get("bound")
+        line = [f"{h(summary.get('rounds', len(norm)))} rounds (annotation {h(summary.get('annotation', 'round'))})"]
+        if verdict:
+            line.append(f"<b>{h(verdict)}</b>" + (f", {h(bound)}-bound" if bound else ""))
+        line.append(f"mean Tround {fmt_ms(sm.get('troundus'))} ms = TGPU {fmt_ms(sm.get('tgpuus'))} + Tserial "
+                    f"{fmt_ms(sm.get('tserialus'))} ms; Thost {fmt_ms(sm.get('thostus'))} ms")
+        if sm.get("tau") is not None:
+            line.append(f"τ {fmt_us(sm.get('tau'), 2)}, TPOT {fmt_ms(sm.get('tpotus'))} ms")
+        if summary.get("unprofiled_round_us") is not None:
+            line.append(f"unprofiled Tround {fmt_ms(summary.get('unprofiled_round_us'))} ms: the profiler adds "
+                        f"{fmt_ms(summary.get('profiler_excess_us'))} ms per round, κ·ΣN explains "
+                        f"{fmt_ms(summary.get('kappa_explained_us'))} ms of it")
+        out.append("<p>" + "; ".join(line) + ".</p>")
+    figures["fig-rounds"] = charts.rounds_figure(norm)
+    out.append('<div class="chart" id="fig-rounds"></div>')
     rows = []
-    for i, r in enumerate(r for r in rounds if isinstance(r, dict)):
-        norm = {k.replace("_", "").lower(): v for k, v in r.items()}
-        if "tau" not in norm and i < len(side_rounds) and "tau" in side_rounds[i]:
-            norm["tau"] = side_rounds[i]["tau"]
-        if "tpotus" not in norm and "tpot" not in norm:
-            tr = next((norm[k] for k in ("troundus", "roundus", "periodus") if k in norm), None)
-            try:
-                norm["tpotus"] = float(tr) / float(norm["tau"]) if tr is not None and float(norm["tau"]) else None
-            except (KeyError, TypeError, ValueError):
-                pass
-        row = []
-        for keys, _, f in _ROUND_COLS:
-            v = next((norm[k] for k in keys if k in norm), None)
-            row.append("–" if v is None else f(v))
-        rows.append(row)
-    unprof = (sidecar or {}).get("unprofiled_round_ms")
-    note = (f'<p class="how">Unprofiled round time (capture sidecar): {h(unprof)} ms.</p>'
-            if unprof is not None else "")
-    return head + table([(t, "num") for _, t, _ in _ROUND_COLS], rows) + note
+    for r in norm:
+        rows.append(["–" if next((r[k] for k in keys if k in r), None) is None
+                     else f(next(r[k] for k in keys if k in r)) for keys, _, f in _ROUND_COLS])
+    out.append(table([(t, "num") for _, t, _ in _ROUND_COLS], rows))
+    return "\n".join(out)
 
 
 def _summary(v: Any) -> Any:
@@ -325,12 +361,13 @@ def _warnings(trace: Trace, analysis: dict, extra: list[str]) -> str:
     return '<h2 id="warnings">Integrity warnings</h2>' + body
 
 
-def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *,
+def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *, device: int | None = None,
                   sidecar_path: str | None = None, warnings: list[str] | None = None) -> str:
     """The report page as one HTML string (self-contained: plotly.js inlined, nothing fetched).
 
     ``analysis``: the dict of :func:`gaptrace.analyze.run_analysis` (issue 2 schema; unknown keys ignored, missing
-    sections rendered as absent). ``sidecar``: the capture sidecar dict or None. ``warnings``: extra lines for the
+    sections rendered as absent). ``sidecar``: the capture sidecar dict or None. ``device``: the device the
+    analysis attributed idle time for (None: the busiest, as run_analysis). ``warnings``: extra lines for the
     integrity section (e.g. a sidecar that could not be read). Pure: writes nothing.
     """
     from gaptrace import __version__
@@ -349,10 +386,10 @@ def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *,
         _headline(analysis),
         _devices(analysis),
         _timeline(trace, analysis, figures),
-        _gaps(trace, analysis, figures),
+        _gaps(trace, analysis, figures, device),
         _syncs(analysis),
         _launch_fit(trace, analysis, sidecar, figures),
-        _rounds(analysis, sidecar),
+        _rounds(analysis, sidecar, figures),
         _sidecar_section(sidecar, sidecar_path),
         _warnings(trace, analysis, warnings or []),
         "<footer>Times are on the trace's own clock; fractions are shown as percentages. "
@@ -377,18 +414,22 @@ def _atomic_write(path_out: str, text: str) -> None:
         raise
 
 
-def write_report(path_in: str, path_out: str, window: str | None = None, sidecar_path: str | None = None) -> dict:
-    """Load ``path_in``, analyse it, render the report and write it to ``path_out`` atomically (a temporary file
-    in the same directory, then ``os.replace``). The sidecar is ``sidecar_path`` or the one :func:`find_sidecar`
+def write_report(path_in: str, path_out: str, window: str | None = None, sidecar_path: str | None = None,
+                 device: int | None = None, round_name: str = "round") -> dict:
+    """Load ``path_in``, analyse it (:func:`gaptrace.analyze.run_analysis` with the sidecar, ``window``,
+    ``device`` and ``round_name``), render the report and write it to ``path_out`` atomically (a temporary file in
+    the same directory, then ``os.replace``). The sidecar is ``sidecar_path`` or the one :func:`find_sidecar`
     finds; an explicitly named sidecar that cannot be read is an error, an implicit one becomes a warning.
 
-    Returns {"path", "bytes", "sidecar"}. Raises TraceError for bad input (nothing is written then).
+    Returns {"path", "bytes", "sidecar"}. Raises TraceError for bad input, including a trace without GPU activity
+    (nothing to report on); nothing is written then.
     """
     from gaptrace import load_trace
     from gaptrace.analyze import run_analysis
 
-    trace = load_trace(path_in)
-    analysis = run_analysis(trace, window=window)
+    out_dir = os.path.dirname(os.path.abspath(path_out))
+    if not os.path.isdir(out_dir):
+        raise TraceError(f"{path_out}: the output directory does not exist")
     extra: list[str] = []
     sidecar = None
     if sidecar_path is not None:
@@ -401,9 +442,11 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
             except TraceError as e:
                 extra.append(f"capture sidecar ignored: {e}")
                 sidecar_path = None
-    text = render_report(trace, analysis, sidecar, sidecar_path=sidecar_path, warnings=extra)
-    out_dir = os.path.dirname(os.path.abspath(path_out))
-    if not os.path.isdir(out_dir):
-        raise TraceError(f"{path_out}: the output directory does not exist")
+    trace = load_trace(path_in)
+    if trace.device.empty:
+        raise TraceError(f"{path_in}: the trace has no GPU activity (kernel/memcpy/memset): no occupancy or idle "
+                         "gaps to report (`gaptrace analyze` shows its host-side analyses)")
+    analysis = run_analysis(trace, window=window, device=device, sidecar=sidecar, round_name=round_name)
+    text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
     _atomic_write(path_out, text)
     return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path}

@@ -14,7 +14,7 @@ import pandas as pd
 
 from .stacks import StackTree
 
-__all__ = ["esc", "occupancy_figure", "icicle_figure", "launch_fit_figure", "PALETTE"]
+__all__ = ["esc", "occupancy_figure", "icicle_figure", "launch_fit_figure", "rounds_figure", "PALETTE"]
 
 MAX_LEGEND = 10  # annotation names with their own colour and legend entry
 
@@ -206,3 +206,35 @@ def launch_fit_figure(points: pd.DataFrame, fit: dict | None, unprofiled: pd.Dat
                   "gridcolor": "#eeeeee"},
         "yaxis": {"title": {"text": "host time of the launch (µs)"}, "rangemode": "tozero", "gridcolor": "#eeeeee"},
         "legend": {"x": 0.01, "y": 0.99, "bgcolor": "rgba(255,255,255,0.8)"}}}
+
+
+def rounds_figure(rounds: list[dict]) -> dict:
+    """Per verify round: Tround as a stacked bar of TGPU (device busy) and Tserial (device idle), with Thost as
+    markers (seed 000, "The round timing model": overlapped, Tround ≈ max(TGPU, Thost); synced, TGPU + Tserial).
+
+    ``rounds``: dicts with keys round, troundus, tgpuus, tserialus, thostus (µs; normalised names, missing -> gap).
+    """
+    def col(key: str) -> list[float | None]:
+        out = []
+        for r in rounds:
+            try:
+                out.append(round(float(r[key]) / 1000.0, 6))
+            except (KeyError, TypeError, ValueError):
+                out.append(None)
+        return out
+
+    x = [esc(r.get("round", i)) for i, r in enumerate(rounds)]
+    data = [
+        {"type": "bar", "name": "TGPU (device busy)", "x": x, "y": col("tgpuus"), "marker": {"color": BUSY_COLOUR},
+         "hovertemplate": "round %{x}: TGPU %{y:,.3f} ms<extra></extra>"},
+        {"type": "bar", "name": "Tserial (device idle)", "x": x, "y": col("tserialus"),
+         "marker": {"color": "#e15759"}, "hovertemplate": "round %{x}: Tserial %{y:,.3f} ms<extra></extra>"},
+        {"type": "scatter", "mode": "markers", "name": "Thost (host dispatch)", "x": x, "y": col("thostus"),
+         "marker": {"symbol": "diamond", "size": 10, "color": "#4e79a7", "line": {"width": 1, "color": "#222"}},
+         "hovertemplate": "round %{x}: Thost %{y:,.3f} ms<extra></extra>"},
+    ]
+    return {"data": data, "layout": {
+        "height": 320, "barmode": "stack", "margin": {"l": 70, "r": 20, "t": 20, "b": 50}, "font": FONT,
+        "plot_bgcolor": "#ffffff", "xaxis": {"title": {"text": "round"}, "type": "category"},
+        "yaxis": {"title": {"text": "ms"}, "rangemode": "tozero", "gridcolor": "#eeeeee"},
+        "legend": {"orientation": "h", "x": 0, "y": 1.12}}}

@@ -25,7 +25,11 @@ def default_output(trace_path: str) -> str:
               help="Analyse the span of the annotations with this name (default: first to last device activity).")
 @click.option("--sidecar", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Capture sidecar JSON (default: TRACE.gaptrace.json next to the trace, if present).")
-def report(trace: str, output: str | None, window: str | None, sidecar: str | None) -> None:
+@click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
+@click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
+              help="Annotation that marks one verify round (also matches NAME_<n>).")
+def report(trace: str, output: str | None, window: str | None, sidecar: str | None, device: int | None,
+           round_name: str) -> None:
     """Write one self-contained offline HTML report of TRACE: headline findings, occupancy over time, where the
     idle time went, blocking syncs, the graph-launch fit and the integrity warnings."""
     from gaptrace.cli import fail
@@ -34,7 +38,7 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
 
     out = output or default_output(trace)
     try:
-        info = write_report(trace, out, window=window, sidecar_path=sidecar)
+        info = write_report(trace, out, window=window, sidecar_path=sidecar, device=device, round_name=round_name)
     except TraceError as e:
         fail(str(e))
     except OSError as e:
