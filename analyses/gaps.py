@@ -231,6 +231,7 @@ def gap_table(trace: Trace, device: int | tuple[int, int] | None = None,
         lo, hi, _ = _gap_ranges(tl, a, b)
         cnt = np.maximum(hi - lo + 1, 0)
         seg = np.repeat(np.arange(len(act)), cnt)
+    if ng and len(act) and len(seg):
         off = np.r_[0, np.cumsum(cnt)[:-1]]
         gi = lo[seg] + (np.arange(len(seg)) - off[seg])
         gs, ge = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
