@@ -28,6 +28,18 @@ class RequestError(ValueError):
     """A request the engine cannot serve (empty prompt, or too long for the context)."""
 
 
+def check_request(prompt_len: int, max_new_tokens: int, rcfg: RuntimeConfig) -> None:
+    """RequestError unless 1 <= prompt_len and prompt_len + max_new_tokens + 2B <= max_seq_len (one round may run
+    past a request's end before the host reads that it finished, and each round writes B positions)."""
+    if prompt_len < 1:
+        raise RequestError("empty prompt")
+    if max_new_tokens < 1:
+        raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if prompt_len + max_new_tokens + 2 * rcfg.block_size > rcfg.max_seq_len:
+        raise RequestError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens + 2 blocks of "
+                           f"{rcfg.block_size} exceeds the context of {rcfg.max_seq_len} tokens")
+
+
 @dataclass
 class DecodeStats:
     """rounds: verify rounds run; tau: mean tokens emitted per live request-round (accepted + bonus);
@@ -68,16 +80,8 @@ class Engine:
         torch.cuda.synchronize()  # SYNC (deliberate, start-up only)
 
     def check_request(self, prompt: list, max_new_tokens: int) -> None:
-        """RequestError unless 1 <= len(prompt) and len(prompt) + max_new_tokens + 2B <= max_seq_len (one round
-        may run past the end before the host reads that the request finished)."""
-        if not prompt:
-            raise RequestError("empty prompt")
-        if max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        need = len(prompt) + max_new_tokens + 2 * self.rcfg.block_size
-        if need > self.rcfg.max_seq_len:
-            raise RequestError(f"prompt of {len(prompt)} tokens + {max_new_tokens} new tokens + 2 blocks of "
-                               f"{self.rcfg.block_size} exceeds the context of {self.rcfg.max_seq_len} tokens")
+        """See the module function ``check_request``."""
+        check_request(len(prompt), max_new_tokens, self.rcfg)
 
     @torch.no_grad()
     def generate(self, prompts: list, max_new_tokens: int, on_tokens: Callable[[int], None] | None = None,

@@ -1,0 +1,125 @@
+"""``gaptrace decode``: block-speculative decoding from the command line (registered lazily in gaptrace/cli.py).
+
+    gaptrace decode --preset tiny --prompt "def fib(n):" --max-new-tokens 64 --json
+    gaptrace decode --preset bench --device cuda --batch-size 8 --block-size 12 --scheduler sync
+
+Bad input (empty prompt, prompt longer than the context, unknown preset, B < 1, W not a multiple of P, a
+checkpoint missing a tensor, ...) prints one line on stderr and exits with code 2.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from gaptrace.cli import fail
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """Prompts from a JSONL file: each line a JSON string or an object with a "prompt" string."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{path}: prompts file not found")
+    out = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        text = obj.get("prompt") if isinstance(obj, dict) else obj
+        if not isinstance(text, str):
+            raise ValueError(f"{path}:{n}: expected a string or an object with a \"prompt\" string")
+        out.append(text)
+    if not out:
+        raise ValueError(f"{path}: no prompts")
+    return out
+
+
+def decode_options(f):
+    """The decode options, shared with ``gaptrace capture``."""
+    opts = [
+        click.option("--preset", default="tiny", show_default=True, help="Model pair: tiny (shipped) or bench."),
+        click.option("--model-dir", type=str, help="A Hugging Face checkpoint directory to use as the target."),
+        click.option("--draft-dir", type=str, help="Draft checkpoint directory (default with --model-dir: the "
+                                                   "target itself)."),
+        click.option("--prompt", "prompt_texts", multiple=True, help="A prompt (repeatable)."),
+        click.option("--prompts", "prompts_file", type=str, help="A JSONL file of prompts."),
+        click.option("--max-new-tokens", type=int, default=64, show_default=True),
+        click.option("--batch-size", type=int, help="Request slots decoded together."),
+        click.option("--block-size", "-B", type=int, help="Block size B: tokens per request per verify round."),
+        click.option("--window", type=int, help="Draft window W (a multiple of the page size)."),
+        click.option("--page-size", type=int, help="KV page size P."),
+        click.option("--max-seq-len", type=int, help="Context capacity per request slot."),
+        click.option("--prefill-chunk", type=int, help="Prefill chunk size."),
+        click.option("--scheduler", default="overlap", show_default=True, help="sync | overlap"),
+        click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
+        click.option("--dtype", help="float32 | bfloat16 (default: the preset's)."),
+        click.option("--no-graphs", is_flag=True, help="Run the draft block and verify eagerly on CUDA."),
+        click.option("--seed", type=int, default=0, show_default=True),
+    ]
+    return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
+
+
+def setup_from_options(o: dict):
+    """(setup, prompts) from the decode options; ValueError (one line) on bad input."""
+    from .session import build_setup
+
+    texts = list(o["prompt_texts"])
+    if o["prompts_file"]:
+        texts += read_prompts_file(o["prompts_file"])
+    if not texts:
+        raise ValueError("no prompt: give --prompt TEXT or --prompts FILE.jsonl")
+    setup = build_setup(o["preset"], o["model_dir"], o["draft_dir"], seed=o["seed"], block_size=o["block_size"],
+                        page_size=o["page_size"], window=o["window"], batch_size=o["batch_size"],
+                        max_seq_len=o["max_seq_len"], prefill_chunk=o["prefill_chunk"], scheduler=o["scheduler"],
+                        device=o["device"], dtype=o["dtype"], cuda_graphs=False if o["no_graphs"] else None)
+    return setup, texts
+
+
+@click.command("decode")
+@decode_options
+@click.option("--check-exact", is_flag=True, help="Also run the target's plain greedy decoding and compare.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def decode(check_exact: bool, as_json: bool, **o) -> None:
+    """Block-speculative decoding (draft block, one verify forward, greedy accept) of one or more prompts."""
+    import os
+
+    import torch
+    from tqdm import tqdm
+
+    from .session import encode_prompts, run_decode
+
+    if o["device"] == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # decode steps are tiny: one thread beats spinning OpenMP workers on a busy CPU
+
+    try:
+        setup, texts = setup_from_options(o)
+        encode_prompts(setup, texts, o["max_new_tokens"])  # reject bad prompts before building the engine
+    except ValueError as e:  # ConfigError, CheckpointError, RequestError, bad files
+        fail(str(e))
+    note = " [acceptance simulated]" if setup.simulated else ""
+    bar = tqdm(total=len(texts) * o["max_new_tokens"], unit="tok", file=sys.stderr, mininterval=0.5,
+               desc=f"decode {setup.preset.name} {setup.rcfg.scheduler} B={setup.rcfg.block_size}{note}")
+    try:
+        result = run_decode(setup, texts, o["max_new_tokens"], check_exact=check_exact, on_tokens=bar.update)
+    except ValueError as e:
+        bar.close()
+        fail(str(e))
+    bar.close()
+    summary = (f"tau {result['tau']:.2f} over {result['rounds']} rounds, {result['tokens_per_s']:.1f} tok/s, "
+               f"TPOT {result['tpot_ms']:.2f} ms, weights: {result['weights']}{note}")
+    if "exact_match_rate" in result:
+        summary += f", exact {sum(r['exact'] for r in result['requests'])}/{len(result['requests'])}"
+    click.echo(summary, err=True)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    for i, r in enumerate(result["requests"]):
+        if len(result["requests"]) > 1:
+            click.echo(f"=== request {i + 1} (tau {r['tau'] or 0:.2f}) ===")
+        click.echo(r["prompt"] + r["text"])

@@ -1,0 +1,127 @@
+"""From options to a running decode: load the pair (a preset's shipped weights, a user's checkpoint, or random
+init), the tokenizer and the runtime config; run the engine; check exactness; build the result dictionary.
+Shared by ``gaptrace decode`` and, later, ``gaptrace capture``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, Preset, RuntimeConfig, get_preset
+from .engine import Engine, check_request
+from .models.checkpoint import CheckpointError, load_checkpoint
+from .models.model import Transformer
+from .spec.reference import greedy_reference
+from .tokenizer import load_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class DecodeSetup:
+    """Everything a decode needs, and how it was obtained (said in the output)."""
+
+    preset: Preset
+    target: Transformer
+    draft: Transformer
+    tokenizer: object
+    rcfg: RuntimeConfig
+    weights: str                 # where the weights came from
+    simulated: bool              # acceptance simulated on the device (bench): outputs are not greedy-exact
+
+    @property
+    def eos_token_id(self):
+        return self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else \
+            self.target.config.eos_token_id
+
+
+def _has_weights(d: Path | None) -> bool:
+    return d is not None and (d / "config.json").is_file() and any(d.glob("*.safetensors"))
+
+
+def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: str | None = None,
+                seed: int = 0, **runtime) -> DecodeSetup:
+    """Resolve a preset plus overrides (RuntimeConfig fields; None = the preset's) into models and config.
+
+    Raises ConfigError / CheckpointError (ValueErrors, one line) on bad input.
+    """
+    p = get_preset(preset)
+    over = {k: v for k, v in runtime.items() if v is not None}
+    if "page_size" in over and "max_seq_len" not in over:  # keep the preset's context, rounded to whole pages
+        over["max_seq_len"] = -(-p.runtime.max_seq_len // over["page_size"]) * over["page_size"]
+    rcfg = p.runtime.replace(seed=seed, **over)
+    if rcfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda, but torch sees no CUDA device")
+    device, dtype = torch.device(rcfg.device), DTYPES[rcfg.dtype]
+    simulated = p.simulated and model_dir is None
+    if model_dir is not None:
+        target = load_checkpoint(model_dir, device, dtype).eval()
+        draft = load_checkpoint(draft_dir, device, dtype).eval() if draft_dir else target
+        weights = f"checkpoint {model_dir}" + (f", draft {draft_dir}" if draft_dir else ", the target as its own draft")
+        tok_dirs = (Path(model_dir) / "tokenizer.json", p.tokenizer)
+    elif _has_weights(p.target_dir) and _has_weights(p.draft_dir):
+        target = load_checkpoint(p.target_dir, device, dtype).eval()
+        draft = load_checkpoint(p.draft_dir, device, dtype).eval()
+        weights = f"checkpoints {p.target_dir.name} + {p.draft_dir.name}"
+        tok_dirs = (p.tokenizer,)
+    else:
+        torch.manual_seed(seed)
+        with torch.device(device):
+            target, draft = Transformer(p.target).to(dtype).eval(), Transformer(p.draft).to(dtype).eval()
+        weights = "random init (no shipped weights)" if p.target_dir is not None else "random init"
+        tok_dirs = (p.tokenizer,)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise CheckpointError(f"draft vocabulary {draft.config.vocab_size} != target {target.config.vocab_size}")
+    tokenizer = load_tokenizer(*tok_dirs, vocab_size=target.config.vocab_size)
+    return DecodeSetup(p, target, draft, tokenizer, rcfg, weights, simulated)
+
+
+def encode_prompts(setup: DecodeSetup, texts: list[str], max_new_tokens: int) -> list[list[int]]:
+    """Token ids of each prompt; ConfigError (one line) for an empty or too-long prompt."""
+    out = []
+    for i, text in enumerate(texts):
+        ids = setup.tokenizer.encode(text) if text else []
+        try:
+            check_request(len(ids), max_new_tokens, setup.rcfg)
+        except ValueError as e:
+            raise ConfigError(f"prompt {i + 1}: {e}") from None
+        out.append(ids)
+    return out
+
+
+def run_decode(setup: DecodeSetup, texts: list[str], max_new_tokens: int, check_exact: bool = False,
+               on_tokens=None, on_round=None, engine: Engine | None = None) -> dict:
+    """Decode ``texts`` and return the result dictionary (the ``--json`` schema):
+    {requests: [{prompt, text, tokens, exact, ...}], tau, rounds, tokens_per_s, tpot_ms, ...}."""
+    ids = encode_prompts(setup, texts, max_new_tokens)
+    engine = engine or Engine(setup.target, setup.draft, setup.rcfg, setup.eos_token_id)
+    reqs, stats = engine.generate(ids, max_new_tokens, on_tokens=on_tokens, on_round=on_round)
+    rows = []
+    for text, r in zip(texts, reqs):
+        row = {"prompt": text, "text": setup.tokenizer.decode(r.output), "tokens": r.output, "exact": None,
+               "finish_reason": r.finish_reason, "tau": r.accepted / r.rounds if r.rounds else None}
+        if check_exact and not setup.simulated:
+            ref = greedy_reference(setup.target, r.prompt, max_new_tokens, setup.eos_token_id,
+                                   setup.rcfg.prefill_chunk, engine.runner.device)
+            div = next((i for i, (a, b) in enumerate(zip(r.output, ref.tokens)) if a != b), None)
+            if div is None and len(r.output) != len(ref.tokens):
+                div = min(len(r.output), len(ref.tokens))
+            row.update(exact=div is None, first_divergence=div,
+                       top2_gap_at_divergence=None if div is None or div >= len(ref.top2_gap) else ref.top2_gap[div])
+        rows.append(row)
+    rc = setup.rcfg
+    out = {
+        "requests": rows, "tau": stats.tau, "rounds": stats.rounds, "tokens_per_s": stats.tokens_per_s,
+        "tpot_ms": stats.tpot_ms, "tround_ms": stats.tround_ms, "tokens": stats.tokens,
+        "preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler, "device": rc.device,
+        "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": rc.block_size, "page_size": rc.page_size,
+        "window": rc.window, "max_seq_len": rc.max_seq_len, "cuda_graphs": bool(engine.graph_nodes),
+        "graph_nodes": {k: {str(b): n for b, n in v.items()} for k, v in engine.graph_nodes.items()},
+        "simulated_acceptance": (f"acceptance simulated on the device: each drafted token accepted with "
+                                 f"probability {rc.sim_accept_rate}; outputs are not the target's greedy decoding"
+                                 if setup.simulated else None),
+    }
+    if check_exact and not setup.simulated:
+        out["exact_match_rate"] = sum(r["exact"] for r in rows) / len(rows)
+    return out
