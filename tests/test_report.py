@@ -131,6 +131,9 @@ def test_icicle_totals_match_idle_under_host_events(probe_report, probe_busy):
     assert total == pytest.approx(idle_under_host, rel=1e-6, abs=1.0)
     assert len(ice["ids"]) <= 300
     assert set(ice["parents"]) - {""} <= set(ice["ids"])
+    # the single-caller chain <module> -> step is one box, under the thread
+    chain = ice["labels"].index("probe1.py(69): &lt;module&gt; › probe1.py(56): step")
+    assert ice["parents"][chain] == ice["ids"][ice["labels"].index("thread 415/415")]
 
 
 def test_launch_fit_figure_has_every_launch(probe_report):

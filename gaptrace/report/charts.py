@@ -8,6 +8,7 @@ HTML-like tags in them (``<b>``, ``<br>``, ``<a href>``, ``<span style>``) and i
 from __future__ import annotations
 
 import html
+import re
 
 import numpy as np
 import pandas as pd
@@ -31,6 +32,14 @@ def esc(s: object, limit: int | None = None) -> str:
     if limit is not None and len(s) > limit:
         s = s[: limit - 1] + "…"
     return html.escape(s, quote=False)
+
+
+def esc_tail(s: object, limit: int) -> str:
+    """Like :func:`esc`, but a long source path keeps its end (``…/managers/scheduler.py(812): run``)."""
+    s = str(s)
+    if len(s) > limit and "/" in s:
+        s = "…" + s[len(s) - limit + 1:]
+    return esc(s, limit)
 
 
 def _ms(x: np.ndarray | float, t0_us: float) -> np.ndarray:
@@ -139,26 +148,85 @@ def icicle_figure(tree: StackTree, max_nodes: int = 300, min_share: float = 0.00
     size = nodes.set_index("node")["subtree_idle_us"]
     kept_child = nodes[nodes["parent"] >= 0].groupby("parent")["subtree_idle_us"].sum()
     own = (size - kept_child.reindex(size.index, fill_value=0.0)).clip(lower=0.0)
-    values = [float(round(v, 3)) for v in own.loc[nodes["node"]]]
-    ids = [f"n{n}" for n in nodes["node"]]
-    parents = ["" if p < 0 else f"n{p}" for p in nodes["parent"]]
-    labels = [esc(lbl, 60) for lbl in nodes["label"]]
-    hover = [f"{esc(lbl, 300)}<br>inclusive idle {i / 1000:,.3f} ms ({i / total:.1%} of GPU idle)"
-             f"<br>self idle {s / 1000:,.3f} ms ({s / total:.1%})<br>{e} host event(s)"
-             for lbl, i, s, e in zip(nodes["label"], nodes["inclusive_idle_us"], nodes["self_idle_us"],
-                                     nodes["events"])]
-    max_depth = int(nodes["depth"].max()) + 1
+    boxes = _collapse_chains(nodes, own)
+    info = nodes.set_index("node")
+    ids, parents, labels, values, hover = [], [], [], [], []
+    for rep, chain, parent in boxes:
+        ids.append(f"n{rep}")
+        parents.append("" if parent < 0 else f"n{parent}")
+        inner = info.loc[chain[-1]]
+        labels.append(_chain_label([str(info.loc[c, "label"]) for c in chain]))
+        values.append(float(round(sum(own.loc[c] for c in chain), 3)))
+        frames = "<br>".join(("  " * k + "› " if k else "") + esc_tail(info.loc[c, "label"], 140)
+                             for k, c in enumerate(chain[-12:]))
+        more = f"({len(chain) - 12} outer frames not shown)<br>" if len(chain) > 12 else ""
+        i_us, s_us = float(inner["inclusive_idle_us"]), float(inner["self_idle_us"])
+        hover.append(f"{more}{frames}<br>inclusive idle {i_us / 1000:,.3f} ms ({i_us / total:.1%} of GPU idle)"
+                     f"<br>self idle {s_us / 1000:,.3f} ms ({s_us / total:.1%})<br>{int(inner['events'])} host "
+                     "event(s)")
+    depth = {rep: 0 for rep, _, _ in boxes}
+    for rep, _, parent in boxes:  # boxes come parents first
+        depth[rep] = depth[parent] + 1 if parent >= 0 else 0
     return {
         "data": [{
             "type": "icicle", "ids": ids, "labels": labels, "parents": parents, "values": values,
             "branchvalues": "remainder", "hovertext": hover, "hoverinfo": "text", "textinfo": "label",
-            "sort": False, "tiling": {"orientation": "v"}, "maxdepth": min(max_depth, 12),
+            "sort": False, "tiling": {"orientation": "v"}, "maxdepth": min(max(depth.values()) + 1, 12),
             "marker": {"colors": [v / total for v in values], "colorscale": HEAT, "cmin": 0.0,
                        "cmax": max(max(values) / total, 1e-9)},
             "root": {"color": "#f4f4f4"}, "pathbar": {"visible": True},
         }],
-        "layout": {"height": 640, "margin": {"l": 5, "r": 5, "t": 30, "b": 5}, "font": FONT},
+        "layout": {"height": int(min(max(100 * (max(depth.values()) + 1), 220), 640)),
+                   "margin": {"l": 5, "r": 5, "t": 30, "b": 5}, "font": FONT},
     }
+
+
+_SOURCE_RE = re.compile(r"\(\d+\):\s")
+
+
+def _chain_label(frames: list[str]) -> str:
+    """Label of a collapsed chain (outer to inner): its last two frames, preceded by the innermost Python frame
+    with a source file when that one is further out (the call site an engineer looks for)."""
+    if len(frames) == 1:
+        return esc_tail(frames[0], 60)
+    tail = frames[-2:]
+    k = next((k for k in range(len(frames) - 3, -1, -1)
+              if _SOURCE_RE.search(frames[k]) and not frames[k].startswith("<built-in")), None)
+    parts = [esc_tail(f, 50) for f in tail]
+    if k is not None:
+        parts = [esc_tail(frames[k], 50)] + (["⋯"] if k < len(frames) - 3 else []) + parts
+    elif len(frames) > 2:
+        parts = ["⋯"] + parts
+    return " › ".join(parts)
+
+
+def _collapse_chains(nodes: pd.DataFrame, own: pd.Series, keep_share: float = 0.01) -> list[tuple[int, list, int]]:
+    """Merge pass-through frames: a box whose only child holds all but ``keep_share`` of it takes the child in.
+
+    Deep Python stacks are mostly chains of single callers (``<module>`` → ``main`` → ``run`` → ...); one box per
+    frame would spend the icicle's rows on them. Returns (box id, [node ids of the chain, outer to inner],
+    parent box id or -1) per box, parents before children. Thread roots are never merged. At most ``max_nodes``
+    nodes, so plain Python over nodes is fine here.
+    """
+    parent = dict(zip(nodes["node"], nodes["parent"]))
+    size = dict(zip(nodes["node"], nodes["subtree_idle_us"]))
+    n_children: dict[int, int] = {}
+    for p in nodes["parent"]:
+        n_children[p] = n_children.get(p, 0) + 1
+    box_of: dict[int, int] = {}
+    chains: dict[int, list] = {}
+    order = []
+    for n in nodes["node"]:  # sorted by depth: parents first
+        p = parent[n]
+        if (p >= 0 and parent[p] >= 0 and n_children.get(p, 0) == 1
+                and own.loc[p] <= keep_share * size[p]):
+            box_of[n] = box_of[p]
+            chains[box_of[p]].append(n)
+        else:
+            box_of[n] = n
+            chains[n] = [n]
+            order.append(n)
+    return [(b, chains[b], box_of[parent[b]] if parent[b] >= 0 else -1) for b in order]
 
 
 def launch_fit_figure(points: pd.DataFrame, fit: dict | None, unprofiled: pd.DataFrame | None) -> dict:
