@@ -333,3 +333,16 @@ def test_lanes_merge_many_ranges():
     assert (idx >= 0).all() and (lanes["end_us"].to_numpy()[idx] >= s + 6.0).all()
     few = annotation_lanes(host.head(10), gpu, 0.0, 200.0)
     assert len(few) == 10 and (few["count"] == 1).all() and list(few["name"][:2]) == ["verify", "draft"]
+
+
+def test_report_needs_no_torch(tmp_path):
+    """The report runs on an analyst's laptop: rendering must not import torch (DESIGN.md, "The trace analysis and
+    the report must work without torch installed")."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from gaptrace.report import write_report; "
+            f"write_report({PROBE!r}, {str(tmp_path / 'r.html')!r}); print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"

@@ -382,7 +382,10 @@ def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *, 
         "<header><h1>gaptrace report: why was the GPU idle?</h1>",
         f'<div class="meta">{h(trace.path)} · {h(", ".join(devnames) or "no device")}'
         f'{" · " + h(versions) if versions else ""} · generated '
-        f'{h(_dt.datetime.now().strftime("%Y-%m-%d %H:%M"))} by gaptrace {h(__version__)}</div></header>',
+        f'{h(_dt.datetime.now().strftime("%Y-%m-%d %H:%M"))} by gaptrace {h(__version__)}</div>'
+        '<nav><a href="#occupancy">occupancy</a><a href="#timeline">over time</a><a href="#gaps">idle time</a>'
+        '<a href="#syncs">blocking syncs</a><a href="#launch-fit">launch fit</a><a href="#rounds">rounds</a>'
+        '<a href="#warnings">warnings</a></nav></header>',
         _headline(analysis),
         _devices(analysis),
         _timeline(trace, analysis, figures),

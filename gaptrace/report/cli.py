@@ -18,12 +18,12 @@ def default_output(trace_path: str) -> str:
 
 
 @click.command(name="report")
-@click.argument("trace", type=click.Path(exists=True, dir_okay=True))
+@click.argument("trace", metavar="TRACE")
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
               help="HTML file to write (default: TRACE's name with .report.html, in the current directory).")
 @click.option("--window", default=None, metavar="NAME",
               help="Analyse the span of the annotations with this name (default: first to last device activity).")
-@click.option("--sidecar", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--sidecar", default=None, metavar="PATH",
               help="Capture sidecar JSON (default: TRACE.gaptrace.json next to the trace, if present).")
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
 @click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
