@@ -12,8 +12,9 @@ host range [s_i, e_i] and period [s_i, s_{i+1}) (start to start; the last round 
 - ``tau`` and ``tpot_us`` = t_round_us / tau when the capture sidecar holds the accepted tokens per round.
 
 Verdict (seed 000): an overlapped scheduler runs at Tround ≈ max(TGPU, Thost); with a sync point it degrades to
-Tround ≈ TGPU + Tserial. A trace is called ``overlapped`` when the mean Tround exceeds max(mean TGPU, mean Thost) by
-at most ``OVERLAP_TOLERANCE`` of Tround, else ``serialized``; both figures are reported so the call can be checked.
+Tround ≈ TGPU + Tserial. A trace is called ``overlapped`` when the median Tround exceeds max(median TGPU, median
+Thost) by at most ``OVERLAP_TOLERANCE`` of Tround, else ``serialized``; both figures are reported so the call can be
+checked. The summary uses per-round medians so that one warm-up round cannot decide it.
 """
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ class RoundsReport:
 
     ``table`` columns: round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes
     (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar).
-    ``summary``: means of those, ``verdict`` ("overlapped" | "serialized"), ``bound`` ("GPU" when mean TGPU >=
+    ``summary``: medians of those, ``verdict`` ("overlapped" | "serialized"), ``bound`` ("GPU" when mean TGPU >=
     mean Thost, else "host"), ``overlap_excess`` ((Tround −
     max(TGPU, Thost)) / Tround), and the profiler check when the sidecar has unprofiled round times:
     ``unprofiled_round_us``, ``profiler_excess_us`` (profiled − unprofiled Tround) and ``kappa_explained_us``
-    (κ · mean Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``.
+    (κ · median Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``.
     """
 
     table: pd.DataFrame
@@ -130,13 +131,15 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
                           "t_host_us": t_host, "t_serial_us": t_serial, "blocked_us": blocked,
                           "launch_nodes": nodes, "tau": tau,
                           "tpot_us": np.divide(t_round, tau, out=np.full(len(ps), np.nan), where=tau > 0)})
-    mean = table.mean(numeric_only=True)
+    # medians, not means: one warm-up or hiccup round (lazy loading, a JIT compile) must not decide the verdict
+    mean = table.median(numeric_only=True)
     bound = max(mean["t_gpu_us"], mean["t_host_us"])
     excess = (mean["t_round_us"] - bound) / mean["t_round_us"] if mean["t_round_us"] > 0 else 0.0
     summary: dict[str, Any] = {
         "rounds": len(table), "annotation": name,
         "t_round_us": mean["t_round_us"], "t_gpu_us": mean["t_gpu_us"], "t_host_us": mean["t_host_us"],
         "t_serial_us": mean["t_serial_us"], "blocked_us": mean["blocked_us"],
+        # τ is a mean over rounds (tokens per round), TPOT = median Tround / mean τ (seed 000: TPOT = Tround / τ)
         "tau": float(np.nanmean(tau)) if np.isfinite(tau).any() else None,
         "tpot_us": (mean["t_round_us"] / float(np.nanmean(tau))) if np.isfinite(tau).any() else None,
         "overlap_excess": excess,
@@ -144,9 +147,10 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         "bound": "GPU" if mean["t_gpu_us"] >= mean["t_host_us"] else "host",
     }
     unprof = (sidecar or {}).get("unprofiled_round_ms")
-    if isinstance(unprof, list) and unprof:
-        unprof = float(np.median(unprof))
-    if isinstance(unprof, (int, float)) and unprof > 0:
+    if isinstance(unprof, list):
+        vals = [float(v) for v in unprof if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        unprof = float(np.median(vals)) if vals else None
+    if isinstance(unprof, (int, float)) and not isinstance(unprof, bool) and np.isfinite(unprof) and unprof > 0:
         summary["unprofiled_round_us"] = float(unprof) * 1e3
         summary["profiler_excess_us"] = mean["t_round_us"] - float(unprof) * 1e3
         if kappa_us_per_node is not None:

@@ -189,6 +189,21 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
     return out
 
 
+def _unprofiled_launches(sidecar: dict | None) -> dict[int, float] | None:
+    """{nodes: unprofiled launch µs} from a sidecar's ``graphs`` list; malformed entries are skipped (the sidecar
+    is optional, untrusted input)."""
+    out = {}
+    graphs = sidecar.get("graphs") if isinstance(sidecar, dict) else None
+    for g in graphs if isinstance(graphs, list) else []:
+        if not isinstance(g, dict):
+            continue
+        n, us = g.get("nodes"), g.get("unprofiled_launch_us")
+        if isinstance(n, (int, float)) and isinstance(us, (int, float)) and not isinstance(n, bool) \
+                and math.isfinite(n) and math.isfinite(us) and n > 0 and us > 0:
+            out[int(n)] = float(us)
+    return out or None
+
+
 def run_analysis(trace: Trace, window: str | None = None, device: int | None = None,
                  sidecar: dict | None = None, round_name: str = "round") -> dict[str, Any]:
     """All four core analyses of ``trace`` over ``window`` as one JSON-able dict (see the module docstring).
@@ -206,10 +221,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
                            "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
                            "rounds": None, "headline": [], "warnings": warnings}
     has_device = not trace.device.empty
-    unprofiled = None
-    if sidecar:
-        unprofiled = {int(g["nodes"]): float(g["unprofiled_launch_us"]) for g in sidecar.get("graphs") or []
-                      if isinstance(g, dict) and g.get("nodes") and g.get("unprofiled_launch_us")}
+    unprofiled = _unprofiled_launches(sidecar)
     fit = launch_fit.launch_fit(trace, unprofiled)
     out["launch_fit"] = fit.to_dict() if fit is not None else None
     if not has_device:

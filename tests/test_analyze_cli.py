@@ -140,3 +140,19 @@ def test_host_only_trace_runs_host_analyses_then_exit_2(tmp_path):
     out = json.loads(r.stdout)
     assert out["devices"] == [] and any("no GPU" in w for w in out["warnings"])
     assert "no GPU activity" in r.stderr
+
+
+@pytest.mark.parametrize("sidecar", [
+    {"graphs": [{"nodes": "many", "unprofiled_launch_us": None}, 7, {"nodes": 25, "unprofiled_launch_us": 5.4}],
+     "rounds": "x", "unprofiled_round_ms": ["a", None]},
+    {"graphs": {"nodes": 1}, "rounds": [None, {"tau": "3"}], "unprofiled_round_ms": float("nan")},
+])
+def test_malformed_sidecar_is_tolerated(tmp_path, sidecar):
+    import shutil
+
+    p = tmp_path / "t.json.gz"
+    shutil.copy(PROBE, p)
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps(sidecar))
+    r = _cli("analyze", str(p), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["launch_fit"]["launches"] == 42
