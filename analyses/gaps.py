@@ -36,7 +36,7 @@ from .occupancy import busy_timeline, resolve_device
 from .stacks import HostTree, host_tree
 from .timeline import BusyTimeline
 
-__all__ = ["EventIdle", "event_idle", "gap_attribution", "gap_table"]
+__all__ = ["EventIdle", "event_idle", "idle_at", "grouped_union", "gap_attribution", "gap_table"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -44,8 +44,9 @@ class EventIdle:
     """Per host event idle for one device and window. Arrays are indexed by :class:`HostTree` node.
 
     ``inclusive_us``/``self_us``: (n,) float64 µs, 0 for events of other ranks. ``in_rank``: (n,) bool.
-    ``seg_start_us``/``seg_end_us``/``seg_node``: the elementary host-time segments of the rank's threads
-    (between consecutive event boundaries of one thread) and the innermost open event in each (-1: none).
+    ``seg_start_us``/``seg_end_us``/``seg_idle_us``/``seg_node``: the elementary host-time segments of the rank's
+    threads (between consecutive event boundaries of one thread) that hold device idle time, their idle µs and
+    the innermost open event in each (-1: no host event open on that thread then).
     """
 
     rank: int
@@ -57,41 +58,63 @@ class EventIdle:
     self_us: np.ndarray
     seg_start_us: np.ndarray
     seg_end_us: np.ndarray
+    seg_idle_us: np.ndarray
     seg_node: np.ndarray
 
     def thread_covered_idle_us(self) -> np.ndarray:
         """(T,) idle under the union of each thread's events (= sum of its events' self idle)."""
-        tl = self.timeline
         act = self.seg_node >= 0
-        idle = tl.idle_between(self.seg_start_us[act], self.seg_end_us[act])
-        return np.bincount(self.tree.thread[self.seg_node[act]], weights=idle,
+        return np.bincount(self.tree.thread[self.seg_node[act]], weights=self.seg_idle_us[act],
                            minlength=len(self.tree.threads)).astype(np.float64)
 
 
-def _segments(tree: HostTree, nodes_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Elementary segments of every selected thread and the innermost (latest-started) open event in each.
+def idle_at(tl: BusyTimeline, t_us: np.ndarray) -> np.ndarray:
+    """idle(t) of the timeline for t clipped to its window: one searchsorted, no branches.
 
-    A segment [b_k, b_k+1) lies between consecutive distinct start/end times of one thread; the events open in it
-    are constant. Its innermost event: the last event starting at or before b_k (searchsorted), then jumps along
-    ``open_top`` while the candidate has already ended (every event skipped ended before the candidate started).
+    Same function as ``BusyTimeline.idle_before`` (a zero-length sentinel span at t0 removes the "before the
+    first span" case), written for the millions of evaluations the attribution needs.
     """
-    starts, ends, owners = [], [], []
+    t = np.clip(np.asarray(t_us, dtype=np.float64), tl.t0_us, tl.t1_us)
+    s = np.r_[tl.t0_us, tl.span_start_us]
+    e = np.r_[tl.t0_us, tl.span_end_us]
+    c = np.r_[0.0, tl.cum_busy_us[:-1]]
+    k = np.searchsorted(s, t, side="right") - 1
+    return (t - tl.t0_us) - (c[k] + (np.minimum(t, e[k]) - s[k]))
+
+
+def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray,
+              idle_e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Elementary segments of every selected thread that hold idle, and the innermost open event in each.
+
+    A segment [b_k, b_k+1) lies between consecutive distinct start/end times of one thread, so the set of open
+    events is constant in it; its idle is idle(b_k+1) - idle(b_k), from the values already computed at the
+    events' starts and ends (``idle_s``/``idle_e``). Its innermost event: the last event starting at or before
+    b_k (searchsorted), then jumps along ``open_top`` while the candidate has already ended (every event skipped
+    ended before the candidate started, so none is open). Only segments with idle > 0 are kept.
+    """
+    starts, ends, idles, owners = [], [], [], []
     for k in range(len(tree.threads)):
         lo, hi = int(tree.thread_bounds[k]), int(tree.thread_bounds[k + 1])
         if hi == lo or not nodes_mask[lo]:
             continue
-        s, e = tree.start_us[lo:hi], tree.end_us[lo:hi]
-        b = np.unique(np.concatenate([s, e]))
-        if len(b) < 2:
-            continue
-        pos = np.searchsorted(s, b[:-1], side="right") - 1 + lo
-        starts.append(b[:-1])
-        ends.append(b[1:])
-        owners.append(pos)
+        s = tree.start_us[lo:hi]
+        times = np.concatenate([s, tree.end_us[lo:hi]])
+        vals = np.concatenate([idle_s[lo:hi], idle_e[lo:hi]])
+        o = np.argsort(times)
+        times, vals = times[o], vals[o]
+        first = np.r_[True, times[1:] != times[:-1]]
+        b, v = times[first], vals[first]
+        idle = np.diff(v)
+        keep = idle > 0
+        a = b[:-1][keep]
+        starts.append(a)
+        ends.append(b[1:][keep])
+        idles.append(idle[keep])
+        owners.append(np.searchsorted(s, a, side="right") - 1 + lo)
     if not starts:
         z = np.empty(0)
-        return z, z, np.empty(0, dtype=np.int64)
-    seg_s, seg_e = np.concatenate(starts), np.concatenate(ends)
+        return z, z, z, np.empty(0, dtype=np.int64)
+    seg_s, seg_e, seg_i = np.concatenate(starts), np.concatenate(ends), np.concatenate(idles)
     pos = np.concatenate(owners).astype(np.int64)
     live = np.flatnonzero(pos >= 0)
     end, top = tree.end_us, tree.open_top
@@ -102,7 +125,7 @@ def _segments(tree: HostTree, nodes_mask: np.ndarray) -> tuple[np.ndarray, np.nd
         nxt = top[p[closed]]
         pos[live] = nxt
         live = live[nxt >= 0]
-    return seg_s, seg_e, pos
+    return seg_s, seg_e, seg_i, pos
 
 
 def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
@@ -118,14 +141,15 @@ def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
     tree = host_tree(trace)
     rank_of_thread = tree.threads["rank"].to_numpy()
     in_rank = rank_of_thread[tree.thread] == key[0] if tree.n else np.zeros(0, dtype=bool)
-    inclusive = np.where(in_rank, tl.idle_between(tree.start_us, tree.end_us), 0.0)
-    seg_s, seg_e, seg_node = _segments(tree, in_rank)
+    idle_s = idle_at(tl, tree.start_us)
+    idle_e = idle_at(tl, tree.end_us)
+    inclusive = np.where(in_rank, idle_e - idle_s, 0.0)
+    seg_s, seg_e, seg_i, seg_node = _segments(tree, in_rank, idle_s, idle_e)
     act = seg_node >= 0
-    self_us = np.bincount(seg_node[act], weights=tl.idle_between(seg_s[act], seg_e[act]),
-                          minlength=tree.n).astype(np.float64)
+    self_us = np.bincount(seg_node[act], weights=seg_i[act], minlength=tree.n).astype(np.float64)
     return EventIdle(rank=key[0], device=key[1], timeline=tl, tree=tree, in_rank=in_rank,
                      inclusive_us=inclusive, self_us=self_us, seg_start_us=seg_s, seg_end_us=seg_e,
-                     seg_node=seg_node)
+                     seg_idle_us=seg_i, seg_node=seg_node)
 
 
 def _grouped_union(group: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -149,6 +173,9 @@ def _grouped_union(group: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.
     first = np.flatnonzero(new)
     last = np.r_[first[1:] - 1, n - 1]
     return g[first], s[first], run_end[last]
+
+
+grouped_union = _grouped_union  # public name; gaptrace.analyze uses it for the per-site union
 
 
 def _gap_ranges(tl: BusyTimeline, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
@@ -178,7 +205,7 @@ def gap_attribution(trace: Trace, device: int | tuple[int, int] | None = None,
     # inclusive: union per frame of the events that saw idle
     sel = np.flatnonzero(r.inclusive_us > 0)
     fg, fs, fe = _grouped_union(tree.frame[sel], tree.start_us[sel], tree.end_us[sel])
-    incl = np.bincount(fg, weights=tl.idle_between(fs, fe), minlength=nf)
+    incl = np.bincount(fg, weights=idle_at(tl, fe) - idle_at(tl, fs), minlength=nf)
     lo, hi, _ = _gap_ranges(tl, np.maximum(fs, tl.t0_us), np.minimum(fe, tl.t1_us))
     # distinct gaps per frame: spans of one frame are disjoint and sorted, so ranges overlap at most at one end
     prev_hi = np.r_[-1, hi[:-1]]
@@ -186,10 +213,11 @@ def gap_attribution(trace: Trace, device: int | tuple[int, int] | None = None,
     n_gaps = np.bincount(fg, weights=np.maximum(hi - np.maximum(lo, prev_hi + 1) + 1, 0), minlength=nf)
     # self: union per frame of the segments where it was innermost on some thread
     act = np.flatnonzero(r.seg_node >= 0)
-    seg_idle = tl.idle_between(r.seg_start_us[act], r.seg_end_us[act])
-    act = act[seg_idle > 0]
-    sg, ss, se = _grouped_union(tree.frame[r.seg_node[act]], r.seg_start_us[act], r.seg_end_us[act])
-    self_ = np.bincount(sg, weights=tl.idle_between(ss, se), minlength=nf)
+    if len(tree.threads) == 1:  # one thread: its segments are disjoint, the union is the sum
+        self_ = np.bincount(tree.frame[r.seg_node[act]], weights=r.seg_idle_us[act], minlength=nf)
+    else:
+        sg, ss, se = _grouped_union(tree.frame[r.seg_node[act]], r.seg_start_us[act], r.seg_end_us[act])
+        self_ = np.bincount(sg, weights=idle_at(tl, se) - idle_at(tl, ss), minlength=nf)
     # occurrences intersecting the window
     inwin = r.in_rank & (tree.start_us < tl.t1_us) & ((tree.end_us > tl.t0_us) | (tree.start_us >= tl.t0_us))
     events = np.bincount(tree.frame[inwin], minlength=nf)

@@ -159,15 +159,17 @@ class HostTree:
         return _partial(self.start_us, self.end_us, self.parent, self.open_top)
 
 
-def _prev_reaching(end: np.ndarray, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray | None) -> np.ndarray:
+def _prev_reaching(end: np.ndarray, thread: np.ndarray, lo: np.ndarray, hi: np.ndarray | None,
+                   seed: np.ndarray | None = None) -> np.ndarray:
     """For every i: the largest j < i on the same thread with ``end[j] > lo[i]`` and ``end[j] >= hi[i]``, or -1.
 
-    Nodes are sorted by (thread, start). Pointer jumping: ``cand[i]`` starts at i - 1; while it fails, jump to
-    ``cand[cand[i]]``. Invariant: every index in (cand[i], i) fails for i (if k fails for j and j fails for i then
-    k fails for i, because ``start`` is sorted and the thresholds are start- or end-based), so the answer is exact.
+    Nodes are sorted by (thread, start). Pointer jumping: ``cand[i]`` starts at ``seed[i]`` (default i - 1; any
+    seed such that every index in (seed[i], i) fails for i); while it fails, jump to ``cand[cand[i]]``.
+    Invariant: every index in (cand[i], i) fails for i (if k fails for j and j fails for i then k fails for i,
+    because ``start`` is sorted and the thresholds are start- or end-based), so the answer is exact.
     """
     n = len(end)
-    cand = np.arange(n, dtype=np.int64) - 1
+    cand = np.arange(n, dtype=np.int64) - 1 if seed is None else seed.astype(np.int64, copy=True)
     active = np.flatnonzero(cand >= 0)
     while len(active):
         c = cand[active]
@@ -244,8 +246,8 @@ def _build(trace: Trace) -> HostTree:
     first = order[bounds[:-1]] if n else np.empty(0, dtype=np.int64)
     threads = pd.DataFrame({
         "rank": rank[first] if n else np.empty(0, np.int64),
-        "pid": h["pid"].astype(str).to_numpy()[first] if n else np.empty(0, object),
-        "tid": h["tid"].astype(str).to_numpy()[first] if n else np.empty(0, object),
+        "pid": h["pid"].iloc[first].astype(str).to_numpy() if n else np.empty(0, object),
+        "tid": h["tid"].iloc[first].astype(str).to_numpy() if n else np.empty(0, object),
         "nodes": counts,
     })
 
@@ -255,10 +257,11 @@ def _build(trace: Trace) -> HostTree:
     frame_codes = frame_codes[order]
     has_source = np.array([_has_source(f) for f in frames], dtype=bool)
 
-    # parent: latest earlier event with end > s_i and end >= e_i - EPS (contains i)
-    parent = _prev_reaching(end, thread, start, end - EPS_US)
     # open_top: latest earlier event with end > s_i (the innermost event open when i starts)
     open_top = _prev_reaching(end, thread, start, None)
+    # parent: latest earlier event with end > s_i and end >= e_i - EPS (contains i). Everything after open_top
+    # ended by s_i, so the search starts there and usually stops at once (it moves only at partial overlaps).
+    parent = _prev_reaching(end, thread, start, end - EPS_US, seed=open_top)
     depth = _depth(parent)
     partial = int(_partial(start, end, parent, open_top).sum())
     return HostTree(order=order, node_of=node_of, thread=thread, threads=threads, thread_bounds=bounds,
