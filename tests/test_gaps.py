@@ -286,3 +286,31 @@ def test_unknown_device_raises():
     t = load_trace(trace_path(PROBE))
     with pytest.raises(TraceError, match="device 5"):
         event_idle(t, device=5)
+
+
+def test_multi_rank_trace_keys_devices_by_rank_and_attributes_per_rank(tmp_path):
+    """A directory of two per-rank files: each (rank, device) gets the numbers its own file gives alone, and a
+    rank's idle is charged to its own host threads only."""
+    import shutil
+
+    from gaptrace.analyses.occupancy import occupancy
+
+    a, b = PROBE, "tracelens_mi300x_sglang_qwen3_8b_decode"
+    shutil.copy(trace_path(a), tmp_path / "trace_rank0.json.gz")
+    shutil.copy(trace_path(b), tmp_path / "trace_rank1.json.gz")
+    both = load_trace(str(tmp_path))
+    occ = occupancy(both)
+    assert list(zip(occ["rank"], occ["device"])) == [(0, 0), (1, 9)]
+    for rank, name in [(0, a), (1, b)]:
+        alone = load_trace(trace_path(name))
+        one = occupancy(alone).iloc[0]
+        row = occ[occ["rank"] == rank].iloc[0]
+        assert row["busy_us"] == one["busy_us"] and row["window_us"] == one["window_us"]
+        r = event_idle(both, device=(rank, int(row["device"])))
+        assert (r.inclusive_us[~r.in_rank] == 0).all() and (r.self_us[~r.in_rank] == 0).all()
+        got = gap_attribution(both, result=r)
+        ref = gap_attribution(alone)
+        assert got["frame"].tolist() == ref["frame"].tolist()
+        assert np.allclose(got["inclusive_idle_us"], ref["inclusive_idle_us"])
+        assert np.allclose(got["self_idle_us"], ref["self_idle_us"])
+        assert got["gaps"].tolist() == ref["gaps"].tolist() and got["events"].tolist() == ref["events"].tolist()
