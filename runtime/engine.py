@@ -89,6 +89,8 @@ class Engine:
         """Decode every prompt (token id lists). ``on_tokens(n)`` is called as n new tokens are read back;
         ``on_round(i)`` after round i is enqueued (a hook for capture: warm-up, then profiling)."""
         reqs = [Request(i, list(p), max_new_tokens, self.eos_token_id) for i, p in enumerate(prompts)]
+        if self.runner.generator is not None:  # simulated acceptance: the same draws on every call
+            self.runner.generator.manual_seed(self.rcfg.seed)
         for r in reqs:
             self.check_request(r.prompt, max_new_tokens)
         waiting, running = deque(reqs), {}

@@ -104,8 +104,9 @@ class GatedDeltaNet(nn.Module):
         k = qkv[..., nq:2 * nq].view(bs, T, self.hk, self.dk)
         v = qkv[..., 2 * nq:].view(bs, T, self.hv, self.dv)
         rep = self.hv // self.hk
-        if rep > 1:  # grouped value attention: value head h reads key head h // rep
-            q, k = q.repeat_interleave(rep, 2), k.repeat_interleave(rep, 2)
+        if rep > 1:  # grouped value attention: value head h reads key head h // rep (expand: no size sync)
+            q = q[:, :, :, None].expand(bs, T, self.hk, rep, self.dk).reshape(bs, T, self.hv, self.dk)
+            k = k[:, :, :, None].expand(bs, T, self.hk, rep, self.dk).reshape(bs, T, self.hv, self.dk)
         q = F.normalize(q.float(), dim=-1, eps=1e-6).to(v.dtype)  # v's dtype: under autocast x stays float32
         k = F.normalize(k.float(), dim=-1, eps=1e-6).to(v.dtype)
         b, a, z = self.in_proj_gates(x).float().chunk(3, -1)
