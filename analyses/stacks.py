@@ -34,13 +34,16 @@ API (stable; node indices index the HostTree arrays, *host rows* are positional 
   ``thread_bounds[k]:thread_bounds[k+1]``), ``start_us``, ``end_us``, ``cat`` (codes into
   ``gaptrace.trace.HOST_CATEGORIES``), ``name`` (codes into ``trace.symbols``), ``frame`` (codes into
   ``frames``, the normalised names), ``frame_has_source``, ``parent``, ``open_top``, ``depth``,
-  ``partial_overlaps``; methods ``nodes(rows)``, ``rows(nodes)``, ``frame_names(nodes)``
+  ``partial_overlaps``; methods ``nodes(rows)``, ``rows(nodes)``, ``frame_names(nodes)``, ``is_partial()``;
+  ``CAT_CODE[cat]`` gives the ``cat`` code of a host category
 - ``normalize_frame(name) -> str``; ``frame_table(trace) -> (codes per host row, frames Index)``
 - ``enclosing(tree, nodes, node_mask, include_self=False) -> nodes`` (generic innermost enclosing node)
 - ``innermost_site(tree, rows) -> rows``: innermost enclosing python_function frame with a source file
 - ``innermost_op(tree, rows) -> rows``: innermost enclosing cpu_op (ATen op)
 - ``outermost_op(tree, rows) -> rows``: outer end of the contiguous cpu_op chain around the innermost op
   (``aten::item`` for ``aten::item -> aten::_local_scalar_dense -> cudaMemcpyAsync``)
+- ``aten_op_mask(tree)``, ``innermost_aten_op(tree, rows)``, ``outermost_aten_op(tree, rows)``: the same over
+  ``aten::`` ops only (a record_function label written as a cpu_op is not an op)
 - ``frame_stacks(tree, rows, cats=("python_function",), include_self=True) -> (stack_id, stacks)``: per row the
   id of its interned stack; ``stacks[id]`` is the tuple of normalised frame names from the row outward.
 All helpers return -1 (or "") where there is no such frame.
