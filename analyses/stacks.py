@@ -43,7 +43,7 @@ API (stable; node indices index the HostTree arrays, *host rows* are positional 
 - ``outermost_op(tree, rows) -> rows``: outer end of the contiguous cpu_op chain around the innermost op
   (``aten::item`` for ``aten::item -> aten::_local_scalar_dense -> cudaMemcpyAsync``)
 - ``aten_op_mask(tree)``, ``innermost_aten_op(tree, rows)``, ``outermost_aten_op(tree, rows)``: the same over
-  ``aten::`` ops only (a record_function label written as a cpu_op is not an op)
+  cpu_ops that are operators (a record_function label written as a cpu_op, a name with '#', is not one)
 - ``frame_stacks(tree, rows, cats=("python_function",), include_self=True) -> (stack_id, stacks)``: per row the
   id of its interned stack; ``stacks[id]`` is the tuple of normalised frame names from the row outward.
 All helpers return -1 (or "") where there is no such frame.
