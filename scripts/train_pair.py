@@ -70,28 +70,10 @@ def _import_runtime():
         gaptrace.runtime = mod
         spec.loader.exec_module(mod)
     from gaptrace.runtime.config import ModelConfig
-    from gaptrace.runtime.models import gdn
     from gaptrace.runtime.models.checkpoint import load_checkpoint, save_checkpoint
     from gaptrace.runtime.models.model import Transformer
 
-    _fla_same_dtype(gdn)
     return ModelConfig, Transformer, save_checkpoint, load_checkpoint
-
-
-def _fla_same_dtype(gdn) -> None:
-    """Work around mixed dtypes reaching fla under bf16 autocast: GatedDeltaNet.project casts the L2-normalised
-    q and k back to the residual stream's dtype (float32) while v comes out of the autocast projection in bf16,
-    and fla's Triton ``tl.dot`` refuses fp32 x bf16 (seen on the H200, fla-core 0.6.0). Casting q and k to v's
-    dtype is what the layer means; a no-op when the dtypes already agree (float32 evaluation, CPU)."""
-    fla_fn = gdn.gated_delta_rule_fla
-    if getattr(fla_fn, "_same_dtype", False):
-        return
-
-    def gated_delta_rule_fla(q, k, v, g, beta, state=None):
-        return fla_fn(q.to(v.dtype), k.to(v.dtype), v, g, beta, state)
-
-    gated_delta_rule_fla._same_dtype = True
-    gdn.gated_delta_rule_fla = gated_delta_rule_fla
 
 
 # ----------------------------------------------------------------------------------------------------- configs
@@ -214,7 +196,7 @@ def train(model, train_ids, val, args, device, *, seconds: float, max_steps: int
         return F.kl_div(logits.float().log_softmax(-1).flatten(0, 1), t_logp.flatten(0, 1), log_target=True,
                         reduction="batchmean")
 
-    # one untimed forward/backward first: Triton (fla) compiles its kernels here, outside the time budget
+    # one untimed forward/backward first (allocator warm-up, any kernel compilation), outside the time budget
     t_compile = time.perf_counter()
     x, y = random_windows(train_ids, args.batch_size, args.seq_len, gen)
     loss_of(x, y).backward()
@@ -259,25 +241,23 @@ def train(model, train_ids, val, args, device, *, seconds: float, max_steps: int
 
 
 @torch.no_grad()
-def check_linear_kernel(model, tokens: torch.Tensor, device: str, bf16: bool) -> float | None:
-    """Relative L2 difference of ``model``'s logits on ``tokens`` with fla's chunked gated-delta-rule kernel
-    against the runtime's plain recurrence (gdn.gated_delta_rule_ref); None when fla is not in use (CPU, or not
-    installed). NaN when the kernel returns non-finite values (DESIGN.md: a first naive call once did)."""
+def check_linear_impl(model, tokens: torch.Tensor, bf16: bool) -> float | None:
+    """Relative L2 difference of ``model``'s logits on ``tokens`` through the installed linear-attention path
+    (scripts/gdn_chunk.py) against the runtime's own per-token recurrence (gdn.gated_delta_rule_ref); None when
+    nothing is installed or the model has no linear layers."""
     from gaptrace.runtime.models import gdn
 
-    if device != "cuda" or not gdn.fla_available() or not model.linear_layers:
+    if not hasattr(gdn.gated_delta_rule, "_orig") or not model.linear_layers:
         return None
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cuda", enabled=False)
-    with ctx:
+    on = torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=bf16)
+    with on:
         fast = model(tokens).float()
-    saved, gdn._fla_chunk = gdn._fla_chunk, None
+    patched, gdn.gated_delta_rule = gdn.gated_delta_rule, gdn.gated_delta_rule_ref
     try:
-        with ctx:
+        with on:
             ref = model(tokens).float()
     finally:
-        gdn._fla_chunk = saved
-    if not torch.isfinite(fast).all():
-        return float("nan")
+        gdn.gated_delta_rule = patched
     return ((fast - ref).norm() / ref.norm()).item()
 
 
@@ -347,24 +327,12 @@ def greedy_decode(model, prompt: list[int], max_new_tokens: int, device: str) ->
 
 
 def evaluate_tau(stats, load_checkpoint, target_dir, draft_dir, prompt_ids, val, eos, eval_dtype, args, log):
-    """Reload the saved pair in ``eval_dtype`` and fill stats["tau"] (one row per B), stats["exactness"] and
-    stats["linear_impl"]. On CUDA, fla is used when it agrees with the reference recurrence in float32 (relative L2
-    of logits < 1e-2, i.e. tf32-level rounding), the reference otherwise."""
-    from gaptrace.runtime.models import gdn
-
+    """Reload the saved pair in ``eval_dtype`` and fill stats["tau"] (one row per B) and stats["exactness"]."""
     device = args.device
     target = load_checkpoint(target_dir, device, eval_dtype).eval()
     draft = load_checkpoint(draft_dir, device, eval_dtype).eval()
-    try:
-        rel = check_linear_kernel(target, val[0][:2, :256].to(device), device, bf16=False)
-    except Exception as e:  # e.g. a Triton compile error for float32 inputs
-        rel = float("nan")
-        log(f"[tau] fla failed in float32: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-    log(f"[tau] fla chunk kernel vs reference recurrence (float32): relative L2 {rel}")
-    if rel is not None and not rel < 1e-2:
-        gdn._fla_chunk = None
-        log("[tau] evaluating with the reference recurrence (fla disagrees or failed in float32)")
-    stats["linear_impl"] = "fla chunk kernel" if rel is not None and rel < 1e-2 else "reference recurrence"
+    rel = check_linear_impl(target, val[0][:2, :256].to(device), bf16=False)
+    log(f"[tau] {stats['linear_impl']} vs the runtime's per-token recurrence (float32 logits): relative L2 {rel}")
     spec_out = None
     for B in BLOCK_SIZES:
         t0 = time.perf_counter()
@@ -458,6 +426,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--plain-attention", action="store_true",
                     help="full attention in every target layer (a transformers-loadable Qwen3-style pair)")
+    ap.add_argument("--linear-impl", choices=("auto", "torch-chunk", "runtime"), default="auto",
+                    help="gated delta rule for training and evaluation: scripts/gdn_chunk.py (auto on CUDA: fla's "
+                         "backward is refused on Hopper with Triton < 3.7.1) or the runtime's own (auto on CPU)")
     ap.add_argument("--dry-run", action="store_true", help="toy sizes, few steps, few files: a smoke run")
     ap.add_argument("--tokenizer", type=Path, default=REPO / "fixtures/models/tokenizer.json")
     ap.add_argument("--prompts", type=Path, default=REPO / "fixtures/prompts/heldout.jsonl")
@@ -473,6 +444,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--heldout-windows", type=int, default=64, help="held-out windows of --seq-len for the loss")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if args.dry_run:
@@ -491,13 +463,23 @@ def main(argv=None) -> int:
         log_lines.append(msg)
 
     ModelConfig, Transformer, save_checkpoint, load_checkpoint = _import_runtime()
+    impl = args.linear_impl if args.linear_impl != "auto" else ("torch-chunk" if device == "cuda" else "runtime")
+    if impl == "torch-chunk":
+        from gaptrace.runtime.models import gdn
+
+        import gdn_chunk
+
+        gdn_chunk.install(gdn, devices=(device,))
+    linear_impl = {"torch-chunk": "chunked PyTorch gated delta rule (scripts/gdn_chunk.py)",
+                   "runtime": "runtime's own dispatch (gdn.gated_delta_rule)"}[impl]
     train_ids, heldout_ids, tok, corpus = load_corpus(args.tokenizer, limit_files=40 if args.dry_run else None)
     eos = tok.token_to_id(tinycorpus.EOS_TOKEN)
     log(f"corpus: {json.dumps(corpus)}")
     train_ids = train_ids.to(device)
-    val = heldout_windows(heldout_ids, args.seq_len, 8 if args.dry_run else 64)
+    val = heldout_windows(heldout_ids, args.seq_len, 8 if args.dry_run else args.heldout_windows)
 
-    stats: dict = {"corpus": corpus, "vocab_size": tok.get_vocab_size()}
+    stats: dict = {"corpus": corpus, "vocab_size": tok.get_vocab_size(), "linear_impl": linear_impl}
+    log(f"linear attention through the {linear_impl}")
     models = {}
     for role in ("target", "draft"):
         cfg = model_config(role, tok.get_vocab_size(), eos, args.plain_attention, args.dry_run)
@@ -506,17 +488,8 @@ def main(argv=None) -> int:
         n_params = sum(p.numel() for p in model.parameters())
         log(f"[{role}] {n_params:,} parameters, layer types {cfg.layer_types}")
         if role == "target":
-            try:
-                rel = check_linear_kernel(model, val[0][:2, :128].to(device), device, bf16=True)
-            except Exception as e:
-                rel = float("nan")
-                log(f"[target] fla failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            log(f"[target] fla chunk kernel vs reference recurrence (bf16 autocast): relative L2 {rel}")
-            if rel is not None and not rel < 5e-2:
-                from gaptrace.runtime.models import gdn
-
-                gdn._fla_chunk = None  # slow but right: train through the reference recurrence
-                log("[target] WARNING: fla disagrees with the reference; training with the reference recurrence")
+            rel = check_linear_impl(model, val[0][:2, :128].to(device), bf16=device == "cuda")
+            log(f"[target] {stats['linear_impl']} vs the runtime's per-token recurrence (logits): relative L2 {rel}")
             s = train(model, train_ids, val, args, device, seconds=args.target_seconds, max_steps=args.target_steps,
                       peak_lr=args.target_lr, name=role, log=log)
         else:
@@ -537,7 +510,7 @@ def main(argv=None) -> int:
     eval_dtype = torch.float32
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
     prompt_ids = [tok.encode(p["prompt"]).ids for p in prompts][: 3 if args.dry_run else None]
-    stats.update(tau=[], exactness="not measured (the evaluation failed; see the log)", linear_impl="?")
+    stats.update(tau=[], exactness="not measured (the evaluation failed; see the log)")
     try:
         evaluate_tau(stats, load_checkpoint, target_dir, draft_dir, prompt_ids, val, eos, eval_dtype, args, log)
     except Exception as e:  # keep the checkpoints and the report; τ can be re-measured from the saved pair
