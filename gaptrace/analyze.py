@@ -78,7 +78,7 @@ def idle_sites(result: Any) -> pd.DataFrame:
     Columns: site, idle_us, share (idle_us / window idle, 0..1).
     """
     from gaptrace.analyses import stacks
-    from gaptrace.analyses.gaps import _grouped_union
+    from gaptrace.analyses.gaps import grouped_union
 
     tree, tl = result.tree, result.timeline
     empty = pd.DataFrame({"site": [], "idle_us": [], "share": []})
@@ -91,7 +91,7 @@ def idle_sites(result: Any) -> pd.DataFrame:
     site_rows = stacks.innermost_site(tree, tree.rows(node))
     n_frames = len(tree.frames)
     site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
-    g, us, ue = _grouped_union(site, s, e)
+    g, us, ue = grouped_union(site, s, e)
     idle = np.bincount(g, weights=tl.idle_between(us, ue), minlength=n_frames + 1)
     nz = np.flatnonzero(idle > 0)
     names = np.r_[tree.frames.to_numpy(dtype=object), np.array(["(no Python frame)"], dtype=object)]
