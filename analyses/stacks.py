@@ -297,17 +297,32 @@ def enclosing(tree: HostTree, nodes: np.ndarray, node_mask: np.ndarray, include_
     return out
 
 
-def _site_mask(tree: HostTree) -> np.ndarray:
+# Frames of PyTorch itself ("torch/utils/_device.py(100): __torch_function__", ".../site-packages/torch/...") are
+# plumbing between the user's call and the op: a call site is the first frame outside them, when there is one.
+_TORCH_FRAME_RE = re.compile(r"^(?:torch/|.*[/\\]site-packages[/\\]torch[/\\])")
+
+
+def _site_mask(tree: HostTree, skip_torch: bool = False) -> np.ndarray:
     py = tree.cat == CAT_CODE["python_function"]
-    return py & tree.frame_has_source[np.maximum(tree.frame, 0)] & (tree.frame >= 0)
+    ok = tree.frame_has_source
+    if skip_torch:
+        ok = ok & ~np.array([bool(_TORCH_FRAME_RE.match(f)) for f in tree.frames], dtype=bool)
+    return py & ok[np.maximum(tree.frame, 0)] & (tree.frame >= 0)
 
 
 def innermost_site(tree: HostTree, rows: np.ndarray) -> np.ndarray:
     """Host row of the innermost enclosing python_function frame that has a source file, per host row (-1: none).
 
-    A ``<built-in method …>`` frame names the call, not the site, so it is skipped (issue 2, "blocking_syncs").
+    A ``<built-in method …>`` frame names the call, not the site, so it is skipped (issue 2, "blocking_syncs");
+    so are PyTorch's own frames (``torch/…``: function-mode and dispatch plumbing), unless nothing else encloses
+    the row, in which case the innermost torch frame is the site.
     """
-    return tree.rows(enclosing(tree, tree.nodes(rows), _site_mask(tree)))
+    nodes = tree.nodes(rows)
+    site = enclosing(tree, nodes, _site_mask(tree, skip_torch=True))
+    miss = site < 0
+    if miss.any():
+        site[miss] = enclosing(tree, nodes[miss], _site_mask(tree))
+    return tree.rows(site)
 
 
 def innermost_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:

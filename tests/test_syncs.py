@@ -96,7 +96,8 @@ def next_runtime_call(path, call):
 
 def python_site(path, call):
     """Innermost python frame with a source file around ``call``: the innermost python_function containing it,
-    then up the Python parent ids while the frame is a <built-in …>."""
+    then up the Python parent ids while the frame is a <built-in …> or PyTorch's own (torch/…) frame; the
+    innermost torch frame when nothing outside torch encloses the call."""
     end = call["ts"] + call["dur"]
     py = [e for e in events(path) if e.get("cat") == "python_function" and e["tid"] == call["tid"]]
     inside = [e for e in py if e["ts"] <= call["ts"] and e["ts"] + e["dur"] >= end]
@@ -104,7 +105,10 @@ def python_site(path, call):
     by_id = {e["args"]["Python id"]: e for e in py}
     while f["name"].startswith("<built-in"):
         f = by_id[f["args"]["Python parent id"]]
-    return f["name"]
+    first_torch = f
+    while f is not None and (f["name"].startswith("torch/") or f["name"].startswith("<built-in")):
+        f = by_id.get(f["args"]["Python parent id"])
+    return (f or first_torch)["name"]
 
 
 def plain_pairs(path, memory):
