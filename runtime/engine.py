@@ -9,6 +9,7 @@ waiting request is admitted into it.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -43,7 +44,9 @@ def check_request(prompt_len: int, max_new_tokens: int, rcfg: RuntimeConfig) -> 
 @dataclass
 class DecodeStats:
     """rounds: verify rounds run; tau: mean tokens emitted per live request-round (accepted + bonus);
-    tround_ms = decode wall time / rounds; tpot_ms = tround_ms / tau (seed 000); tokens_per_s over all requests."""
+    tround_ms: median host period between round starts over steady rounds (no admission in either; all rounds
+    if none is steady); tpot_ms = tround_ms / tau (seed 000); tokens_per_s: all tokens / whole wall time
+    (prefill included); round_start_s: each round's start, seconds from the call's start."""
 
     rounds: int
     tau: float
@@ -53,6 +56,7 @@ class DecodeStats:
     tround_ms: float
     tpot_ms: float
     round_tau: list = field(default_factory=list)
+    round_start_s: list = field(default_factory=list)
 
 
 class Engine:
@@ -99,10 +103,12 @@ class Engine:
         self._on_tokens = on_tokens or (lambda n: None)
         round_tau: list = []
         t0, rounds = time.perf_counter(), 0
+        starts, admitted = [], []
         while waiting or running:
+            starts.append(time.perf_counter() - t0)
             with annotate("round"):
                 with annotate("plan"):
-                    self._admit(waiting, running, free, pending)
+                    admitted.append(self._admit(waiting, running, free, pending))
                     plan = self.scheduler.plan(rounds, running)
                 self._run_round(plan, pending)
             current = pending[-1]
@@ -118,12 +124,16 @@ class Engine:
         live = sum(r.rounds for r in reqs)
         tau = sum(r.accepted for r in reqs) / live if live else 0.0
         tokens = sum(len(r.output) for r in reqs)
-        tround = 1e3 * elapsed / max(rounds, 1)
+        periods = [b - a for i, (a, b) in enumerate(zip(starts, starts[1:])) if not admitted[i] and not admitted[i + 1]]
+        periods = periods or [b - a for a, b in zip(starts, starts[1:])] or [elapsed]
+        tround = 1e3 * statistics.median(periods)
         return reqs, DecodeStats(rounds, tau, tokens, elapsed, tokens / elapsed if elapsed else 0.0, tround,
-                                 tround / tau if tau else 0.0, round_tau)
+                                 tround / tau if tau else 0.0, round_tau, starts)
 
-    def _admit(self, waiting: deque, running: dict, free: list, pending: deque) -> None:
+    def _admit(self, waiting: deque, running: dict, free: list, pending: deque) -> int:
+        n = 0
         while free and waiting:
+            n += 1
             r, slot = waiting.popleft(), free.pop(0)
             r.slot, r.committed_len = slot, len(r.prompt)
             self.runner.blocks.ensure(slot, len(r.prompt) + self.rcfg.block_size)
@@ -132,6 +142,7 @@ class Engine:
                 first = self.runner.prefill(slot, r.prompt)
             pending.append(("prefill", r, Readback({"tok": first})))
             running[slot] = r
+        return n
 
     def _run_round(self, plan: RoundPlan, pending: deque) -> None:
         nb, run = plan.nb, self.runner
