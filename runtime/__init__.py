@@ -1,0 +1,18 @@
+"""gaptrace.runtime: the block-speculative decoding runtime gaptrace diagnoses (DESIGN.md "The runtime"; seed 000).
+
+Layout (gpt-fast's pure forward + nano-vllm's engine split):
+
+    config.py        ModelConfig (HF names), RuntimeConfig (B, P, W, batch, chunk, scheduler), presets tiny / bench
+    models/          the Qwen3-style hybrid decoder (GQA + gated delta rule, dense or MoE), HF checkpoints
+    cache/           paged KV block manager, the draft window s(L), c(L) and its bound, linear-attention states
+    spec/            device state, window rectangle (fixed / packed), draft block, verify, accept, commit,
+                     prefill, plain greedy reference
+    model_runner.py  both models, static buffers, CUDA graphs per batch bucket, pinned copies and events
+    scheduler.py     sync (exact lengths on the host, three syncs a round) and overlap (Lplan bound, no sync)
+    engine.py        the loop: admit, plan, round, read one round late
+    graphs.py        CUDA graph capture (keep_graph=True) and node counts
+    annotate.py      NVTX range + record_function of one name
+    session.py, cli.py, tokenizer.py   `gaptrace decode`
+
+Nothing here imports gaptrace.analyses; torch lives only in this package.
+"""
