@@ -501,7 +501,7 @@ def main(argv=None) -> int:
             s = train(model, train_ids, val, args, device, seconds=args.draft_seconds, max_steps=args.draft_steps,
                       peak_lr=args.draft_lr, teacher=teacher, name=role, log=log)
         out = target_dir if role == "target" else draft_dir
-        save_checkpoint(copy.deepcopy(model).to(torch.bfloat16), cfg, out)
+        save_checkpoint(copy.deepcopy(model).to(torch.bfloat16), cfg, out, max_shard_bytes=16 * 2**20)  # shards < 20 MiB for git
         s.update(params=n_params, bytes=_dir_bytes(out), layers=cfg.num_layers, hidden=cfg.hidden_size,
                  layer_types=list(cfg.layer_types), config=dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg)
                  else None)

@@ -25,11 +25,14 @@ class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; one line naming the file and the problem."""
 
 
-def save_checkpoint(model: Transformer, cfg: ModelConfig, directory: str | os.PathLike) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (tensors in the model's dtype) into ``directory``.
+def save_checkpoint(model: Transformer, cfg: ModelConfig, directory: str | os.PathLike,
+                    max_shard_bytes: int | None = None) -> Path:
+    """Write ``config.json`` and the tensors (in the model's dtype) into ``directory``, Hugging Face style:
+    ``model.safetensors``, or with ``max_shard_bytes`` the shards ``model-0000i-of-0000n.safetensors`` plus
+    ``model.safetensors.index.json`` (transformers' sharded layout; shards are filled in state-dict order).
 
-    Files are written under temporary names and renamed, so a reader never sees half a checkpoint.
-    Returns the directory.
+    Files are written under temporary names and renamed, so a reader never sees half a checkpoint; they are
+    world-readable (0644) like any checked-in file. Returns the directory.
     """
     from safetensors.torch import save_file
 
@@ -38,11 +41,37 @@ def save_checkpoint(model: Transformer, cfg: ModelConfig, directory: str | os.Pa
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     cfg_dict = cfg.to_hf_dict()
     cfg_dict["torch_dtype"] = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    for name, write in (("model.safetensors", lambda p: save_file(tensors, str(p), metadata={"format": "pt"})),
-                        ("config.json", lambda p: p.write_text(json.dumps(cfg_dict, indent=2) + "\n"))):
+    shards: list[dict] = [{}]
+    size = 0
+    for k, v in tensors.items():
+        nbytes = v.numel() * v.element_size()
+        if max_shard_bytes and shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][k] = v
+        size += nbytes
+    files: dict[str, object] = {}
+    if len(shards) == 1:
+        files["model.safetensors"] = lambda p: save_file(tensors, str(p), metadata={"format": "pt"})
+    else:
+        n = len(shards)
+        weight_map = {}
+        for i, shard in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{n:05d}.safetensors"
+            weight_map.update({k: name for k in shard})
+            files[name] = (lambda sh: lambda p: save_file(sh, str(p), metadata={"format": "pt"}))(shard)
+        index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in tensors.values())},
+                 "weight_map": weight_map}
+        files["model.safetensors.index.json"] = lambda p: p.write_text(json.dumps(index, indent=2) + "\n")
+    files["config.json"] = lambda p: p.write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    for stale in out.glob("model*.safetensors*"):  # a re-save must not leave shards of another layout behind
+        if stale.name not in files:
+            stale.unlink()
+    for name, write in files.items():
         fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
         os.close(fd)
         write(Path(tmp))
+        os.chmod(tmp, 0o644)
         os.replace(tmp, out / name)
     return out
 
