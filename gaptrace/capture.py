@@ -40,6 +40,13 @@ def sidecar_path(trace_path: str) -> str:
     return base + SIDECAR_SUFFIX
 
 
+def _readable(path: str) -> None:
+    """mkstemp creates 0600 files; give the final file the mode a plain open() would (0666 minus the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
     d = os.path.dirname(os.path.abspath(path))
@@ -47,6 +54,7 @@ def write_json_atomic(path: str, obj: Any) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1, sort_keys=True, default=str)
+        _readable(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -78,9 +86,11 @@ def _export_gz_atomic(prof: Any, path: str) -> None:
             with os.fdopen(fd, "wb") as out, open(raw, "rb") as src, gzip.GzipFile(fileobj=out, mode="wb",
                                                                                   compresslevel=6) as gz:
                 shutil.copyfileobj(src, gz, 1 << 20)
+            _readable(gz_tmp)
             os.replace(gz_tmp, path)
             gz_tmp = None
         else:
+            _readable(raw)
             os.replace(raw, path)
             raw = None
     finally:

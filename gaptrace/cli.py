@@ -15,6 +15,7 @@ LAZY_COMMANDS = {
     "analyze": "gaptrace.analyze:analyze",
     "diff": "gaptrace.diff:diff",
     "decode": "gaptrace.runtime.cli:decode",
+    "capture": "gaptrace.runtime.cli:capture",
     "report": "gaptrace.report.cli:report",
 }
 

@@ -123,3 +123,54 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
         if len(result["requests"]) > 1:
             click.echo(f"=== request {i + 1} (tau {r['tau'] or 0:.2f}) ===")
         click.echo(r["prompt"] + r["text"])
+
+
+@click.command("capture")
+@decode_options
+@click.option("--warmup-rounds", type=click.IntRange(1), default=8, show_default=True,
+              help="Unprofiled rounds before the profiler is armed (after graph capture and prewarm).")
+@click.option("--rounds", "active_rounds", type=click.IntRange(1), default=12, show_default=True,
+              help="Verify rounds recorded by the profiler.")
+@click.option("-o", "--output", required=True, metavar="TRACE.json.gz",
+              help="The Kineto trace to write; the sidecar TRACE.gaptrace.json goes next to it.")
+def capture(warmup_rounds: int, active_rounds: int, output: str, **o) -> None:
+    """Capture a torch.profiler trace of the runtime's steady decode (Python stacks, CUDA sync events where
+    supported), plus a sidecar with the config, τ per round, graph node counts and unprofiled timings.
+
+    --max-new-tokens defaults to enough tokens for every request to outlive the capture; fewer prompts than
+    --batch-size are repeated to fill the batch."""
+    import os
+
+    import torch
+    from tqdm import tqdm
+
+    from .capture_run import capture_decode
+
+    out_dir = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(out_dir):
+        fail(f"{output}: output directory {out_dir} does not exist")
+    if not output.endswith((".json", ".json.gz")):
+        fail(f"{output}: the trace must be named .json or .json.gz")
+    if o["device"] == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    explicit_tokens = o["max_new_tokens"] if "--max-new-tokens" in sys.argv else None
+    try:
+        setup, texts = setup_from_options(o)
+    except ValueError as e:
+        fail(str(e))
+    note = " [acceptance simulated]" if setup.simulated else ""
+    bar = tqdm(total=warmup_rounds + 1 + active_rounds, unit="round", file=sys.stderr,
+               desc=f"capture {setup.preset.name} {setup.rcfg.scheduler} bs={setup.rcfg.batch_size} "
+                    f"B={setup.rcfg.block_size}{note}")
+    try:
+        side = capture_decode(setup, texts, output, warmup_rounds, active_rounds, explicit_tokens,
+                              on_round=lambda i: bar.update(1) if i <= warmup_rounds + 1 + active_rounds else None)
+    except ValueError as e:
+        bar.close()
+        fail(str(e))
+    bar.close()
+    taus = [r["tau"] for r in side["rounds"] if r["tau"] is not None]
+    msg = f"wrote {output} ({len(side['rounds'])} rounds, mean tau {sum(taus) / max(len(taus), 1):.2f}{note})"
+    if setup.rcfg.device == "cpu":
+        msg += "; on the CPU the trace has no device activity (occupancy needs --device cuda)"
+    click.echo(msg, err=True)

@@ -102,6 +102,7 @@ class Engine:
         pending: deque = deque()
         self._on_tokens = on_tokens or (lambda n: None)
         round_tau: list = []
+        self.round_tau = round_tau  # per-round accepted tokens as read so far (capture reads it mid-decode)
         t0, rounds = time.perf_counter(), 0
         starts, admitted = [], []
         while waiting or running:

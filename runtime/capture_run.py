@@ -1,0 +1,97 @@
+"""Capture the runtime's live decode: warm up, then profile steady verify rounds (``gaptrace capture``).
+
+The profiler is armed only after ``warmup_rounds`` rounds (graph capture and the fla prewarm happen even before,
+in the engine's constructor) plus one discarded profiler warm-up round, then records ``rounds`` rounds with Python
+stacks (:class:`gaptrace.capture.Capture`, one ``step()`` per round through the engine's ``on_round`` hook). The
+unprofiled baseline is measured in the same process just before: the round periods of the warm-up rounds, and the
+host cost of every graph launch (``GraphedCall.last_launch_us``) in those rounds. The sidecar holds the config,
+per-round τ of the profiled rounds, each graph's node count and unprofiled launch cost.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+from .session import DecodeSetup, encode_prompts
+from .engine import Engine
+
+
+class _CaptureDone(Exception):
+    """Raised from the round hook once the trace is written and the profiled rounds' τ has been read back:
+    the rest of the decode is not needed."""
+
+
+def fill_batch(texts: list[str], batch_size: int) -> list[str]:
+    """Exactly ``batch_size`` prompts: the first ones, repeated cyclically when there are fewer. One full batch and
+    no waiting requests, so no admission or bucket change lands inside the profiled rounds."""
+    return [texts[i % len(texts)] for i in range(batch_size)]
+
+
+def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
+                   max_new_tokens: int | None = None, on_round: Callable[[int], None] | None = None) -> dict:
+    """Run the decode, write the trace to ``path`` and its sidecar; return the sidecar dict.
+
+    ``max_new_tokens`` defaults to enough for every request to outlive the capture even at τ = B. Raises
+    ValueError when the decode ends before warm-up + 1 + ``rounds`` rounds (nothing is written then).
+    """
+    from gaptrace.capture import Capture, sidecar_path, write_json_atomic
+
+    B = setup.rcfg.block_size
+    need = warmup_rounds + 1 + rounds + 2
+    if max_new_tokens is None:
+        max_new_tokens = need * B
+    texts = fill_batch(texts, setup.rcfg.batch_size)
+    ids = encode_prompts(setup, texts, max_new_tokens)
+    engine = Engine(setup.target, setup.draft, setup.rcfg, setup.eos_token_id)
+    rc = setup.rcfg
+    config = {"preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler,
+              "device": rc.device, "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": B,
+              "page_size": rc.page_size, "window": rc.window, "max_seq_len": rc.max_seq_len,
+              "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
+              "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes),
+              "simulated_acceptance": rc.sim_accept_rate if setup.simulated else None}
+    launch_us: dict[tuple[str, int], list[float]] = {}
+    cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds, config=config)
+
+    def hook(i: int) -> None:  # i = rounds enqueued so far
+        if i <= warmup_rounds:  # unprofiled: keep each graph's host launch cost of this round
+            for key, g in engine.runner.graphs.items():
+                if g.last_launch_us == g.last_launch_us:  # not NaN: replayed at least once
+                    launch_us.setdefault(key, []).append(g.last_launch_us)
+                    g.last_launch_us = float("nan")
+        cap.step()
+        if on_round is not None:
+            on_round(i)
+        # stop once the trace is written and every profiled round's τ has been read back (one round late)
+        if cap.done and len(engine.round_tau) > warmup_rounds + rounds:
+            raise _CaptureDone
+
+    with cap:
+        try:
+            engine.generate(ids, max_new_tokens, on_round=hook)
+        except _CaptureDone:
+            pass
+        if not cap.done:
+            raise ValueError(f"the decode ended after {len(engine.round_tau)} rounds, before the {warmup_rounds} "
+                             f"warm-up + 1 + {rounds} profiled rounds the capture needs: raise --max-new-tokens "
+                             "or lower --rounds")
+    profiled = engine.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
+    graphs = []
+    for (phase, nb), g in sorted(engine.runner.graphs.items()):
+        host = launch_us.get((phase, nb), [])
+        graphs.append({"name": f"{phase}_bs{nb}", "phase": phase, "bucket": nb, "nodes": g.num_nodes,
+                       "unprofiled_launch_us": statistics.median(host) if host else None,
+                       "unprofiled_launches": len(host)})
+    # round periods of the second half of the warm-up (the first rounds still admit and prefill)
+    periods = cap.unprofiled_step_ms[len(cap.unprofiled_step_ms) // 2:]
+    side = cap.sidecar()
+    side.update({
+        "rounds": [{"round": warmup_rounds + 1 + k, "tau": (sum(t) / len(t)) if t else None, "accepted": list(t)}
+                   for k, t in enumerate(profiled)],
+        "graphs": graphs,
+        "unprofiled_round_ms": periods,
+        "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"
+                                 if setup.simulated else None),
+    })
+    write_json_atomic(sidecar_path(path), side)
+    return side

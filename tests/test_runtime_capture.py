@@ -1,0 +1,49 @@
+"""`gaptrace capture` of the runtime on the CPU: steady rounds only, sidecar consistent with the trace."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from gaptrace.capture import read_sidecar  # noqa: E402
+from gaptrace.loader import load_trace_reference  # noqa: E402
+
+
+def _capture(tmp_path, *extra):
+    out = tmp_path / "cap.json.gz"
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "capture", "--preset", "tiny", "--prompt",
+                        "def fib(n):", "--prompt", "import os\n", "--batch-size", "3", "--block-size", "4",
+                        "--warmup-rounds", "3", "--rounds", "4", "-o", str(out), *extra],
+                       capture_output=True, text=True)
+    return r, out
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "overlap"])
+def test_capture_on_cpu(tmp_path, scheduler):
+    r, out = _capture(tmp_path, "--scheduler", scheduler)
+    assert r.returncode == 0, r.stderr
+    assert "no device activity" in r.stderr
+    side = read_sidecar(str(out))
+    assert side["config"]["scheduler"] == scheduler and side["config"]["batch_size"] == 3
+    assert [x["round"] for x in side["rounds"]] == [4, 5, 6, 7]
+    for x in side["rounds"]:
+        assert len(x["accepted"]) == 3 and x["tau"] == pytest.approx(sum(x["accepted"]) / 3)
+        assert all(1 <= a <= 4 for a in x["accepted"])
+    assert len(side["unprofiled_round_ms"]) >= 1 and side["graphs"] == []  # no CUDA graphs on the CPU
+    trace = load_trace_reference(str(out))
+    names = trace.host.loc[trace.host["cat"] == "user_annotation", "name"].astype(str)
+    assert (names == "round").sum() == 4  # exactly the profiled rounds
+    assert {"plan", "draft", "verify", "accept", "commit"} <= set(names)
+    if scheduler == "sync":  # the seed's lengths copy + .max().item() + masked_select, every round
+        ops = set(trace.host.loc[trace.host["cat"] == "cpu_op", "name"].astype(str))
+        assert {"aten::item", "aten::masked_select"} <= ops
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]
+
+
+def test_capture_bad_output(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "capture", "--prompt", "x", "-o",
+                        str(tmp_path / "no" / "dir.json.gz")], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
