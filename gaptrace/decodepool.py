@@ -15,6 +15,7 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import threading
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,8 +27,9 @@ __all__ = ["DecodePool", "SpanResult", "default_workers"]
 
 
 def default_workers() -> int:
-    """Worker processes for a big trace: one per core (at most 4), or 0 where ``fork`` is unavailable."""
-    if "fork" not in multiprocessing.get_all_start_methods():
+    """Worker processes for a big trace: one per core (at most 4); 0 where ``fork`` is unavailable or other
+    threads run in this process (a notebook kernel: forking a threaded process can deadlock the child)."""
+    if "fork" not in multiprocessing.get_all_start_methods() or threading.active_count() > 1:
         return 0
     try:
         cores = len(os.sched_getaffinity(0))

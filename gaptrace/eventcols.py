@@ -165,8 +165,8 @@ def typed_columns(events: list[Event], rank: int, symbols: Symbols) -> dict[str,
         "name_id": symbols.ids([e.name for e in events]),
         "pid_id": symbols.ids([e.pid for e in events]),
         "tid_id": symbols.ids([e.tid for e in events]),
-        "ts": np.array([e.ts for e in events], np.float64),
-        "dur": np.array([e.dur for e in events], np.float64),
+        "ts": np.fromiter([e.ts for e in events], np.float64, n),
+        "dur": np.fromiter([e.dur for e in events], np.float64, n),
         "correlation": _ints([a.correlation for a in args]),
         "external_id": _with_variant([a.external_id for a in args], [a.external_id_lc for a in args]),
         "python_id": _ints([a.python_id for a in args]),
@@ -215,12 +215,14 @@ class ColumnSink:
     ``add_json(piece)`` decodes one JSON array of events (see :func:`decode_piece`; on malformed JSON it raises
     and changes nothing); ``add_python(events)`` converts decoded events with the reference code;
     ``add_columns`` takes columns decoded elsewhere (a worker process) with that worker's symbol ids.
-    ``finish()`` concatenates everything into one :class:`RawColumns`.
+    Each chunk is copied at once into preallocated columns (sized from ``expected_events``, grown 1.5x when
+    short; pages never written are never resident), so ``finish()`` has nothing left to concatenate.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, expected_events: int = 1 << 16) -> None:
         self.symbols = Symbols()
-        self.parts: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+        self.cols = {c: np.empty(max(expected_events, 1024), _dtype(c)) for c in COLUMNS}
+        self.n = 0
         self.rank = 0
         self._mark = 0
         self.elements = 0  # array elements seen for the current rank (all phases), to tell an empty array
@@ -228,12 +230,11 @@ class ColumnSink:
     def start_rank(self, rank: int) -> None:
         self.rank = rank
         self.elements = 0
-        self._mark = len(self.parts["ts"])
+        self._mark = self.n
 
     def discard_rank(self) -> None:
         """Forget the current rank's events (a repeated ``traceEvents`` key: the last one wins, as in json)."""
-        for c in COLUMNS:
-            del self.parts[c][self._mark:]
+        self.n = self._mark
         self.elements = 0
 
     def add_json(self, piece) -> None:
@@ -253,17 +254,21 @@ class ColumnSink:
         self._add(cols)
 
     def _add(self, cols: dict[str, np.ndarray]) -> None:
-        if len(cols["ts"]):
+        k = len(cols["ts"])
+        if self.n + k > len(self.cols["ts"]):
+            cap = max(self.n + k, len(self.cols["ts"]) * 3 // 2)
             for c in COLUMNS:
-                self.parts[c].append(cols[c])
+                grown = np.empty(cap, _dtype(c))
+                grown[:self.n] = self.cols[c][:self.n]
+                self.cols[c] = grown
+        for c in COLUMNS:
+            self.cols[c][self.n:self.n + k] = cols[c]
+        self.n += k
 
     def finish(self) -> RawColumns:
-        """One RawColumns; each column is concatenated and its parts freed before the next (peak: one column)."""
-        out = {}
-        for c in COLUMNS:
-            parts = self.parts[c]
-            out[c] = np.concatenate(parts).astype(_dtype(c), copy=False) if parts else np.empty(0, _dtype(c))
-            self.parts[c] = []
+        """One RawColumns (views of the first n rows of the preallocated columns)."""
+        out = {c: self.cols[c][:self.n] for c in COLUMNS}
+        self.cols = {}
         # the reference gives absent cat/name/pid/tid the empty symbol
         empty = self.symbols.intern("")
         for c in ("cat_id", "name_id", "pid_id", "tid_id"):

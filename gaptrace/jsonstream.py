@@ -1,15 +1,18 @@
 """Streaming a Kineto JSON document: chunks of bytes in, pieces of the ``traceEvents`` array out.
 
-The file is read (and gunzipped) on a background thread in chunks of about ``chunk_bytes`` (zlib and file reads
-release the GIL, so the second core decompresses while the first decodes). :class:`DocumentReader` walks the
-top-level document (an object, or a bare list of events) and never holds more than a chunk or two of it:
+The file is read in chunks of ``chunk_bytes`` straight into a fixed buffer; a gzip file is gunzipped on a
+background thread (zlib releases the GIL, so the second core decompresses while the first decodes).
+:class:`DocumentReader` walks the top-level document (an object, or a bare list of events) and holds a few
+chunks of it at most:
 
 - inside ``traceEvents`` it cuts the buffer after the last ``}`` that looks like an element end (``}`` then
   ``,{`` or ``]``, found by a regex over the buffer's tail) and hands ``[`` + that piece + ``]`` to the sink's
-  msgspec decoder, in place. A successful decode proves the cut: the piece is a sequence of complete elements,
-  because a cut inside a string or a nested value leaves it unbalanced. When the decode fails, the exact cut is
-  found by :func:`bracket_depths` (vectorised: quote parity with backslash escapes, bracket depth by cumsum)
-  and the piece is decoded again; if it still fails there, the JSON itself is bad;
+  msgspec decoder, in place (or to a worker process, :mod:`gaptrace.decodepool`). A successful decode proves
+  the cut: the piece is a sequence of complete elements, because a cut inside a string or a nested value
+  leaves it unbalanced. When the decode fails, the exact cut is found by :func:`bracket_depths` (vectorised:
+  quote parity with backslash escapes, bracket depth by cumsum; about 3 ns a byte, so only on that path) and
+  the piece is decoded again; if it still fails there, the JSON itself is bad (stdlib json gets the last word,
+  for the ``NaN`` / ``Infinity`` it accepts and msgspec does not);
 - every other top-level value (metadata such as ``deviceProperties``, before or after ``traceEvents``) is
   delimited exactly and parsed with stdlib ``json``, as the reference reader would.
 
@@ -42,41 +45,69 @@ _ELEMENT_END = re.compile(rb"\}[ \t\r\n]*(?:,[ \t\r\n]*\{|\])")
 
 
 class ChunkReader:
-    """The decompressed bytes of one file, ``chunk_bytes`` at a time, produced on a daemon thread.
+    """The decompressed bytes of one file, copied into the caller's buffer by :meth:`readinto`.
 
-    ``next()`` returns the next chunk, ``b""`` at the end, and raises TraceError for a read error, a truncated
-    or corrupt gzip stream (checked by zlib: deflate end marker, CRC-32 and length trailer), or trailing garbage
-    after the last gzip member. Multi-member gzip files are read like ``gzip.decompress`` reads them.
+    A plain file is read straight into that buffer. A gzip file is decompressed on a daemon thread (zlib
+    releases the GIL, so this runs on the other core) into pieces of at most ``chunk_bytes``, two ahead.
+    Raises TraceError for a read error, a truncated or corrupt gzip stream (checked by zlib: deflate end
+    marker, CRC-32 and length trailer), or trailing garbage after the last gzip member. Multi-member gzip files
+    are read like ``gzip.decompress`` reads them (zero padding after a member is skipped).
     """
 
     def __init__(self, path: str, chunk_bytes: int = CHUNK_BYTES) -> None:
         self.path = path
         self.chunk_bytes = chunk_bytes
-        self._q: queue.Queue = queue.Queue(maxsize=2)
-        self._stop = threading.Event()
+        try:
+            self._file = open(path, "rb")
+            self.gzip = self._file.read(2) == _GZIP_MAGIC
+            self._file.seek(0)
+        except OSError as e:
+            raise TraceError(f"{path}: cannot read ({e})") from None
+        self._rest = memoryview(b"")
         self._done = False
-        self._thread = threading.Thread(target=self._run, name="gaptrace-reader", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if self.gzip:
+            self._q: queue.Queue = queue.Queue(maxsize=3)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, name="gaptrace-gunzip", daemon=True)
+            self._thread.start()
 
-    def next(self) -> bytes:
-        if self._done:
-            return b""
-        item = self._q.get()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        if not item:
-            self._done = True
-        return item
+    def readinto(self, mv: memoryview) -> int:
+        """Fill ``mv`` as far as the data goes; the number of bytes written, 0 at the end of the file."""
+        if not self.gzip:
+            try:
+                return self._file.readinto(mv)
+            except OSError as e:
+                raise TraceError(f"{self.path}: cannot read ({e})") from None
+        n = 0
+        while n < len(mv):
+            if not self._rest:
+                if self._done:
+                    break
+                item = self._q.get()
+                if isinstance(item, BaseException):
+                    self._done = True
+                    raise item
+                if not item:
+                    self._done = True
+                    break
+                self._rest = memoryview(item)
+            k = min(len(mv) - n, len(self._rest))
+            mv[n:n + k] = self._rest[:k]
+            self._rest = self._rest[k:]
+            n += k
+        return n
 
     def close(self) -> None:
-        self._stop.set()
-        while self._thread.is_alive():
-            try:
-                self._q.get(timeout=0.05)
-            except queue.Empty:
-                pass
-        self._thread.join()
+        if self._thread is not None:
+            self._stop.set()
+            while self._thread.is_alive():
+                try:
+                    self._q.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            self._thread.join()
+        self._file.close()
 
     def _put(self, item) -> bool:
         while not self._stop.is_set():
@@ -89,10 +120,7 @@ class ChunkReader:
 
     def _run(self) -> None:
         try:
-            with open(self.path, "rb") as f:
-                gz = f.read(2) == _GZIP_MAGIC
-                f.seek(0)
-                self._gunzip(f) if gz else self._plain(f)
+            self._gunzip(self._file)
             self._put(b"")
         except TraceError as e:
             self._put(e)
@@ -101,21 +129,13 @@ class ChunkReader:
         except BaseException as e:  # never leave the consumer waiting
             self._put(TraceError(f"{self.path}: reading failed ({type(e).__name__}: {e})"))
 
-    def _plain(self, f) -> None:
-        while not self._stop.is_set():
-            data = f.read(self.chunk_bytes)
-            if not data or not self._put(data):
-                return
-
     def _gunzip(self, f) -> None:
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        parts: list[bytes] = []
-        have = 0
         pending = b""
         between = False  # after a member's end, before the next member's header
         while not self._stop.is_set():
             if not pending:
-                pending = f.read(1 << 20)
+                pending = f.read(1 << 22)
                 if not pending:
                     break
             if between:
@@ -123,7 +143,7 @@ class ChunkReader:
                 if not pending:
                     continue
                 if len(pending) < 2:
-                    more = f.read(1 << 20)
+                    more = f.read(1 << 22)
                     if not more:
                         raise TraceError(f"{self.path}: corrupt gzip (trailing garbage after the compressed data)")
                     pending += more
@@ -141,17 +161,10 @@ class ChunkReader:
                 between = True
             else:
                 pending = d.unconsumed_tail
-            if out:
-                parts.append(out)
-                have += len(out)
-                if have >= self.chunk_bytes:
-                    if not self._put(b"".join(parts)):
-                        return
-                    parts, have = [], 0
+            if out and not self._put(out):
+                return
         if not between:
             raise TraceError(f"{self.path}: truncated gzip (the compressed stream ends before its end marker)")
-        if parts:
-            self._put(b"".join(parts))
 
 
 def bracket_depths(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -191,7 +204,7 @@ class DocumentReader:
         self.pool = pool  # a DecodePool, or None to decode everything here
         self.pin: int | None = None  # absolute offset _more must keep (the oldest span a worker still holds)
         self.metadata: dict[str, Any] = {}
-        self.buf = bytearray(4 * chunk_bytes)  # fixed capacity; the data is buf[:end]
+        self.buf = bytearray(8 * chunk_bytes)  # fixed capacity; the data is buf[:end]
         self.end = 0
         self.pos = 0
         self.dropped = 0  # stream offset of buf[0] (bytes dropped from the front)
@@ -211,20 +224,19 @@ class DocumentReader:
 
     # ---- buffer
     def _more(self, keep_from: int) -> bool:
-        """Append the next chunk (buf[:keep_from] may be dropped to make room); False at the end of the file.
+        """Read up to ``chunk_bytes`` more (buf[:keep_from] may be dropped to make room); False at the end.
 
         The buffer has a fixed capacity: the live bytes move to its front only when a chunk does not fit behind
-        them (a bigger buffer only when they do not fit at all), so appending costs about one copy per byte.
+        them (into a bigger buffer only when they do not fit at all); the reader writes straight into it.
         """
         if self.eof:
             return False
-        chunk = self._reader.next()
         if self.pin is not None:
             keep_from = min(keep_from, self.pin - self.dropped)
-        if self.end + len(chunk) > len(self.buf):
+        if self.end + self.chunk_bytes > len(self.buf):
             live = self.end - keep_from
-            if live + len(chunk) > len(self.buf):
-                bigger = bytearray(max(2 * len(self.buf), live + 2 * len(chunk)))
+            if live + self.chunk_bytes > len(self.buf):
+                bigger = bytearray(max(2 * len(self.buf), live + 2 * self.chunk_bytes))
                 bigger[:live] = memoryview(self.buf)[keep_from:self.end]
                 self.buf = bigger
             else:
@@ -233,11 +245,12 @@ class DocumentReader:
             self.dropped += keep_from
             self.pos -= keep_from
             self.end = live
-        if not chunk:
+        with memoryview(self.buf) as mv, mv[self.end:self.end + self.chunk_bytes] as room:
+            n = self._reader.readinto(room)
+        if n == 0:
             self.eof = True
             return False
-        self.buf[self.end:self.end + len(chunk)] = chunk
-        self.end += len(chunk)
+        self.end += n
         return True
 
     def _peek(self) -> int | None:

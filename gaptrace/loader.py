@@ -172,12 +172,13 @@ def load_trace_reference(path: str) -> Trace:
 
 # ---------------------------------------------------------------- the streaming loader
 
-# Peak memory of a load, per byte of JSON, measured with benchmarks/bench_analysis.py on the replicated 1 GB
-# trace (compact JSON, ~250 bytes per event: the densest form seen); the base covers numpy/pandas and a chunk.
-LOAD_BYTES_PER_JSON_BYTE = 0.8
-LOAD_BASE_BYTES = 300 << 20
-# Below this much JSON, forking decoder processes costs more than it saves.
-PARALLEL_MIN_BYTES = 48 << 20
+# Peak memory of load_trace (columns, then the built frames) per byte of JSON: 1.0 GB of peak for 1.08 GB of
+# compact JSON (~250 bytes per event, the densest form seen) in benchmarks/bench_analysis.py; the base covers
+# the interpreter, numpy/pandas and the buffers.
+LOAD_BYTES_PER_JSON_BYTE = 0.9
+LOAD_BASE_BYTES = 200 << 20
+# Below this much JSON, forking decoder processes saves nothing (56 MB: equal times).
+PARALLEL_MIN_BYTES = 128 << 20
 
 
 def json_size_bytes(path: str) -> int:
@@ -224,8 +225,8 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
 
     The metadata is every top-level key except ``traceEvents`` of the first rank's file (as the reference
     reader); a bare top-level list has none. ``workers`` decoder processes (default: one per core for traces of
-    at least ``PARALLEL_MIN_BYTES`` of JSON, see :mod:`gaptrace.decodepool`; 0 decodes in this process) never
-    change the result. Refuses up front, with the estimate and the limit, a trace whose
+    at least ``PARALLEL_MIN_BYTES`` of JSON, see :mod:`gaptrace.decodepool`; 0 decodes in this process) and
+    ``chunk_bytes`` (bytes read per step, default 8 MiB) never change the result. Refuses up front, with the estimate and the limit, a trace whose
     :func:`estimate_load_bytes` exceeds ``memory_limit_bytes`` (default :func:`default_memory_limit_bytes`).
     Raises TraceError (one line naming the file) for everything listed in :mod:`gaptrace.jsonstream`.
     """
@@ -243,7 +244,7 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
                          f"{need / 1e9:.2f} GB of memory, over the limit of {limit / 1e9:.2f} GB")
     if workers is None:
         workers = default_workers() if json_bytes >= PARALLEL_MIN_BYTES else 0
-    sink = ColumnSink()
+    sink = ColumnSink(expected_events=json_bytes // 200)  # Kineto: 250-450 bytes per event
     metadata: dict[str, Any] = {}
     pool = DecodePool(workers, 3 * chunk + (1 << 16), sink.symbols) if workers > 0 else None
     try:
@@ -264,8 +265,9 @@ def load_trace(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes:
     """Load a Kineto/Chrome trace (``.json``, ``.json.gz``, or a directory of per-rank files) into a Trace.
 
     Streaming and typed (see the module docstring); the same events and values as :func:`load_trace_reference`
-    (tests/test_loader.py checks every fixture trace). About 3.5x the speed of reading the file with stdlib
-    ``json.loads`` alone, at a sixth of its memory (benchmarks/bench_analysis.py prints the table).
+    (tests/test_loader.py checks every fixture trace). ``workers`` and ``chunk_bytes`` change only the speed
+    (:func:`load_raw`). benchmarks/bench_analysis.py prints what it costs: on a 1.08 GB trace about 6x faster
+    than stdlib ``json.loads`` of the same file alone, at a seventh of its peak memory.
     Raises TraceError with one line naming the file and the problem.
     """
     raw, metadata = load_raw(path, memory_limit_bytes=memory_limit_bytes, chunk_bytes=chunk_bytes,

@@ -1,0 +1,223 @@
+"""Load and analysis speed and memory, gaptrace against stdlib json and HolisticTraceAnalysis (issue 2, Performance).
+
+For each trace, every tool runs in its own subprocess, so its memory is its own:
+
+- ``gaptrace load``: :func:`gaptrace.loader.load_trace` (streaming typed decoder, decoder processes on every core);
+- ``gaptrace load, 1 process``: the same with ``workers=0``;
+- ``gaptrace analyze --json``: the whole CLI pipeline (load + occupancy, gap attribution, blocking syncs,
+  launch fit), output to /dev/null;
+- ``stdlib json.loads``: read (gunzip) and ``json.loads`` the file, nothing else;
+- ``HTA load + temporal breakdown``: HolisticTraceAnalysis ``TraceAnalysis(trace_dir)`` and
+  ``get_temporal_breakdown()``, run from its own venv (``.venv-hta``: HTA pins pandas < 3), if it is there.
+
+Columns: seconds of wall clock for the whole subprocess (interpreter start and imports included, as a user
+waits for them; for the load rows the last column says how much of it was the import and load_trace), MB/s of (uncompressed) JSON over those seconds, peak RSS of the largest process (from
+``wait4``), and peak memory of the whole process tree (decoder workers included) as the sum of PSS sampled
+every 0.1 s (PSS splits shared pages between processes, so forked workers are not counted twice).
+
+    python benchmarks/make_big_trace.py /tmp/gaptrace_big.json          # once: a >= 1 GB replicated trace
+    python benchmarks/bench_analysis.py [TRACE ...] [--skip-hta] [--skip-stdlib]
+
+Default traces: the largest public trace in fixtures/traces, and /tmp/gaptrace_big.json when it exists.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+BIG_DEFAULT = "/tmp/gaptrace_big.json"
+HTA_PYTHON = os.path.join(REPO, ".venv-hta", "bin", "python")
+
+sys.path.insert(0, REPO)
+from gaptrace.loader import json_size_bytes, trace_files  # noqa: E402
+
+LOAD = """import sys, time
+t = time.perf_counter()
+from gaptrace.loader import load_trace
+load_trace(sys.argv[1], workers={workers})
+print(time.perf_counter() - t)
+"""
+STDLIB = """import sys, json, gzip
+data = open(sys.argv[1], 'rb').read()
+if data[:2] == b'\\x1f\\x8b':
+    data = gzip.decompress(data)
+json.loads(data)
+"""
+HTA = """import sys, os, tempfile
+from hta.trace_analysis import TraceAnalysis
+d = tempfile.mkdtemp()
+os.symlink(os.path.abspath(sys.argv[1]), os.path.join(d, os.path.basename(sys.argv[1])))
+TraceAnalysis(trace_dir=d).get_temporal_breakdown(visualize=False)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                out.append(int(stat.split("/")[2]))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def _pss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class TreeMemory(threading.Thread):
+    """Samples the summed PSS of a process and its descendants every ``period_s``; ``peak`` in bytes."""
+
+    def __init__(self, pid: int, period_s: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.period_s, self.peak = pid, period_s, 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            pids, i = [self.pid], 0
+            while i < len(pids):
+                pids.extend(_children(pids[i]))
+                i += 1
+            self.peak = max(self.peak, sum(_pss_bytes(p) for p in pids))
+            self.stop.wait(self.period_s)
+
+
+def measure(cmd: list[str], timeout_s: float) -> dict:
+    """Run ``cmd``; wall seconds, peak RSS of its largest process, peak PSS of its tree, exit status, stderr."""
+    err, out = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO)
+    mem = TreeMemory(proc.pid)
+    mem.start()
+    deadline = t0 + timeout_s
+    status = usage = None
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            proc.kill()
+            _, status, usage = os.wait4(proc.pid, 0)
+            status = "timeout"
+            break
+        time.sleep(0.02)
+    seconds = time.perf_counter() - t0
+    proc.returncode = 0  # reaped by wait4 above
+    mem.stop.set()
+    mem.join()
+    err.seek(0)
+    tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
+    ok = status == 0
+    out.seek(0)
+    try:
+        inner = float(out.read(100).decode().strip().splitlines()[-1])
+    except (ValueError, IndexError, UnicodeDecodeError):
+        inner = None
+    return {"ok": ok, "seconds": seconds, "inner": inner, "rss": usage.ru_maxrss * 1024, "pss": mem.peak,
+            "why": "" if ok else (f"timed out after {timeout_s:.0f} s" if status == "timeout"
+                                  else f"exit {os.waitstatus_to_exitcode(status)}: {' '.join(tail)[:120]}")}
+
+
+def gaptrace_cli() -> list[str] | None:
+    exe = shutil.which("gaptrace", path=os.path.dirname(sys.executable)) or shutil.which("gaptrace")
+    if exe is None:
+        return None
+    probe = subprocess.run([exe, "analyze", "--help"], capture_output=True, text=True)
+    return [exe] if probe.returncode == 0 else None
+
+
+def rows_for(trace: str, args) -> list[tuple[str, dict | str]]:
+    py = sys.executable
+    rows: list[tuple[str, dict | str]] = [
+        ("gaptrace load", measure([py, "-c", LOAD.format(workers=None), trace], args.timeout)),
+        ("gaptrace load, 1 process", measure([py, "-c", LOAD.format(workers=0), trace], args.timeout)),
+    ]
+    cli = gaptrace_cli()
+    rows.append(("gaptrace analyze --json",
+                 measure(cli + ["analyze", trace, "--json"], args.timeout) if cli
+                 else "pending: `gaptrace analyze` is not available yet"))
+    if not args.skip_stdlib:
+        rows.append(("stdlib json.loads", measure([py, "-c", STDLIB, trace], args.timeout)))
+    if not args.skip_hta:
+        if os.path.exists(HTA_PYTHON):
+            env_ok = subprocess.run([HTA_PYTHON, "-c", "import hta"], capture_output=True).returncode == 0
+            rows.append(("HTA load + temporal breakdown",
+                         measure([HTA_PYTHON, "-c", HTA, trace], args.timeout) if env_ok
+                         else "cannot run: `import hta` fails in .venv-hta"))
+        else:
+            rows.append(("HTA load + temporal breakdown",
+                         "cannot run: no .venv-hta (python -m venv .venv-hta && "
+                         ".venv-hta/bin/pip install HolisticTraceAnalysis==0.5.0 'pandas<3')"))
+    return rows
+
+
+def table(trace: str, rows: list[tuple[str, dict | str]]) -> str:
+    json_bytes = sum(json_size_bytes(f) for _, f in trace_files(trace))
+    lines = [f"\n{trace}: {json_bytes / 1e6:,.0f} MB of JSON ({os.path.getsize(trace) / 1e6:,.0f} MB on disk)",
+             "| tool | seconds | MB/s | peak RSS, largest process (MB) | peak memory, all processes (PSS, MB) "
+             "| of the seconds: import + load_trace |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, r in rows:
+        if isinstance(r, str):
+            lines.append(f"| {name} | {r} | | | | |")
+        elif not r["ok"]:
+            lines.append(f"| {name} | failed ({r['why']}) after {r['seconds']:.1f} s | | {r['rss'] / 1e6:,.0f} | "
+                         f"{r['pss'] / 1e6:,.0f} | |")
+        else:
+            inner = f"{r['inner']:.2f}" if r["inner"] is not None else ""
+            lines.append(f"| {name} | {r['seconds']:.2f} | {json_bytes / 1e6 / r['seconds']:,.0f} | "
+                         f"{r['rss'] / 1e6:,.0f} | {r['pss'] / 1e6:,.0f} | {inner} |")
+    return "\n".join(lines)
+
+
+def default_traces() -> list[str]:
+    public = glob.glob(os.path.join(REPO, "fixtures", "traces", "*.json.gz"))
+    largest = max(public, key=json_size_bytes)
+    return [largest] + ([BIG_DEFAULT] if os.path.exists(BIG_DEFAULT) else [])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("traces", nargs="*", help="trace files or directories (default: see the module docstring)")
+    p.add_argument("--skip-hta", action="store_true")
+    p.add_argument("--skip-stdlib", action="store_true")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is killed")
+    a = p.parse_args(argv)
+    traces = a.traces or default_traces()
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (float("nan"),) * 3
+    print(f"# {platform.node()}: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} "
+          f"GiB, Python {platform.python_version()}; load average at start {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
+          "(other jobs on the same cores make every number slower)")
+    if BIG_DEFAULT not in traces and not a.traces:
+        print(f"# no {BIG_DEFAULT}: build it with python benchmarks/make_big_trace.py {BIG_DEFAULT}")
+    for trace in traces:
+        print(table(trace, rows_for(trace, a)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
