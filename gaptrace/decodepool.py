@@ -95,6 +95,7 @@ class DecodePool:
         self.symbols = symbols
         self.workers = [_Worker(ctx, slot_bytes) for _ in range(workers)]
         self.order: deque[_Worker] = deque()
+        self.usable = True  # False once a worker has died: the reader then decodes the rest itself
 
     @property
     def in_flight(self) -> int:
@@ -102,6 +103,11 @@ class DecodePool:
 
     def idle(self) -> bool:
         return any(not w.busy for w in self.workers)
+
+    def kill_one_for_tests(self) -> None:
+        """SIGKILL one worker (the tests' way to check that a dying worker changes nothing but the speed)."""
+        self.workers[0].proc.kill()
+        self.workers[0].proc.join()
 
     def submit(self, buf: bytearray, start: int, end: int, rank: int) -> bool:
         """Send buf[start:end] (separator, elements, separator) to an idle worker."""
@@ -111,26 +117,32 @@ class DecodePool:
         for w in self.workers:
             if not w.busy:
                 w.slot[:n] = buf[start:end] if n < 1 << 16 else memoryview(buf)[start:end]
-                w.conn.send((n, rank))
+                try:
+                    w.conn.send((n, rank))
+                except OSError:  # the worker died
+                    self.usable = False
+                    return False
                 w.busy = True
                 self.order.append(w)
                 return True
         return False
 
     def collect(self) -> SpanResult:
+        """The oldest span's result; a failed one (``ok`` False) if its worker died (the pool is then unusable)."""
         w = self.order.popleft()
-        ok, elements, cols, new = w.conn.recv()
         w.busy = False
+        try:
+            ok, elements, cols, new = w.conn.recv()
+        except (EOFError, OSError):
+            self.usable = False
+            return SpanResult(False, 0, None, np.array([-1], np.int32))
         w.local.extend(self.symbols.intern(s) for s in new)
         table = np.array(w.local + [-1], dtype=np.int32)
         return SpanResult(ok, elements, cols, table)
 
     def close(self) -> None:
         while self.order:
-            try:
-                self.collect()
-            except (EOFError, OSError):
-                self.order.clear()
+            self.collect()
         for w in self.workers:
             try:
                 w.conn.send(None)

@@ -395,7 +395,7 @@ class DocumentReader:
                 self._more(s - 1)
                 s = self.pos
             cut = self._candidate(s)
-            if (self.pool is not None and failures < 3 and cut is not None
+            if (self.pool is not None and self.pool.usable and failures < 3 and cut is not None
                     and self.buf[_WS.match(self.buf, cut + 1, self.end).end()] == ord(",")):
                 if not self.pool.idle() and not self._commit(spans):
                     failures += 1
@@ -436,8 +436,8 @@ class DocumentReader:
 
     def _commit(self, spans: deque) -> bool:
         """Commit the oldest span. On a failed span: drop the later ones, rewind pos to its start, False."""
-        result = self.pool.collect()
         start = spans.popleft()
+        result = self.pool.collect()  # a worker that died makes the pool unusable and this span failed
         if result.ok:
             self.sink.add_columns(result.elements, result.cols, result.table)
             self.pin = spans[0] - 1 if spans else None

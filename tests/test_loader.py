@@ -390,3 +390,20 @@ def test_bracket_depths_matches_a_byte_by_byte_scan():
 def test_raw_strings_table_is_interned_once():
     raw, _ = load_raw(SMALL)
     assert len(set(raw.symbols)) == len(raw.symbols)
+
+
+def test_a_dying_worker_changes_nothing_but_the_speed():
+    from gaptrace.decodepool import DecodePool
+    from gaptrace.eventcols import ColumnSink
+    from gaptrace.jsonstream import DocumentReader
+
+    sink = ColumnSink()
+    pool = DecodePool(2, 3 << 16, sink.symbols)
+    try:
+        pool.kill_one_for_tests()
+        sink.start_rank(0)
+        DocumentReader(PROBE, sink, 1 << 16, pool).read()
+        assert not pool.usable
+    finally:
+        pool.close()
+    assert_same_raw(sink.finish(), reference_raw(PROBE))
