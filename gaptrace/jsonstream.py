@@ -204,7 +204,7 @@ class DocumentReader:
         self.pool = pool  # a DecodePool, or None to decode everything here
         self.pin: int | None = None  # absolute offset _more must keep (the oldest span a worker still holds)
         self.metadata: dict[str, Any] = {}
-        self.buf = bytearray(8 * chunk_bytes)  # fixed capacity; the data is buf[:end]
+        self.buf = bytearray(2 * chunk_bytes)  # the data is buf[:end]; grows (2x) only when it must
         self.end = 0
         self.pos = 0
         self.dropped = 0  # stream offset of buf[0] (bytes dropped from the front)
