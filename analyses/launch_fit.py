@@ -219,7 +219,8 @@ def launch_fit(trace: Trace, unprofiled_us: Mapping[int, float] | None = None) -
         r2_med = r_squared(sizes, med, t0, kappa, weights=cnt)
         graphs["fit_us"] = t0 + kappa * sizes
         graphs["inflation_us"] = kappa * sizes
-        infl_total = float(kappa * x.sum())
+        # κN per launch, capped at the launch's own host time (the profiler cannot add more than was measured)
+        infl_total = float(np.minimum(max(kappa, 0.0) * x, y).sum())
         infl_share = infl_total / float(y.sum()) if y.sum() > 0 else None
     ratio = None
     if unprofiled_us:

@@ -40,9 +40,15 @@ Per blocking call (all µs, DESIGN.md "A way to compute them in n log n"; BusyTi
 - ``idle_during_us``: the device's idle time during those host intervals (host time − busy time): a call that blocks
   while the device idles waited on something other than device work (a 463 ms ``hipMemcpyWithStream`` of a 4.5 µs
   copy on an idle MI300X); gap attribution charges that idle to the call itself.
-- ``idle_after_us``: the idle from the call's end to the device's next busy span (the serialized tail), clipped to
-  the window and capped at the start of the next reported blocking call on the same device, so no idle is counted
-  twice and the idle shares of all sites sum to at most 1.
+- ``idle_after_us``: the idle from the call's end until the device resumes sustained work (the serialized tail:
+  everything the host did after the call ran against an idle device), clipped to the window. "Resumes" is
+  :meth:`BusyTimeline.next_sustained_start`: the first busy span from which the device stays >= 50% busy for
+  ``RESUME_WINDOW_US``; a few tiny kernels launched by the host's own bookkeeping (a gather between two syncs)
+  do not end the tail, and their busy time is not counted as idle. When several blocking calls end inside the
+  same tail (the seed's chain: the lengths copy, then ``.max().item()``, then ``masked_select``), the
+  first one to return takes the whole tail and the later ones get 0: they found the device already drained, so
+  they added no idle of their own (seed 000: the host "was pinned to the GPU's clock, and everything it did
+  afterwards ... executed against an idle device"). No idle is counted twice; the shares sum to at most 1.
 
 A call's device is its device op's; for a sync, the device its thread last launched work on (by correlation id),
 else the first device of its rank. Sites group calls by (call, site frame, ATen op); see :func:`sync_sites`.
@@ -81,6 +87,7 @@ SYNC_API_NAMES = frozenset({
 PAGEABLE_HOST_MEMORY = ("Pageable", "Host")
 _MEMCPY_PREFIXES = ("cudaMemcpy", "cuMemcpy", "hipMemcpy")
 _RUNTIME_CATS = ("cuda_runtime", "cuda_driver")
+RESUME_WINDOW_US = 200.0  # the device "resumes" when it stays >= 50% busy for this long (idle_after_us)
 
 
 _API_SUFFIX_RE = re.compile(r"(?:_v\d+|_ptsz|_ptds)+$")
@@ -374,7 +381,8 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
     calls["device_busy_during"] = np.where(calls["host_us"] > 0, calls["busy_us"] / calls["host_us"].where(
         calls["host_us"] > 0, 1.0), 0.0)
     calls["idle_during_us"] = np.maximum(calls["host_us"] - calls["busy_us"], 0.0)
-    # idle after each call, capped at the next blocking call on the same device
+    # idle after each call up to the device's next busy span; of the calls ending in one idle gap, the first to
+    # return takes the tail (see the module docstring)
     for key, (tl, _) in timelines.items():
         sel = np.flatnonzero((calls["rank"].to_numpy() == key[0]) & (calls["device"].to_numpy() == key[1]))
         if len(sel) == 0:
@@ -382,10 +390,10 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
         c = calls.iloc[sel]
         order = np.argsort(c["end_us"].to_numpy(), kind="stable")
         e = c["end_us"].to_numpy()[order]
-        s_next = np.r_[c["ts_us"].to_numpy()[order][1:], np.inf]
-        stop = np.minimum(tl.next_busy_start(e), np.maximum(s_next, e))
+        stop = tl.next_sustained_start(e, RESUME_WINDOW_US)  # non-decreasing in e
+        first = np.r_[True, stop[1:] != stop[:-1]]
         idle = np.empty(len(sel))
-        idle[order] = tl.idle_between(e, stop)
+        idle[order] = np.where(first, tl.idle_between(e, stop), 0.0)
         calls.loc[calls.index[sel], "idle_after_us"] = idle
     calls["busy_us"] = calls["busy_us"].astype(float)
     return calls[CALL_COLUMNS], not_blocking, {k: v[0] for k, v in timelines.items()}

@@ -119,6 +119,33 @@ class BusyTimeline:
         start_next = np.where(k < m, self.span_start_us[np.minimum(k, m - 1)], self.t1_us)
         return np.where(busy_now, t, np.maximum(start_next, t))
 
+    def next_sustained_start(self, t_us: np.ndarray, window_us: float = 200.0,
+                             min_busy_fraction: float = 0.5) -> np.ndarray:
+        """For each t: the start of the first busy span at or after t (or the span holding t) from which the device
+        stays at least ``min_busy_fraction`` busy over the following ``window_us`` (t1 if none).
+
+        This is when the device "resumes work" after t: blips of a few tiny kernels (a metadata gather between two
+        syncs) do not count, a launch-bound stream of short kernels with 1-2 µs gaps does. Vectorised: the spans
+        that start sustained work are found once, then searchsorted.
+        """
+        t = np.asarray(t_us, dtype=np.float64)
+        st = self.span_start_us
+        if len(st) == 0:
+            return np.full(t.shape, self.t1_us)
+        horizon = np.minimum(st + window_us, self.t1_us)
+        width = horizon - st
+        busy = self.busy_before(horizon) - self.busy_before(st)
+        sustained = busy >= min_busy_fraction * np.maximum(width, 1e-9)
+        starts = st[sustained]
+        ends = self.span_end_us[sustained]
+        if len(starts) == 0:
+            return np.full(t.shape, self.t1_us)
+        k = np.searchsorted(starts, t, side="right")  # first sustained span starting after t
+        prev = np.maximum(k - 1, 0)
+        inside = (k > 0) & (t < ends[prev])  # t falls inside a sustained span
+        nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], self.t1_us)
+        return np.where(inside, t, np.maximum(nxt, t))
+
     def gaps(self) -> pd.DataFrame:
         """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""
         s = np.r_[self.t0_us, self.span_end_us]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from typing import Any
 
 import click
@@ -36,6 +37,15 @@ import pandas as pd
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError
 
 __all__ = ["run_analysis", "idle_sites", "findings", "analyze", "to_jsonable"]
+
+# Frames that mean "this thread is parked": a thread sitting in them while the GPU idles did not cause the idle
+# (tqdm's monitor, a worker pool waiting for jobs). Their idle goes to "(thread waiting)", never to a finding.
+WAIT_FRAME_RE = re.compile(
+    r"^(?:.*threading\.py\(\d+\): (?:wait|join|_wait_for_tstate_lock)"
+    r"|.*queue\.py\(\d+\): get"
+    r"|.*selectors\.py\(\d+\): select"
+    r"|<built-in method (?:acquire|wait|select|poll|control) of .*"
+    r"|<built-in function (?:sleep|select)>)$")
 
 # Findings below this share of the window's idle time are not stated (they stay in the tables).
 FINDING_MIN_SHARE = 0.05
@@ -74,7 +84,9 @@ def idle_sites(result: Any) -> pd.DataFrame:
     enclosing one (an ATen op, a CUDA runtime call or a ``<built-in method …>`` frame names what was called, not
     where it was called from). Per site the charged moments are merged over threads (a union, as in
     :func:`gaptrace.analyses.gaps.gap_attribution`), so ``idle_us`` never exceeds the window's idle.
-    Moments whose innermost event has no such frame above it go to "(no Python frame)".
+    Moments whose innermost event has no such frame above it go to "(no Python frame)"; moments whose innermost
+    event or site is a parked-thread frame (``WAIT_FRAME_RE``: ``threading.py: wait``, a lock ``acquire``,
+    ``time.sleep``, ``select``) go to "(thread waiting)".
     Columns: site, idle_us, share (idle_us / window idle, 0..1).
     """
     from gaptrace.analyses import stacks
@@ -91,10 +103,13 @@ def idle_sites(result: Any) -> pd.DataFrame:
     site_rows = stacks.innermost_site(tree, tree.rows(node))
     n_frames = len(tree.frames)
     site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
+    waiting_frame = np.array([bool(WAIT_FRAME_RE.match(f)) for f in tree.frames], dtype=bool)
+    waiting = waiting_frame[tree.frame[node]] | ((site < n_frames) & waiting_frame[np.minimum(site, n_frames - 1)])
+    site = np.where(waiting, n_frames + 1, site)
     g, us, ue = grouped_union(site, s, e)
-    idle = np.bincount(g, weights=tl.idle_between(us, ue), minlength=n_frames + 1)
+    idle = np.bincount(g, weights=tl.idle_between(us, ue), minlength=n_frames + 2)
     nz = np.flatnonzero(idle > 0)
-    names = np.r_[tree.frames.to_numpy(dtype=object), np.array(["(no Python frame)"], dtype=object)]
+    names = np.r_[tree.frames.to_numpy(dtype=object), np.array(["(no Python frame)", "(thread waiting)"], dtype=object)]
     out = pd.DataFrame({"site": names[nz], "idle_us": idle[nz], "share": idle[nz] / tl.idle_us})
     return out.sort_values(["idle_us", "site"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
@@ -119,6 +134,16 @@ def overhead_idle(trace: Trace, timeline: Any, rank: int) -> dict[str, float]:
         s, e = merge_intervals(ov["ts_us"].to_numpy()[m], ov["end_us"].to_numpy()[m])
         out[g] = float(timeline.idle_between(s, e).sum()) if len(s) else 0.0
     return out
+
+
+def _fit_reliable(fit: Any) -> bool:
+    """State the profiler-inflation finding only for a fit that describes the launches: κ > 0, R² over all
+    launches >= 0.5, and an intercept not far below zero (t0 >= -25% of the smallest graph's median launch). Under an
+    overlapped scheduler cudaGraphLaunch can also wait for queue space, which scatters the points."""
+    if fit.kappa_us_per_node <= 0 or fit.r2 is None or fit.r2 < 0.5:
+        return False
+    smallest = float(fit.graphs["median_us"].iloc[0]) if len(fit.graphs) else 0.0
+    return fit.t0_us >= -0.25 * smallest
 
 
 def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame, fit: Any,
@@ -154,7 +179,7 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
                         f"{r.device_busy_during:.0%} busy"),
             "idle_share": share, "call": r.call, "site": r.site, "aten_op": r.aten_op,
         })
-    for r in sites[sites["site"] != "(no Python frame)"].head(5).itertuples(index=False):
+    for r in sites[~sites["site"].isin(["(no Python frame)", "(thread waiting)"])].head(5).itertuples(index=False):
         share = float(r.share)
         if share < FINDING_MIN_SHARE:
             continue
@@ -163,7 +188,7 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
             "summary": f"{share:.0%} of GPU-idle time ({_ms(r.idle_us)}) the host was inside {r.site}",
             "idle_share": share, "site": r.site,
         })
-    if fit is not None and fit.kappa_us_per_node is not None and fit.inflation_share:
+    if fit is not None and fit.kappa_us_per_node is not None and fit.inflation_share and _fit_reliable(fit):
         share = min(launch_idle_us * min(fit.inflation_share, 1.0) / idle_total_us, 1.0)
         mean_n = float(fit.points["nodes"].mean())
         out.append({

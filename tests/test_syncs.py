@@ -53,14 +53,22 @@ def busy_in(spans, s, e):
     return sum(max(0.0, min(e, b) - max(s, a)) for a, b in spans)
 
 
-def idle_after(spans, t):
-    """Idle from t to the next busy span (0 if busy at t, or if no span follows)."""
+def idle_after(spans, t, window=200.0, frac=0.5):
+    """Idle from t until the device resumes sustained work: the first span (ending after t) from which the device
+    is >= frac busy over the next ``window`` µs; 0 if t lies inside such a span. Plain loops."""
+    t1 = spans[-1][1]
+
+    def busy_in_range(x, y):
+        return sum(max(0.0, min(b, y) - max(a, x)) for a, b in spans if b > x and a < y)
+
     for a, b in spans:
-        if a <= t < b:
-            return 0.0
-        if a > t:
-            return a - t
-    return 0.0
+        if b <= t:
+            continue
+        hz = min(a + window, t1)
+        if busy_in_range(a, hz) >= frac * max(hz - a, 1e-9):
+            resume = max(a, t)
+            return (resume - t) - busy_in_range(t, resume)
+    return (t1 - t) - busy_in_range(t, t1) if t < t1 else 0.0
 
 
 def total_idle(spans):
