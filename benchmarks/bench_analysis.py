@@ -10,10 +10,11 @@ For each trace, every tool runs in its own subprocess, so its memory is its own:
 - ``HTA load + temporal breakdown``: HolisticTraceAnalysis ``TraceAnalysis(trace_dir)`` and
   ``get_temporal_breakdown()``, run from its own venv (``.venv-hta``: HTA pins pandas < 3), if it is there.
 
-Columns: seconds of wall clock for the whole subprocess (interpreter start and imports included, as a user
-waits for them; for the load rows the last column says how much of it was the import and load_trace), MB/s of (uncompressed) JSON over those seconds, peak RSS of the largest process (from
-``wait4``), and peak memory of the whole process tree (decoder workers included) as the sum of PSS sampled
-every 0.1 s (PSS splits shared pages between processes, so forked workers are not counted twice).
+Columns: seconds of wall clock for the whole subprocess (interpreter start and imports included, as a user waits
+for them; for the load rows the last column says how much of it was the import and load_trace), MB/s of
+(uncompressed) JSON over those seconds, peak RSS of the largest process (from ``wait4``), and peak memory of the
+whole process tree (decoder workers included) as the sum of PSS sampled every 0.1 s (PSS splits shared pages
+between processes, so forked workers are not counted twice).
 
     python benchmarks/make_big_trace.py /tmp/gaptrace_big.json          # once: a >= 1 GB replicated trace
     python benchmarks/bench_analysis.py [TRACE ...] [--skip-hta] [--skip-stdlib]
@@ -209,7 +210,8 @@ def main(argv=None) -> int:
         load = os.getloadavg()
     except OSError:
         load = (float("nan"),) * 3
-    print(f"# {platform.node()}: {os.cpu_count()} cores, {os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} "
+    mem_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    print(f"# {platform.node()}: {os.cpu_count()} cores, {mem_gib:.0f} "
           f"GiB, Python {platform.python_version()}; load average at start {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
           "(other jobs on the same cores make every number slower)")
     if BIG_DEFAULT not in traces and not a.traces:

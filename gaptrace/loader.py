@@ -226,8 +226,9 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
     The metadata is every top-level key except ``traceEvents`` of the first rank's file (as the reference
     reader); a bare top-level list has none. ``workers`` decoder processes (default: one per core for traces of
     at least ``PARALLEL_MIN_BYTES`` of JSON, see :mod:`gaptrace.decodepool`; 0 decodes in this process) and
-    ``chunk_bytes`` (bytes read per step, default 8 MiB) never change the result. Refuses up front, with the estimate and the limit, a trace whose
-    :func:`estimate_load_bytes` exceeds ``memory_limit_bytes`` (default :func:`default_memory_limit_bytes`).
+    ``chunk_bytes`` (bytes read per step, default 8 MiB) never change the result. Refuses up front, with the
+    estimate and the limit, a trace whose :func:`estimate_load_bytes` exceeds ``memory_limit_bytes``
+    (default :func:`default_memory_limit_bytes`).
     Raises TraceError (one line naming the file) for everything listed in :mod:`gaptrace.jsonstream`.
     """
     from .decodepool import DecodePool, default_workers
