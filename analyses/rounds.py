@@ -11,10 +11,13 @@ host range [s_i, e_i] and period [s_i, s_{i+1}) (start to start; the last round 
   t_round_us = t_gpu_us + t_serial_us exactly, since busy + idle = period.
 - ``tau`` and ``tpot_us`` = t_round_us / tau when the capture sidecar holds the accepted tokens per round.
 
-Verdict (seed 000): an overlapped scheduler runs at Tround ≈ max(TGPU, Thost); with a sync point it degrades to
-Tround ≈ TGPU + Tserial. A trace is called ``overlapped`` when the median Tround exceeds max(median TGPU, median
-Thost) by at most ``OVERLAP_TOLERANCE`` of Tround, else ``serialized``; both figures are reported so the call can be
-checked. The summary uses per-round medians so that one warm-up round cannot decide it.
+Verdict (seed 000): an overlapped scheduler runs at Tround ≈ max(TGPU, Thost); with even one sync point inside the
+round it degrades to Tround ≈ TGPU + Tserial, because the host is pinned to the device's clock. A trace is called
+``serialized`` when the median round holds blocking sync time (``blocked_us``, from :mod:`.syncs`) of at least
+``SERIAL_BLOCKED_SHARE`` of Tround, else ``overlapped``; ``bound`` says which side is longer (GPU or host) and
+``overlap_excess`` = (Tround − max(TGPU, Thost)) / Tround how far the period is from the overlapped ideal (idle that
+no sync explains: late launches, profiler-inflated graph launches). The summary uses per-round medians so that one
+warm-up round cannot decide it.
 """
 from __future__ import annotations
 
@@ -29,10 +32,10 @@ from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace
 
 from .occupancy import busy_timeline, resolve_device
 
-__all__ = ["RoundsReport", "rounds", "OVERLAP_TOLERANCE", "ROUND_NAME"]
+__all__ = ["RoundsReport", "rounds", "SERIAL_BLOCKED_SHARE", "ROUND_NAME"]
 
 ROUND_NAME = "round"
-OVERLAP_TOLERANCE = 0.05
+SERIAL_BLOCKED_SHARE = 0.05
 
 
 @dataclasses.dataclass
@@ -41,8 +44,8 @@ class RoundsReport:
 
     ``table`` columns: round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes
     (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar).
-    ``summary``: medians of those, ``verdict`` ("overlapped" | "serialized"), ``bound`` ("GPU" when mean TGPU >=
-    mean Thost, else "host"), ``overlap_excess`` ((Tround −
+    ``summary``: medians of those, ``verdict`` ("overlapped" | "serialized"), ``bound`` ("GPU" when median TGPU >=
+    median Thost, else "host"), ``overlap_excess`` ((Tround −
     max(TGPU, Thost)) / Tround), and the profiler check when the sidecar has unprofiled round times:
     ``unprofiled_round_us``, ``profiler_excess_us`` (profiled − unprofiled Tround) and ``kappa_explained_us``
     (κ · median Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``.
@@ -143,7 +146,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         "tau": float(np.nanmean(tau)) if np.isfinite(tau).any() else None,
         "tpot_us": (mean["t_round_us"] / float(np.nanmean(tau))) if np.isfinite(tau).any() else None,
         "overlap_excess": excess,
-        "verdict": "overlapped" if excess <= OVERLAP_TOLERANCE else "serialized",
+        "verdict": "serialized" if mean["blocked_us"] >= SERIAL_BLOCKED_SHARE * mean["t_round_us"] else "overlapped",
         "bound": "GPU" if mean["t_gpu_us"] >= mean["t_host_us"] else "host",
     }
     unprof = (sidecar or {}).get("unprofiled_round_ms")

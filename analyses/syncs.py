@@ -20,7 +20,9 @@ the CUDA Runtime API's "API synchronization behavior" section states:
                       in the name) between host and device (HtoD / DtoH; a synchronous DtoD copy does not block the
                       host): it returns only once the copy is done.
 ``sync_event``        any host call that a ``cuda_sync`` device event (``enable_cuda_sync_events``) names by
-                      correlation id, except device-side waits (sync kinds containing "Wait", cudaStreamWaitEvent).
+                      correlation id, except device-side waits (sync kinds containing "Wait", cudaStreamWaitEvent)
+                      and polls (cudaEventQuery, cudaStreamQuery: CUPTI records an "Event Sync" for them too,
+                      seen on the H200 with torch 2.11, but they return at once).
 
 Which candidates are reported (the threshold): only those that show evidence of having waited for the device, and
 blocked_us > ``min_blocked_us`` (default 0 µs). Evidence: for a copy (alone or paired), its device memcpy ended
@@ -284,7 +286,9 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
         ds = ds[~kind.str.contains("Wait", case=False) & (ds["correlation"] >= 0)]
         ev = ds.groupby(["rank", "correlation"], observed=True)["device"].first().rename("ev_device").reset_index()
         m = rt[["rank", "correlation"]].merge(ev, on=["rank", "correlation"], how="left")
-        has_event = m["ev_device"].notna().to_numpy() & (rt["correlation"].to_numpy() >= 0)
+        # CUPTI also records an "Event Sync" for cudaEventQuery / cudaStreamQuery, which poll and never block
+        polls = rt["name"].astype(str).str.contains("Query", regex=False).to_numpy()
+        has_event = m["ev_device"].notna().to_numpy() & (rt["correlation"].to_numpy() >= 0) & ~polls
         ev_device = m["ev_device"].fillna(-1).to_numpy(np.int64)
 
     # copies and their device memcpys

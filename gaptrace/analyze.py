@@ -233,8 +233,9 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
                  sidecar: dict | None = None, round_name: str = "round") -> dict[str, Any]:
     """All four core analyses of ``trace`` over ``window`` as one JSON-able dict (see the module docstring).
 
-    ``window``: None (each device's first to last activity) or an annotation name (its span; TraceError when no
-    annotation has that name). ``device``: the device gap attribution and findings are computed for (default:
+    ``window``: None (each device's first to last activity, or the capture sidecar's ``analysis_window``
+    annotation when the trace has it: the profiled rounds, without the profiler's own start and stop) or an
+    annotation name (its span; TraceError when no annotation has that name). ``device``: the device gap attribution and findings are computed for (default:
     the busiest). ``sidecar``: a capture sidecar (unprofiled graph-launch costs feed the launch fit; τ per round and
     unprofiled round times feed the rounds table). ``round_name``: the annotation that marks one verify round.
     A trace with host events but no device activity yields devices [] and the host-side analyses only.
@@ -242,7 +243,13 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     from gaptrace.analyses import gaps, launch_fit, occupancy, rounds, syncs
 
     warnings = list(trace.warnings)
-    out: dict[str, Any] = {"trace": trace.path, "window": window, "devices": [], "gap_attribution": [],
+    window_source = "argument" if window else None
+    if window is None and isinstance(sidecar, dict) and isinstance(sidecar.get("analysis_window"), str):
+        named = sidecar["analysis_window"]
+        ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
+        if (ua == named).any():  # the capture's decode window (its profiled rounds)
+            window, window_source = named, "sidecar"
+    out: dict[str, Any] = {"trace": trace.path, "window": window, "window_source": window_source, "devices": [], "gap_attribution": [],
                            "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
                            "rounds": None, "headline": [], "warnings": warnings}
     has_device = not trace.device.empty

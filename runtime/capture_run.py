@@ -90,6 +90,8 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
                    for k, t in enumerate(profiled)],
         "graphs": graphs,
         "unprofiled_round_ms": periods,
+        # the decode window: the profiled rounds, without the profiler's own start/stop synchronisation
+        "analysis_window": "round",
         "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"
                                  if setup.simulated else None),
     })

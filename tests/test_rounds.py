@@ -45,6 +45,7 @@ def test_round_periods_and_gpu_time_by_hand(trace):
     # each round holds the .cpu() copy that blocked ~4 ms; Thost excludes it
     assert (r.table["blocked_us"].iloc[1:] > 2000).all()  # round 0 paid lazy module loading instead
     assert r.summary["bound"] == "host"
+    assert r.summary["verdict"] == "serialized"  # the .cpu() blocks ~4 ms of every ~11 ms round
 
 
 def test_no_rounds_returns_none(trace):
