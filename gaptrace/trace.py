@@ -63,6 +63,9 @@ CATEGORY_ALIASES = {
 }
 HOST_CATEGORIES = ("python_function", "cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
 DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+DEVICE_KINDS = ("kernel", "memcpy", "memset")
+# every category gaptrace keeps, in code order: host categories first, then device kinds, then the rest
+ALL_CATEGORIES = HOST_CATEGORIES + tuple(DEVICE_CATEGORIES) + ("gpu_user_annotation", "cuda_sync", "overhead")
 GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch", "cuGraphLaunch")
 
 # "Memcpy DtoH (Device -> Pageable)" -> ("DtoH", "Pageable"); HIP writes "Memcpy DtoH (Device -> Host)".
@@ -153,9 +156,10 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
         raise TraceError(f"{path}: traceEvents holds no complete ('ph': 'X') events")
 
     symbols_list = list(raw.symbols)
-    # Normalised category per symbol (only symbols used as categories matter).
-    cat_norm = np.array([CATEGORY_ALIASES.get(s, s) for s in symbols_list], dtype=object)
-    cats = cat_norm[raw.cat_id] if len(symbols_list) else np.array([], dtype=object)
+    # Normalised category code per symbol, then per event by integer indexing (no per-event string work)
+    cat_index = {c: i for i, c in enumerate(ALL_CATEGORIES)}
+    sym_cat = np.array([cat_index.get(CATEGORY_ALIASES.get(s, s), -1) for s in symbols_list] or [-1], dtype=np.int8)
+    cat_code = sym_cat[raw.cat_id]
 
     bad = ~np.isfinite(raw.ts) | ~np.isfinite(raw.dur)
     if bad.any():
@@ -174,14 +178,13 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
         dur = raw.dur[idx]
         return {"idx": idx, "ts_us": ts, "dur_us": dur, "end_us": ts + dur}
 
-    # ---- host
-    is_host = np.isin(cats, HOST_CATEGORIES)
-    c = cols(is_host)
+    # ---- host (host categories are codes 0..4 of ALL_CATEGORIES, in HOST_CATEGORIES order)
+    c = cols((cat_code >= 0) & (cat_code < len(HOST_CATEGORIES)))
     i = c["idx"]
     host = pd.DataFrame(
         {
             "rank": raw.rank[i],
-            "cat": pd.Categorical(cats[i], categories=list(HOST_CATEGORIES)),
+            "cat": pd.Categorical.from_codes(cat_code[i].astype(np.int8), categories=list(HOST_CATEGORIES)),
             "name": _categorical(raw.name_id[i], symbols),
             "pid": _categorical(raw.pid_id[i], symbols),
             "tid": _categorical(raw.tid_id[i], symbols),
@@ -209,32 +212,35 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
         stream[miss_s] = sym_int[raw.tid_id[i][miss_s]]
         return device, stream
 
-    dev_kind = np.array([DEVICE_CATEGORIES.get(s, "") for s in cat_norm], dtype=object)
-    kinds = dev_kind[raw.cat_id]
-    c = cols(kinds != "")
+    first_dev = cat_index["kernel"]
+    c = cols((cat_code >= first_dev) & (cat_code < first_dev + len(DEVICE_KINDS)))
     i = c["idx"]
     device, stream = dev_stream(i)
-    # memcpy kind and host memory kind, parsed once per distinct name
-    mk = np.empty(len(symbols_list), dtype=object)
-    hm = np.empty(len(symbols_list), dtype=object)
-    mk[:] = ""
-    hm[:] = ""
-    memcpy_names = np.unique(raw.name_id[i][kinds[i] == "memcpy"])
+    kind_code = (cat_code[i] - first_dev).astype(np.int8)
+    # memcpy kind and host memory kind, parsed once per distinct memcpy name, as codes into two small tables
+    mk_tab, hm_tab = [""], [""]
+    mk = np.zeros(len(symbols_list), dtype=np.int16)
+    hm = np.zeros(len(symbols_list), dtype=np.int16)
+    memcpy_names = np.unique(raw.name_id[i][kind_code == DEVICE_KINDS.index("memcpy")])
     for sid in memcpy_names:
         m = _MEMCPY_RE.search(symbols_list[sid])
-        if m:
-            mk[sid] = m.group(1)
-            arrow = (m.group(2) or "").split("->")
-            hm[sid] = ""
-            if len(arrow) == 2:
-                src, dst = arrow[0].strip(), arrow[1].strip()
-                hm[sid] = dst if m.group(1).startswith("Dto") else src
-                if hm[sid] == "Device":
-                    hm[sid] = ""
+        if not m:
+            continue
+        kind, memory = m.group(1), ""
+        arrow = (m.group(2) or "").split("->")
+        if len(arrow) == 2:
+            src, dst = arrow[0].strip(), arrow[1].strip()
+            memory = dst if kind.startswith("Dto") else src
+            if memory == "Device":
+                memory = ""
+        for tab, arr, v in ((mk_tab, mk, kind), (hm_tab, hm, memory)):
+            if v not in tab:
+                tab.append(v)
+            arr[sid] = tab.index(v)
     dev_frame = pd.DataFrame(
         {
             "rank": raw.rank[i],
-            "kind": pd.Categorical(kinds[i], categories=["kernel", "memcpy", "memset"]),
+            "kind": pd.Categorical.from_codes(kind_code, categories=list(DEVICE_KINDS)),
             "name": _categorical(raw.name_id[i], symbols),
             "device": device,
             "stream": stream,
@@ -244,13 +250,13 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
             "correlation": raw.correlation[i],
             "external_id": raw.external_id[i],
             "bytes": raw.bytes[i],
-            "memcpy_kind": pd.Categorical(mk[raw.name_id[i]]),
-            "host_memory": pd.Categorical(hm[raw.name_id[i]]),
+            "memcpy_kind": pd.Categorical.from_codes(mk[raw.name_id[i]], categories=mk_tab),
+            "host_memory": pd.Categorical.from_codes(hm[raw.name_id[i]], categories=hm_tab),
         }
     )
 
     # ---- GPU annotations
-    c = cols(cats == "gpu_user_annotation")
+    c = cols(cat_code == cat_index["gpu_user_annotation"])
     i = c["idx"]
     device, stream = dev_stream(i)
     gpu_ann = pd.DataFrame(
@@ -267,7 +273,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     )
 
     # ---- cuda_sync events
-    c = cols(cats == "cuda_sync")
+    c = cols(cat_code == cat_index["cuda_sync"])
     i = c["idx"]
     device, stream = dev_stream(i)
     syncs = pd.DataFrame(
@@ -285,7 +291,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     )
 
     # ---- profiler overhead
-    c = cols(cats == "overhead")
+    c = cols(cat_code == cat_index["overhead"])
     i = c["idx"]
     overhead = pd.DataFrame(
         {
