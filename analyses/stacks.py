@@ -336,7 +336,12 @@ def outermost_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:
     ``aten::item -> aten::_local_scalar_dense -> cudaMemcpyAsync`` gives ``aten::item``; an op chain interrupted
     by a Python frame (a torch.compile region) stops there. -1 where there is no enclosing op.
     """
-    is_op = tree.cat == CAT_CODE["cpu_op"]
+    return _outermost_chain(tree, rows, tree.cat == CAT_CODE["cpu_op"])
+
+
+def _outermost_chain(tree: HostTree, rows: np.ndarray, is_op: np.ndarray) -> np.ndarray:
+    """Host row of the outermost node of the contiguous ``is_op`` chain around each row's innermost ``is_op``
+    ancestor (-1 where there is none)."""
     cur = enclosing(tree, tree.nodes(rows), is_op)
     live = np.flatnonzero(cur >= 0)
     while len(live):
@@ -389,12 +394,4 @@ def innermost_aten_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:
 def outermost_aten_op(tree: HostTree, rows: np.ndarray) -> np.ndarray:
     """Like :func:`outermost_op`, over :func:`aten_op_mask` ops only: ``aten::to`` for
     ``ProfilerStep#7 -> aten::to -> aten::_to_copy -> aten::copy_ -> cudaMemcpyAsync``. Host rows, -1 where none."""
-    is_op = aten_op_mask(tree)
-    cur = enclosing(tree, tree.nodes(rows), is_op)
-    live = np.flatnonzero(cur >= 0)
-    while len(live):
-        p = tree.parent[cur[live]]
-        up = (p >= 0) & is_op[np.maximum(p, 0)]
-        cur[live[up]] = p[up]
-        live = live[up]
-    return tree.rows(cur)
+    return _outermost_chain(tree, rows, aten_op_mask(tree))
