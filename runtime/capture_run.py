@@ -28,8 +28,14 @@ def fill_batch(texts: list[str], batch_size: int) -> list[str]:
 
 
 def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
-                   max_new_tokens: int | None = None, on_round: Callable[[int], None] | None = None) -> dict:
+                   max_new_tokens: int | None = None, on_round: Callable[[int], None] | None = None,
+                   shrink_at_round: int | None = None) -> dict:
     """Run the decode, write the trace to ``path`` and its sidecar; return the sidecar dict.
+
+    ``shrink_at_round`` = N: right after round N is enqueued, the last floor(n/2) running requests (by slot) get
+    max_new_tokens = their output so far + 1, so they finish at the next read of their results (round N's, read
+    while round N + 1 is queued) and are retired; round N + 2 runs in a smaller batch bucket: a new batch shape
+    inside the capture, deterministic whatever τ is.
 
     ``max_new_tokens`` defaults to enough for every request to outlive the capture even at τ = B. Raises
     ValueError when the decode ends before warm-up + 1 + ``rounds`` rounds (nothing is written then).
@@ -48,7 +54,8 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
               "device": rc.device, "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": B,
               "page_size": rc.page_size, "window": rc.window, "max_seq_len": rc.max_seq_len,
               "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
-              "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes),
+              "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes), "faults": list(rc.faults),
+              "shrink_at_round": shrink_at_round,
               "simulated_acceptance": rc.sim_accept_rate if setup.simulated else None}
     launch_us: dict[tuple[str, int], list[float]] = {}
     cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds, config=config)
@@ -59,6 +66,10 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
                 if g.last_launch_us == g.last_launch_us:  # not NaN: replayed at least once
                     launch_us.setdefault(key, []).append(g.last_launch_us)
                     g.last_launch_us = float("nan")
+        if i == shrink_at_round:
+            live = [engine.running[s] for s in sorted(engine.running)]
+            for r in live[(len(live) + 1) // 2:]:
+                r.max_new_tokens = len(r.output) + 1  # finishes at its next read
         cap.step()
         if on_round is not None:
             on_round(i)

@@ -2,9 +2,10 @@
 
     gaptrace decode --preset tiny --prompt "def fib(n):" --max-new-tokens 64 --json
     gaptrace decode --preset bench --device cuda --batch-size 8 --block-size 12 --scheduler sync
+    gaptrace decode --preset tiny --prompt "x = 1" --fault lengths-copy --fault eager-commit-glue
 
 Bad input (empty prompt, prompt longer than the context, unknown preset, B < 1, W not a multiple of P, a
-checkpoint missing a tensor, ...) prints one line on stderr and exits with code 2.
+checkpoint missing a tensor, an unknown --fault, ...) prints one line on stderr and exits with code 2.
 """
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def decode_options(f):
         click.option("--dtype", help="float32 | bfloat16 (default: the preset's)."),
         click.option("--no-graphs", is_flag=True, help="Run the draft block and verify eagerly on CUDA."),
         click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--fault", "faults", multiple=True, metavar="NAME",
+                     help="Switch a pathology on (repeatable): lengths-copy | dd-gather | eager-commit-glue | "
+                          "jit-new-shape | token-list-rebuild (runtime/faults.py). Tokens are unchanged."),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
@@ -77,7 +81,8 @@ def setup_from_options(o: dict):
     setup = build_setup(o["preset"], o["model_dir"], o["draft_dir"], seed=o["seed"], block_size=o["block_size"],
                         page_size=o["page_size"], window=o["window"], batch_size=o["batch_size"],
                         max_seq_len=o["max_seq_len"], prefill_chunk=o["prefill_chunk"], scheduler=o["scheduler"],
-                        device=o["device"], dtype=o["dtype"], cuda_graphs=False if o["no_graphs"] else None)
+                        device=o["device"], dtype=o["dtype"], cuda_graphs=False if o["no_graphs"] else None,
+                        faults=tuple(o.get("faults") or ()) or None)
     return setup, texts
 
 
@@ -131,9 +136,13 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
               help="Unprofiled rounds before the profiler is armed (after graph capture and prewarm).")
 @click.option("--rounds", "active_rounds", type=click.IntRange(1), default=12, show_default=True,
               help="Verify rounds recorded by the profiler.")
+@click.option("--shrink-at-round", type=click.IntRange(1), default=None, metavar="N",
+              help="After round N, cut the last half of the running requests (floor(n/2) of them, by slot): they "
+                   "finish at their next read, so the batch shrinks into a smaller bucket two rounds later (a new "
+                   "batch shape inside the profiled rounds, e.g. for --fault jit-new-shape).")
 @click.option("-o", "--output", required=True, metavar="TRACE.json.gz",
               help="The Kineto trace to write; the sidecar TRACE.gaptrace.json goes next to it.")
-def capture(warmup_rounds: int, active_rounds: int, output: str, **o) -> None:
+def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None, output: str, **o) -> None:
     """Capture a torch.profiler trace of the runtime's steady decode (Python stacks, CUDA sync events where
     supported), plus a sidecar with the config, τ per round, graph node counts and unprofiled timings.
 
@@ -164,6 +173,7 @@ def capture(warmup_rounds: int, active_rounds: int, output: str, **o) -> None:
                     f"B={setup.rcfg.block_size}{note}")
     try:
         side = capture_decode(setup, texts, output, warmup_rounds, active_rounds, explicit_tokens,
+                              shrink_at_round=shrink_at_round,
                               on_round=lambda i: bar.update(1) if i <= warmup_rounds + 1 + active_rounds else None)
     except ValueError as e:
         bar.close()

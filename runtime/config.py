@@ -12,6 +12,8 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 FULL, LINEAR = "full_attention", "linear_attention"
+# the switchable pathologies of runtime/faults.py (one function each, named with "_" for "-")
+FAULT_NAMES = ("lengths-copy", "dd-gather", "eager-commit-glue", "jit-new-shape", "token-list-rebuild")
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "fixtures" / "models"
 
@@ -141,7 +143,9 @@ class RuntimeConfig:
     block size B (tokens per request per verify round), the number of request slots, the context capacity
     ``max_seq_len`` per slot, the prefill chunk, the scheduler (``sync`` | ``overlap``), CUDA graphs on/off, and
     ``sim_accept_rate`` (bench only: acceptance simulated on the device, each drafted token accepted with this
-    probability, instead of comparing with the target)."""
+    probability, instead of comparing with the target), and ``faults``: the pathologies of runtime/faults.py switched
+    on (names from ``FAULT_NAMES``; ``lengths-copy`` and ``dd-gather`` only on top of ``overlap``, since ``sync``
+    already does both)."""
 
     block_size: int = 8
     page_size: int = 16
@@ -155,8 +159,10 @@ class RuntimeConfig:
     cuda_graphs: bool = True
     sim_accept_rate: float | None = None
     seed: int = 0
+    faults: tuple = ()
 
     def __post_init__(self):
+        self.faults = tuple(dict.fromkeys(self.faults))  # repeated names switch a fault on once
         self.validate()
 
     def validate(self) -> None:
@@ -177,6 +183,10 @@ class RuntimeConfig:
         need(self.dtype in ("float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         need(self.sim_accept_rate is None or 0.0 <= self.sim_accept_rate <= 1.0,
              f"sim_accept_rate {self.sim_accept_rate} outside [0, 1]")
+        for f in self.faults:
+            need(f in FAULT_NAMES, f"unknown fault {f!r} (known: {', '.join(FAULT_NAMES)})")
+            need(self.scheduler == "overlap" or f not in ("lengths-copy", "dd-gather"),
+                 f"fault {f!r} needs --scheduler overlap (the sync scheduler already does it)")
 
     def replace(self, **kw) -> "RuntimeConfig":
         """A validated copy with some fields changed."""

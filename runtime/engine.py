@@ -17,10 +17,12 @@ from typing import Callable
 
 import torch
 
+from . import faults as F
 from .annotate import annotate
 from .config import RuntimeConfig
 from .model_runner import ModelRunner, Readback
 from .models.model import Transformer
+from .graphs import bucket_for
 from .scheduler import RoundPlan, make_scheduler
 from .sequence import Request
 
@@ -74,6 +76,9 @@ class Engine:
             self._prewarm()
             if rcfg.cuda_graphs:
                 self.graph_nodes = self.runner.capture_graphs()
+            if "jit-new-shape" in rcfg.faults:  # the fault's single-shape warm-up: the full batch, int64 lengths
+                F.prewarm_window_lengths(self.runner, [bucket_for(rcfg.batch_size, self.runner.buckets)],
+                                         (torch.int64,))
 
     def _prewarm(self) -> None:
         """Run one prefill on the scratch slot before serving, so Triton (fla) compiles now, not mid-decode."""
@@ -98,6 +103,7 @@ class Engine:
         for r in reqs:
             self.check_request(r.prompt, max_new_tokens)
         waiting, running = deque(reqs), {}
+        self.running = running  # slot -> live Request (capture's --shrink-at-round cuts some mid-decode)
         free = list(range(self.rcfg.batch_size))
         pending: deque = deque()
         self._on_tokens = on_tokens or (lambda n: None)
@@ -181,6 +187,8 @@ class Engine:
             if done:
                 self._retire(r, running, free)
         round_tau.append(taus)
+        if "token-list-rebuild" in self.rcfg.faults:
+            F.token_list_rebuild(what.requests)
 
     def _retire(self, r: Request, running: dict, free: list) -> None:
         running.pop(r.slot, None)

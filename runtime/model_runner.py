@@ -12,6 +12,7 @@ import torch
 
 from .cache.paged import BlockManager
 from .config import RuntimeConfig
+from .faults import eager_commit_glue
 from .graphs import GraphedCall, batch_buckets
 from .models.model import Transformer
 from .spec.accept import greedy_accept, simulated_accept
@@ -169,8 +170,15 @@ class ModelRunner:
         return greedy_accept(draft_tokens, pred)
 
     def commit(self, nb: int, pred, tau, tgt_states, drf_states) -> None:
-        """Advance lengths, pending tokens and linear states of bucket nb's rows."""
-        commit_round(self.state, self.buffers[nb].rows, pred, tau, tgt_states, drf_states)
+        """Advance lengths, pending tokens and linear states of bucket nb's rows (the linear states through the
+        per-layer eager glue under the ``eager-commit-glue`` fault)."""
+        rows = self.buffers[nb].rows
+        if "eager-commit-glue" not in self.rcfg.faults:
+            commit_round(self.state, rows, pred, tau, tgt_states, drf_states)
+            return
+        commit_round(self.state, rows, pred, tau, None, None, linear=False)
+        eager_commit_glue(rows, tau, [(self.state.tgt_lin, self.target, tgt_states),
+                                      (self.state.drf_lin, self.draft, drf_states)])
 
     def device_lengths_to_host(self) -> np.ndarray:
         """SYNC (deliberate; the sync scheduler's, seed 000): exact accept-dependent lengths, copied to the host

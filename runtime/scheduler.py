@@ -8,6 +8,10 @@ in sizing only, so they emit identical tokens bit for bit (seed 000, "The sync, 
   round, i.e. one block), sizes the window with the bound c(L) <= min(Lplan, W + P - 1), and builds the
   rectangle with fixed-shape device arithmetic: no host sync, so the host runs a round ahead of the device.
 
+``RuntimeConfig.faults`` adds pathologies to a plan (runtime/faults.py): ``lengths-copy`` (the blocking lengths copy,
+sizing unchanged), ``dd-gather`` (the data-dependent rectangle build) and ``jit-new-shape`` (a Triton recompute of
+the window lengths, warmed for one bucket only).
+
 Both make the same decisions (admission and retirement come from results read one round late, in the engine),
 so batch composition, bucket and every device computation are the same; only page ids and host waits differ.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import faults as F
 from .cache.window import compact_len, draft_window_bound, rect_width
 from .graphs import bucket_for
 from .model_runner import ModelRunner
@@ -41,6 +46,7 @@ class Scheduler:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
         self.B = runner.rcfg.block_size
+        self.faults = runner.rcfg.faults
 
     def plan(self, index: int, running: dict[int, Request]) -> RoundPlan:
         """Rows = the running slots in slot order, padded to the smallest bucket; pages allocated, page tables
@@ -51,7 +57,12 @@ class Scheduler:
         window_cols = self.allocate(slots, running)
         self.runner.upload_page_tables()
         buf = self.runner.set_rows(nb, rows)
-        self.runner.build_rect(buf, packed=self.packed_rect)
+        if "dd-gather" in self.faults:
+            F.dd_gather(self.runner, buf)
+        else:
+            self.runner.build_rect(buf, packed=self.packed_rect)
+        if "jit-new-shape" in self.faults:
+            F.jit_new_shape(self.runner, buf)
         return RoundPlan(index, nb, rows, [running[s] for s in slots] + [None] * (nb - len(slots)), window_cols)
 
     def allocate(self, slots: list[int], running: dict[int, Request]) -> int:
@@ -85,6 +96,8 @@ class OverlapScheduler(Scheduler):
             self.runner.blocks.ensure(s, l_plan + self.B)  # the round writes positions L .. L + B - 1 < Lplan + B
             cols = max(cols, draft_window_bound(l_plan, rc.window, rc.page_size))
         assert cols <= rect_width(rc.window, rc.page_size)  # the fixed rectangle always holds the window
+        if "lengths-copy" in self.faults:
+            F.lengths_copy(self.runner, slots, cols)  # SYNC (fault): exact lengths read, sizing unchanged
         return cols
 
 

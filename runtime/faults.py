@@ -1,0 +1,173 @@
+"""Switchable host-side pathologies of the decode loop, each a known diagnosis (seed 000; DESIGN.md "The runtime";
+issue 5 "Pathology switches").
+
+``--fault NAME`` (repeatable, on ``gaptrace decode`` and ``gaptrace capture``; ``RuntimeConfig.faults``) switches
+one on, on top of the overlap scheduler. Each is ONE function below whose work runs inside ONE NVTX range (and
+``record_function``) named like the function, so a trace names it twice: by the range and by the Python frame.
+None changes a generated token (tests/test_runtime_faults.py decodes with each against without, token for token).
+
+| --fault              | function / range     | what the round does with it on                 | the default (the fix)        |
+| -------------------- | -------------------- | ---------------------------------------------- | ---------------------------- |
+| ``lengths-copy``     | ``lengths_copy``     | a blocking DtoH copy of the accept-dependent   | plan with Lplan = Lcommitted |
+|                      |                      | lengths, once per round, inside ``plan``       | + B and the bound c <= ...   |
+| ``dd-gather``        | ``dd_gather``        | the window rectangle rebuilt with              | fixed-shape rectangle        |
+|                      |                      | ``.max().item()`` + ``masked_select``          | (``rect_fixed``)             |
+| ``eager-commit-glue``| ``eager_commit_glue``| linear-state commit as per-layer eager ops:    | one gather + one scatter for |
+|                      |                      | 2 ``.contiguous()`` + 2 fp32 weight copies +   | all layers (no glue)         |
+|                      |                      | 1 fresh index tensor per linear layer          |                              |
+| ``jit-new-shape``    | ``jit_new_shape``    | a Triton kernel specialised on                 | prewarm every bucket x width |
+|                      |                      | next_power_of_2(nb) and the lengths' int width,| (``prewarm_window_lengths``) |
+|                      |                      | warmed for one shape only: a new batch bucket  | or no kernel at all          |
+|                      |                      | compiles mid-decode                            |                              |
+| ``token-list-rebuild``| ``token_list_rebuild``| every live request's full token list        | nothing rebuilt              |
+|                      |                      | (prompt + output) rebuilt in Python per round  |                              |
+
+The host syncs of ``lengths_copy`` and ``dd_gather`` are deliberate (marked SYNC).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .annotate import annotate
+from .cache.window import compact_len
+from .config import FAULT_NAMES
+
+__all__ = ["FAULT_NAMES", "lengths_copy", "dd_gather", "eager_commit_glue", "jit_new_shape", "token_list_rebuild",
+           "window_lengths", "prewarm_window_lengths", "function_name"]
+
+
+def function_name(fault: str) -> str:
+    """The function (and NVTX range) of a fault: ``lengths-copy`` -> ``lengths_copy``."""
+    return fault.replace("-", "_")
+
+
+def lengths_copy(runner, slots: list[int], bound_cols: int) -> np.ndarray:
+    """SYNC (fault ``lengths-copy``, seed 000 "The sync, and the bound that replaced it"): copy the exact
+    accept-dependent lengths [num_slots] to the host with a blocking device-to-host copy (it waits for every
+    queued round), as the seed's worker did once per verify round. The sizing stays the overlap scheduler's: the
+    exact values are only checked against it (max c(L) over ``slots`` <= ``bound_cols``, the claim
+    c(L) <= min(Lplan, W + P - 1)). Returns the host lengths."""
+    with annotate("lengths_copy"):
+        lengths = runner.device_lengths_to_host()  # SYNC (fault): the seed's blocking lengths copy
+        rc = runner.rcfg
+        exact = max((int(compact_len(int(lengths[s]), rc.window, rc.page_size)) for s in slots), default=0)
+        assert exact <= bound_cols, f"window bound {bound_cols} < exact compact length {exact}"
+    return lengths
+
+
+def dd_gather(runner, buf) -> None:
+    """SYNC (fault ``dd-gather``, seed 000): rebuild the bucket's draft window rectangle with the seed's
+    data-dependent gathers (``rect_packed``: a ``.max().item()`` to size the gather, a ``masked_select`` whose
+    output length is data-dependent; two device round-trips) instead of the fixed-shape ``rect_fixed``. Same
+    values (runtime/spec/plan.py)."""
+    with annotate("dd_gather"):
+        runner.build_rect(buf, packed=True)
+
+
+def eager_commit_glue(rows: torch.Tensor, tau: torch.Tensor, commits) -> None:
+    """Fault ``eager-commit-glue`` (seed 000 "The second layer: ninety eager ops of state-commit glue"): commit
+    the linear-attention states layer by layer with the seed's per-layer eager glue, instead of one gather and one
+    scatter for all layers (``LinearStatePool.commit``).
+
+    rows [nb], tau [nb] in [1, B]; ``commits``: (pool, model, states_all) per model, states_all
+    [n_linear, nb, B, Hv, dk, dv] float32 (or None). Per linear layer and round: two ``.contiguous()`` copies of
+    strided views (the state's two halves along dv, standing in for the seed's k/v views into the fused QKV
+    buffer), fp32 copies of the layer's frozen gating weights ``A_log`` and ``dt_bias`` (the same values every
+    round; an fla-style commit kernel would take them, ours selects stored per-token states and does not use
+    them), a freshly allocated row index tensor, then the pick at tau - 1 and the scatter into the pool.
+    Value-identical to ``LinearStatePool.commit`` (copies and indexing only)."""
+    with annotate("eager_commit_glue"):
+        for pool, model, states_all in commits:
+            if not pool.n_linear or states_all is None:
+                continue
+            for i, li in enumerate(model.linear_layers):
+                gdn = model.model.layers[li].linear_attn
+                s = states_all[i]                                   # [nb, B, Hv, dk, dv] view
+                h = s.shape[-1] // 2
+                k_part = s[..., :h].contiguous()                    # strided view -> copy
+                v_part = s[..., h:].contiguous()                    # strided view -> copy
+                _a_log = gdn.A_log.detach().to(torch.float32, copy=True)     # frozen weight, converted again
+                _dt_bias = gdn.dt_bias.detach().to(torch.float32, copy=True)
+                idx = torch.arange(rows.shape[0], device=rows.device)       # fresh index tensor every round
+                picked = torch.cat([k_part, v_part], -1)[idx, tau - 1]
+                pool.pool[i].index_copy_(0, rows, picked)
+
+
+# ------------------------------------------------------------------------------------------------ jit-new-shape
+@functools.lru_cache(maxsize=1)
+def _window_len_kernel():
+    """The Triton kernel, built on first use (Triton is imported lazily: absent on CPU machines)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def window_len_kernel(len_ptr, rows_ptr, out_ptr, n, W, P, BLOCK: tl.constexpr):
+        # out[i] = c(L[rows[i]]) = L - floor(max(L - W, 0) / P) * P, for i < n (masked lanes do nothing)
+        i = tl.arange(0, BLOCK)
+        m = i < n
+        r = tl.load(rows_ptr + i, mask=m, other=0)
+        L = tl.load(len_ptr + r, mask=m, other=0)
+        over = tl.maximum(L - W, 0)
+        tl.store(out_ptr + i, (L - (over // P) * P).to(out_ptr.dtype.element_ty), mask=m)
+
+    return window_len_kernel, triton.next_power_of_2
+
+
+def window_lengths(lengths: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, W: int, P: int) -> None:
+    """out[i] = c(lengths[rows[i]]) (runtime/cache/window.py), i < rows.shape[0]; lengths int32 or int64.
+
+    On CUDA (with Triton): one Triton kernel whose compiled variant depends on next_power_of_2(nb) (the BLOCK
+    constexpr) and on the pointer dtypes (the lengths' integer width): a shape it has not seen compiles on the
+    calling thread, in the middle of the round. Elsewhere: the same arithmetic in torch (no compile)."""
+    nb = rows.shape[0]
+    if lengths.is_cuda:
+        kernel, next_pow2 = _window_len_kernel()
+        kernel[(1,)](lengths, rows, out, nb, W, P, BLOCK=next_pow2(nb))
+    else:
+        out.copy_(compact_len(lengths[rows], W, P))
+
+
+def prewarm_window_lengths(runner, buckets: list[int], dtypes=(torch.int32, torch.int64)) -> int:
+    """Compile ``window_lengths`` for every bucket in ``buckets`` x length dtype in ``dtypes`` now, on masked
+    dummy tensors (the fix, seed 000 "Closing the previous article's onion": prewarm the variant space at start-up).
+    ``jit-new-shape`` calls it with the full batch's bucket and int64 only, the single-shape warm-up that leaves
+    the other buckets to compile mid-decode. Returns the number of variants run (0 off CUDA)."""
+    dev = runner.device
+    if dev.type != "cuda":
+        return 0
+    rc = runner.rcfg
+    n = 0
+    for nb in buckets:
+        rows = torch.full((nb,), runner.scratch, dtype=torch.long, device=dev)
+        for dt in dtypes:
+            lengths = torch.zeros(runner.scratch + 1, dtype=dt, device=dev)
+            window_lengths(lengths, rows, torch.empty(nb, dtype=torch.long, device=dev), rc.window, rc.page_size)
+            n += 1
+    torch.cuda.synchronize()  # SYNC (deliberate, start-up only): the compiles are done before decoding
+    return n
+
+
+def jit_new_shape(runner, buf) -> None:
+    """Fault ``jit-new-shape``: recompute the bucket's window lengths c(L) (already written by the rectangle
+    build; same values) with the Triton kernel of ``window_lengths``. The engine warmed it for the full batch's
+    bucket only, so the first round in another bucket (requests finished, the batch shrank) pays a Triton compile
+    on the host, mid-decode (seed 000: the allocator kernel specialised on next_power_of_2(bs) and on int widths)."""
+    with annotate("jit_new_shape"):
+        st = runner.state
+        window_lengths(st.lengths, buf.rows, buf.rect_len, st.window, st.page_size)
+
+
+def token_list_rebuild(requests) -> int:
+    """Fault ``token-list-rebuild`` (seed 000: the scheduler rebuilt a request's full token list, origin + output,
+    a pure Python list concatenation, on every chunk): rebuild ``prompt + output`` of every live request, every
+    round. Returns the total length rebuilt (tokens)."""
+    with annotate("token_list_rebuild"):
+        total = 0
+        for r in requests:
+            if r is not None and not r.finished:
+                full = r.prompt + r.output
+                total += len(full)
+    return total
