@@ -73,27 +73,29 @@ def eager_commit_glue(rows: torch.Tensor, tau: torch.Tensor, commits) -> None:
     scatter for all layers (``LinearStatePool.commit``).
 
     rows [nb], tau [nb] in [1, B]; ``commits``: (pool, model, states_all) per model, states_all
-    [n_linear, nb, B, Hv, dk, dv] float32 (or None). Per linear layer and round: two ``.contiguous()`` copies of
-    strided views (the state's two halves along dv, standing in for the seed's k/v views into the fused QKV
-    buffer), fp32 copies of the layer's frozen gating weights ``A_log`` and ``dt_bias`` (the same values every
-    round; an fla-style commit kernel would take them, ours selects stored per-token states and does not use
-    them), a freshly allocated row index tensor, then the pick at tau - 1 and the scatter into the pool.
-    Value-identical to ``LinearStatePool.commit`` (copies and indexing only)."""
+    [n_linear, nb, B, Hv, dk, dv] float32 (or None). Per linear layer and round: a freshly allocated row index
+    tensor, the pick of the state after token tau - 1, two ``.contiguous()`` copies of strided views of it (its two
+    halves along dv, standing in for the seed's k/v views into the fused QKV buffer), fp32 copies of the layer's
+    frozen gating weights ``A_log`` and ``dt_bias`` (the same values every round; an fla-style commit kernel
+    takes them, ours selects stored per-token states and does not use them), and two scatters into the pool.
+    Value-identical to ``LinearStatePool.commit`` (copies and indexing only). Extra device bytes per layer: one
+    copy of the picked state [nb, Hv, dk, dv] (float32); the cost meant here is the host's ~10 eager ops."""
     with annotate("eager_commit_glue"):
         for pool, model, states_all in commits:
             if not pool.n_linear or states_all is None:
                 continue
             for i, li in enumerate(model.linear_layers):
                 gdn = model.model.layers[li].linear_attn
-                s = states_all[i]                                   # [nb, B, Hv, dk, dv] view
-                h = s.shape[-1] // 2
-                k_part = s[..., :h].contiguous()                    # strided view -> copy
-                v_part = s[..., h:].contiguous()                    # strided view -> copy
+                idx = torch.arange(rows.shape[0], device=rows.device)       # fresh index tensor every round
+                picked = states_all[i][idx, tau - 1]                # [nb, Hv, dk, dv]
+                h = picked.shape[-1] // 2
+                k_part = picked[..., :h].contiguous()               # strided view -> copy
+                v_part = picked[..., h:].contiguous()               # strided view -> copy
                 _a_log = gdn.A_log.detach().to(torch.float32, copy=True)     # frozen weight, converted again
                 _dt_bias = gdn.dt_bias.detach().to(torch.float32, copy=True)
-                idx = torch.arange(rows.shape[0], device=rows.device)       # fresh index tensor every round
-                picked = torch.cat([k_part, v_part], -1)[idx, tau - 1]
-                pool.pool[i].index_copy_(0, rows, picked)
+                dest = pool.pool[i]                                 # [num_slots, Hv, dk, dv]
+                dest[..., :h].index_copy_(0, rows, k_part)
+                dest[..., h:].index_copy_(0, rows, v_part)
 
 
 # ------------------------------------------------------------------------------------------------ jit-new-shape
