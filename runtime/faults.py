@@ -26,8 +26,6 @@ The host syncs of ``lengths_copy`` and ``dd_gather`` are deliberate (marked SYNC
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 
@@ -99,35 +97,17 @@ def eager_commit_glue(rows: torch.Tensor, tau: torch.Tensor, commits) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ jit-new-shape
-@functools.lru_cache(maxsize=1)
-def _window_len_kernel():
-    """The Triton kernel, built on first use (Triton is imported lazily: absent on CPU machines)."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def window_len_kernel(len_ptr, rows_ptr, out_ptr, n, W, P, BLOCK: tl.constexpr):
-        # out[i] = c(L[rows[i]]) = L - floor(max(L - W, 0) / P) * P, for i < n (masked lanes do nothing)
-        i = tl.arange(0, BLOCK)
-        m = i < n
-        r = tl.load(rows_ptr + i, mask=m, other=0)
-        L = tl.load(len_ptr + r, mask=m, other=0)
-        over = tl.maximum(L - W, 0)
-        tl.store(out_ptr + i, (L - (over // P) * P).to(out_ptr.dtype.element_ty), mask=m)
-
-    return window_len_kernel, triton.next_power_of_2
-
-
 def window_lengths(lengths: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, W: int, P: int) -> None:
     """out[i] = c(lengths[rows[i]]) (runtime/cache/window.py), i < rows.shape[0]; lengths int32 or int64.
 
-    On CUDA (with Triton): one Triton kernel whose compiled variant depends on next_power_of_2(nb) (the BLOCK
-    constexpr) and on the pointer dtypes (the lengths' integer width): a shape it has not seen compiles on the
-    calling thread, in the middle of the round. Elsewhere: the same arithmetic in torch (no compile)."""
+    On CUDA: one Triton kernel (runtime/window_len_triton.py) whose compiled variant depends on
+    next_power_of_2(nb) (the BLOCK constexpr) and on the pointer dtypes (the lengths' integer width): a shape it
+    has not seen compiles on the calling thread, in the middle of the round. Elsewhere: the same arithmetic in torch (no compile)."""
     nb = rows.shape[0]
     if lengths.is_cuda:
-        kernel, next_pow2 = _window_len_kernel()
-        kernel[(1,)](lengths, rows, out, nb, W, P, BLOCK=next_pow2(nb))
+        from .window_len_triton import next_power_of_2, window_len_kernel  # Triton: imported on CUDA only
+
+        window_len_kernel[(1,)](lengths, rows, out, nb, W, P, BLOCK=next_power_of_2(nb))
     else:
         out.copy_(compact_len(lengths[rows], W, P))
 

@@ -154,3 +154,32 @@ def test_unknown_fault_exits_2(tmp_path):
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "unknown fault 'nope'" in lines[0]
+
+
+KERNEL_CHECK = """
+import torch
+from gaptrace.runtime.window_len_triton import next_power_of_2, window_len_kernel
+from gaptrace.runtime.cache.window import compact_len
+g = torch.Generator().manual_seed(0)
+for dt in (torch.int32, torch.int64):
+    for nb in (1, 2, 3, 4, 8, 12):
+        lengths = torch.randint(0, 3000, (13,), generator=g).to(dt)
+        rows = torch.randint(0, 13, (nb,), generator=g)
+        out = torch.full((nb,), -7, dtype=torch.long)
+        window_len_kernel[(1,)](lengths, rows, out, nb, 1024, 64, BLOCK=next_power_of_2(nb))
+        assert torch.equal(out, compact_len(lengths[rows].long(), 1024, 64)), (dt, nb, out)
+print("ok")
+"""
+
+
+def test_window_len_kernel_in_triton_interpreter():
+    """The jit-new-shape Triton kernel against compact_len, run by Triton's CPU interpreter (skipped without
+    Triton, e.g. on CPU machines)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton not installed")
+    r = subprocess.run([sys.executable, "-c", KERNEL_CHECK], capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
