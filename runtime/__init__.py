@@ -12,6 +12,8 @@ Layout (gpt-fast's pure forward + nano-vllm's engine split):
     engine.py        the loop: admit, plan, round, read one round late
     graphs.py        CUDA graph capture (keep_graph=True) and node counts
     annotate.py      NVTX range + record_function of one name
+    faults.py        the switchable pathologies (--fault NAME), one function + one NVTX range each;
+                     window_len_triton.py holds jit-new-shape's Triton kernel (imported on CUDA only)
     session.py, cli.py, tokenizer.py   `gaptrace decode`
 
 Nothing here imports gaptrace.analyses; torch lives only in this package.
