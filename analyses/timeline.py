@@ -85,6 +85,8 @@ class BusyTimeline:
     def busy_before(self, t_us: np.ndarray) -> np.ndarray:
         """busy(t): busy µs in [t0, t] for each t (clipped to the window). Shape of t_us."""
         t = np.clip(np.asarray(t_us, dtype=np.float64), self.t0_us, self.t1_us)
+        if len(self.span_start_us) == 0:  # nothing ran inside the window
+            return np.zeros(t.shape)
         # index of the last span starting at or before t
         k = np.searchsorted(self.span_start_us, t, side="right") - 1
         kk = np.maximum(k, 0)

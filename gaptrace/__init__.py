@@ -8,14 +8,16 @@ from .trace import Trace, TraceError
 __version__ = "0.1.0"
 
 
-def load_trace(path: str) -> Trace:
+def load_trace(path: str, *, memory_limit_bytes: int | None = None) -> Trace:
     """Load a Kineto/Chrome trace (``.json``, ``.json.gz`` or a directory of per-rank files).
 
+    ``memory_limit_bytes``: refuse, before reading, a trace whose load is estimated to need more (default: the
+    memory available now; :func:`gaptrace.loader.load_raw`).
     Raises :class:`TraceError` with one line naming the file and the problem.
     """
     from .loader import load_trace as _load
 
-    return _load(path)
+    return _load(path, memory_limit_bytes=memory_limit_bytes)
 
 
 __all__ = ["Trace", "TraceError", "load_trace", "__version__"]

@@ -34,6 +34,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from gaptrace.cli import memory_limit_option
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError
 
 __all__ = ["run_analysis", "idle_sites", "findings", "analyze", "to_jsonable"]
@@ -87,13 +88,14 @@ def idle_sites(result: Any) -> pd.DataFrame:
     Moments whose innermost event has no such frame above it go to "(no Python frame)"; moments whose innermost
     event or site is a parked-thread frame (``WAIT_FRAME_RE``: ``threading.py: wait``, a lock ``acquire``,
     ``time.sleep``, ``select``) go to "(thread waiting)".
-    Columns: site, idle_us, share (idle_us / window idle, 0..1).
+    Columns: site, range (the innermost NVTX / record_function range the host was in there, the one holding most
+    of that idle; "" if none), idle_us, share (idle_us / window idle, 0..1).
     """
     from gaptrace.analyses import stacks
     from gaptrace.analyses.gaps import grouped_union
 
     tree, tl = result.tree, result.timeline
-    empty = pd.DataFrame({"site": [], "idle_us": [], "share": []})
+    empty = pd.DataFrame({"site": [], "range": [], "idle_us": [], "share": []})
     act = np.flatnonzero(result.seg_node >= 0)
     if tree.n == 0 or tl.idle_us <= 0 or len(act) == 0:
         return empty
@@ -110,7 +112,18 @@ def idle_sites(result: Any) -> pd.DataFrame:
     idle = np.bincount(g, weights=tl.idle_between(us, ue), minlength=n_frames + 2)
     nz = np.flatnonzero(idle > 0)
     names = np.r_[tree.frames.to_numpy(dtype=object), np.array(["(no Python frame)", "(thread waiting)"], dtype=object)]
-    out = pd.DataFrame({"site": names[nz], "idle_us": idle[nz], "share": idle[nz] / tl.idle_us})
+    # the NVTX / record_function range the host was in while at that site (innermost user_annotation; the one
+    # holding most of the site's idle): how users label their phases, e.g. "verify" or "jit_new_shape"
+    ann = stacks.enclosing(tree, node, tree.cat == stacks.CAT_CODE["user_annotation"], include_self=True)
+    seg_idle = tl.idle_between(s, e)
+    has = ann >= 0
+    rng = np.full(n_frames + 2, "", dtype=object)
+    if has.any():
+        pair = pd.DataFrame({"site": site[has], "range": tree.frame[ann[has]], "idle": seg_idle[has]})
+        best = pair.groupby(["site", "range"], sort=False)["idle"].sum().reset_index()
+        best = best.loc[best.groupby("site", sort=False)["idle"].idxmax()]
+        rng[best["site"].to_numpy()] = tree.frames.to_numpy(dtype=object)[best["range"].to_numpy()]
+    out = pd.DataFrame({"site": names[nz], "range": rng[nz], "idle_us": idle[nz], "share": idle[nz] / tl.idle_us})
     return out.sort_values(["idle_us", "site"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
@@ -183,10 +196,11 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
         share = float(r.share)
         if share < FINDING_MIN_SHARE:
             continue
+        where = f", in range {r.range}" if r.range else ""
         out.append({
             "kind": "idle_site",
-            "summary": f"{share:.0%} of GPU-idle time ({_ms(r.idle_us)}) the host was inside {r.site}",
-            "idle_share": share, "site": r.site,
+            "summary": f"{share:.0%} of GPU-idle time ({_ms(r.idle_us)}) the host was inside {r.site}{where}",
+            "idle_share": share, "site": r.site, "range": r.range,
         })
     if fit is not None and fit.kappa_us_per_node is not None and fit.inflation_share and _fit_reliable(fit):
         share = min(launch_idle_us * min(fit.inflation_share, 1.0) / idle_total_us, 1.0)
@@ -381,17 +395,18 @@ def render_text(res: dict, top: int = 15) -> str:
 @click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per text table.")
+@memory_limit_option
 def analyze(trace_path: str, window: str | None, device: int | None, as_json: bool, round_name: str,
-            top: int) -> None:
+            top: int, memory_limit_gb: float | None) -> None:
     """Occupancy, idle-gap attribution, blocking syncs and graph-launch fit of TRACE (.json, .json.gz or a
     directory of per-rank files). Exit code 2 on bad input, or when the trace has no GPU activity (the host-side
     analyses are still printed)."""
     from gaptrace import load_trace
     from gaptrace.capture import read_sidecar
-    from gaptrace.cli import fail
+    from gaptrace.cli import fail, memory_limit_bytes
 
     try:
-        trace = load_trace(trace_path)
+        trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         res = run_analysis(trace, window=window, device=device, sidecar=read_sidecar(trace_path),
                            round_name=round_name)
     except TraceError as e:

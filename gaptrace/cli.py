@@ -50,6 +50,19 @@ def main() -> None:
     from a torch.profiler (Kineto) trace."""
 
 
+def memory_limit_option(f):
+    """``--memory-limit-gb GB``: the memory a trace load may use (``memory_limit_bytes`` in the callback's
+    ``memory_limit_gb``; see :func:`memory_limit_bytes`)."""
+    return click.option("--memory-limit-gb", type=click.FloatRange(min=0, min_open=True), default=None,
+                        metavar="GB", help="Refuse, before reading it, a trace whose load needs more memory than "
+                                           "this (default: the memory available now).")(f)
+
+
+def memory_limit_bytes(gb: float | None) -> int | None:
+    """``--memory-limit-gb`` in bytes (GB = 10**9 bytes, as the refusal message prints), None for the default."""
+    return None if gb is None else int(gb * 1e9)
+
+
 def fail(message: str) -> "NoReturn":  # noqa: F821
     """Print one line naming the problem and exit with code 2 (the convention for bad input)."""
     click.echo(f"gaptrace: error: {message}", err=True)

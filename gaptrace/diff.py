@@ -6,6 +6,7 @@ import json
 import click
 
 from gaptrace.analyze import run_analysis, to_jsonable
+from gaptrace.cli import memory_limit_option
 from gaptrace.trace import TraceError
 
 __all__ = ["diff", "render_diff"]
@@ -52,19 +53,21 @@ def render_diff(d: dict) -> str:
 @click.option("--fail-if", "gates", multiple=True, metavar="EXPR",
               help="Exit 1 if EXPR holds for B, e.g. 'occupancy < 0.9', 'rel_tpot_us > 0.02', "
                    "'delta_blocked_us > 0'. Repeatable; a gate on a metric the traces lack trips.")
+@memory_limit_option
 def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_json: bool,
-         gates: tuple[str, ...]) -> None:
+         gates: tuple[str, ...], memory_limit_gb: float | None) -> None:
     """Compare trace A (baseline) with trace B (candidate): occupancy, Tround, τ, TPOT, κ, idle by frame and
     blocking syncs, and the accept-length inequality. Exit 2 on bad input, 1 when a --fail-if gate trips."""
     from gaptrace import load_trace
     from gaptrace.analyses.diff import GateError, check_gates, diff_analyses, parse_gate
     from gaptrace.capture import read_sidecar
-    from gaptrace.cli import fail
+    from gaptrace.cli import fail, memory_limit_bytes
 
     try:
         for g in gates:
             parse_gate(g)
-        res = [run_analysis(load_trace(p), window=window, sidecar=read_sidecar(p), round_name=round_name)
+        limit = memory_limit_bytes(memory_limit_gb)
+        res = [run_analysis(load_trace(p, memory_limit_bytes=limit), window=window, sidecar=read_sidecar(p), round_name=round_name)
                for p in (trace_a, trace_b)]
     except (TraceError, GateError) as e:
         fail(str(e))

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Union
 import msgspec
 import numpy as np
 
+from .loader import _int as _int_ref  # the reference conversion, for the values a typed ``bytes`` can hold
 from .trace import RawColumns
 
 __all__ = ["Event", "Args", "Symbols", "ColumnSink", "COLUMNS", "decode_piece", "typed_columns", "python_columns"]
@@ -27,23 +28,26 @@ __all__ = ["Event", "Args", "Symbols", "ColumnSink", "COLUMNS", "decode_piece", 
 # "absent" for the keys that have a spelling variant ("External id" / "external id", "cbid" / "cid"): the value
 # itself may not be this (validation sends such a chunk to the reference path), so absent and -1 stay apart.
 _MISSING = -(2**63)
-_Id = Annotated[int, msgspec.Meta(ge=_MISSING + 1)]
+_Id = Annotated[int, msgspec.Meta(ge=_MISSING + 1, le=2**63 - 1)]
+# msgspec reads integers up to 2**64 - 1 (and a float field takes any integer); a value numpy's int64 cannot hold
+# fails validation instead, so its chunk takes the reference path (where it is absent, -1)
+_Int = Annotated[int, msgspec.Meta(ge=_MISSING, le=2**63 - 1)]
 _NAN = float("nan")
 
 
 class Args(msgspec.Struct, frozen=True, gc=False):
     """The ``args`` keys that RawColumns needs. Absent ints are -1 (or _MISSING where a variant spelling exists)."""
 
-    correlation: Union[int, None] = -1
+    correlation: Union[_Int, None] = -1
     external_id: Union[_Id, None] = msgspec.field(default=_MISSING, name="External id")
     external_id_lc: Union[_Id, None] = msgspec.field(default=_MISSING, name="external id")
-    python_id: Union[int, None] = msgspec.field(default=-1, name="Python id")
-    python_parent_id: Union[int, None] = msgspec.field(default=-1, name="Python parent id")
+    python_id: Union[_Int, None] = msgspec.field(default=-1, name="Python id")
+    python_parent_id: Union[_Int, None] = msgspec.field(default=-1, name="Python parent id")
     cbid: Union[_Id, None] = _MISSING
     cid: Union[_Id, None] = _MISSING
-    device: Union[int, None] = -1
-    stream: Union[int, None] = -1
-    bytes: Union[int, str, None] = -1  # HIP traces write "bytes": "256"
+    device: Union[_Int, None] = -1
+    stream: Union[_Int, None] = -1
+    bytes: Union[_Int, str, None] = -1  # HIP traces write "bytes": "256"
     cuda_sync_kind: Union[str, None] = None
 
 
@@ -120,18 +124,6 @@ def _ints(values: list) -> np.ndarray:
         return np.array(values, np.int64)
     except TypeError:
         return np.array([-1 if v is None else v for v in values], np.int64)
-
-
-def _int_ref(v: Any) -> int:
-    """The reference ``_int`` for the values a typed ``bytes`` can hold: int, numeric string, None."""
-    if v is None:
-        return -1
-    if isinstance(v, int):
-        return v
-    try:
-        return int(v)
-    except ValueError:
-        return -1
 
 
 def _with_variant(main: list, variant: list) -> np.ndarray:

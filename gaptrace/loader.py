@@ -77,26 +77,38 @@ class _Interner:
         return i
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int(v: Any) -> int:
+    """An id or count from a JSON value: ints, integral strings and finite floats (truncated); -1 for anything
+    else, including a value outside int64 (no column can hold it, so it is as good as absent)."""
     if v is None or isinstance(v, bool):
         return -1
-    if isinstance(v, int):
-        return v
     if isinstance(v, float):
-        return int(v) if np.isfinite(v) else -1
-    if isinstance(v, str):
+        v = int(v) if np.isfinite(v) else -1
+    elif isinstance(v, str):
         try:
-            return int(v)
+            v = int(v)
         except ValueError:
             return -1
-    return -1
+    elif not isinstance(v, int):
+        return -1
+    return v if INT64_MIN <= v <= INT64_MAX else -1
 
 
 def _float(v: Any) -> float:
+    """A time in µs from a JSON value: NaN unless a number; an integer beyond float64 is ±inf (dropped later as
+    non-finite, like the ``1e400`` that json reads as inf)."""
     if isinstance(v, bool):
         return float("nan")
-    if isinstance(v, (int, float)):
-        return float(v)
+    if isinstance(v, int):
+        try:
+            return float(v)
+        except OverflowError:
+            return float("inf") if v > 0 else float("-inf")
+    if isinstance(v, float):
+        return v
     return float("nan")
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "build_trace",
     "HOST_CATEGORIES",
     "GRAPH_LAUNCH_NAMES",
+    "clean_text",
 ]
 
 
@@ -127,11 +128,33 @@ class Trace:
         return bool((self.host["cat"] == "python_function").any())
 
     def device_name(self, device: int) -> str:
-        """The GPU's product name from ``deviceProperties`` ("GPU 0" when absent)."""
-        for props in self.metadata.get("deviceProperties") or []:
+        """The GPU's product name from ``deviceProperties`` ("GPU 0" when absent or malformed)."""
+        props_list = self.metadata.get("deviceProperties")
+        for props in props_list if isinstance(props_list, list) else []:
             if isinstance(props, dict) and props.get("id") == device and props.get("name"):
-                return str(props["name"])
+                return clean_text(str(props["name"]))
         return f"GPU {device}"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(s: str) -> str:
+    """``s`` with each lone surrogate replaced by U+FFFD. JSON may escape one (``"\\udfff"``) and both JSON readers
+    accept it, but no UTF-8 output (a terminal, the JSON we print, the HTML report) can encode it."""
+    return _SURROGATE.sub("\ufffd", s)
+
+
+def _clean_symbols(raw: RawColumns) -> RawColumns:
+    """``raw`` with :func:`clean_text` applied to its symbol table; symbols that become equal are merged (their ids
+    remapped), so the table stays unique. One regex pass over the table when there is nothing to clean."""
+    if not _SURROGATE.search("\x00".join(raw.symbols)):
+        return raw
+    index: dict[str, int] = {}
+    remap = np.array([index.setdefault(clean_text(s), len(index)) for s in raw.symbols], dtype=np.int32)
+    ids = {c: np.where(getattr(raw, c) >= 0, remap[np.maximum(getattr(raw, c), 0)], getattr(raw, c)).astype(np.int32)
+           for c in ("cat_id", "name_id", "pid_id", "tid_id", "sync_kind_id")}
+    return dataclasses.replace(raw, symbols=list(index), **ids)
 
 
 def _categorical(codes: np.ndarray, symbols: pd.Index) -> pd.Categorical:
@@ -139,9 +162,12 @@ def _categorical(codes: np.ndarray, symbols: pd.Index) -> pd.Categorical:
 
 
 def _parse_int_symbol(s: str) -> int:
-    """'stream 7' -> 7, '7' -> 7, anything else -> -1."""
+    """'stream 7' -> 7, '7' -> 7, anything else (or a number outside int64) -> -1."""
     m = re.search(r"-?\d+", s)
-    return int(m.group(0)) if m else -1
+    if not m or len(m.group(0)) > 20:  # more digits than any int64 (and int() refuses 4,300 digits)
+        return -1
+    v = int(m.group(0))
+    return v if -(2**63) <= v < 2**63 else -1
 
 
 def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
@@ -155,6 +181,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     if n == 0:
         raise TraceError(f"{path}: traceEvents holds no complete ('ph': 'X') events")
 
+    raw = _clean_symbols(raw)
     symbols_list = list(raw.symbols)
     # Normalised category code per symbol, then per event by integer indexing (no per-event string work)
     cat_index = {c: i for i, c in enumerate(ALL_CATEGORIES)}

@@ -418,11 +418,13 @@ def _atomic_write(path_out: str, text: str) -> None:
 
 
 def write_report(path_in: str, path_out: str, window: str | None = None, sidecar_path: str | None = None,
-                 device: int | None = None, round_name: str = "round") -> dict:
+                 device: int | None = None, round_name: str = "round",
+                 memory_limit_bytes: int | None = None) -> dict:
     """Load ``path_in``, analyse it (:func:`gaptrace.analyze.run_analysis` with the sidecar, ``window``,
     ``device`` and ``round_name``), render the report and write it to ``path_out`` atomically (a temporary file in
     the same directory, then ``os.replace``). The sidecar is ``sidecar_path`` or the one :func:`find_sidecar`
     finds; an explicitly named sidecar that cannot be read is an error, an implicit one becomes a warning.
+    ``memory_limit_bytes``: the loader's size guard (:func:`gaptrace.loader.load_raw`).
 
     Returns {"path", "bytes", "sidecar"}. Raises TraceError for bad input, including a trace without GPU activity
     (nothing to report on); nothing is written then.
@@ -445,7 +447,7 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
             except TraceError as e:
                 extra.append(f"capture sidecar ignored: {e}")
                 sidecar_path = None
-    trace = load_trace(path_in)
+    trace = load_trace(path_in, memory_limit_bytes=memory_limit_bytes)
     if trace.device.empty:
         raise TraceError(f"{path_in}: the trace has no GPU activity (kernel/memcpy/memset): no occupancy or idle "
                          "gaps to report (`gaptrace analyze` shows its host-side analyses)")

@@ -134,9 +134,9 @@ def icicle_figure(tree: StackTree, max_nodes: int = 300, min_share: float = 0.00
     """
     nodes = tree.nodes
     total = tree.total_idle_us if tree.total_idle_us > 0 else 1.0
-    if nodes.empty:
-        return {"data": [], "layout": {"height": 120, "font": FONT}}
     nodes = nodes[nodes["subtree_idle_us"] >= min_share * total]
+    if nodes.empty:  # no stacks, or none holding idle (a window without idle)
+        return {"data": [], "layout": {"height": 120, "font": FONT}}
     nodes = nodes.sort_values(["subtree_idle_us", "depth"], ascending=[False, True]).head(max_nodes)
     nodes = nodes.sort_values("depth", kind="stable")
     kept = set(nodes["node"].tolist())

@@ -5,6 +5,7 @@ import os
 
 import click
 
+from gaptrace.cli import memory_limit_option
 from gaptrace.trace import TraceError
 
 
@@ -28,17 +29,19 @@ def default_output(trace_path: str) -> str:
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
 @click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
+@memory_limit_option
 def report(trace: str, output: str | None, window: str | None, sidecar: str | None, device: int | None,
-           round_name: str) -> None:
+           round_name: str, memory_limit_gb: float | None) -> None:
     """Write one self-contained offline HTML report of TRACE: headline findings, occupancy over time, where the
     idle time went, blocking syncs, the graph-launch fit and the integrity warnings."""
-    from gaptrace.cli import fail
+    from gaptrace.cli import fail, memory_limit_bytes
 
     from . import write_report
 
     out = output or default_output(trace)
     try:
-        info = write_report(trace, out, window=window, sidecar_path=sidecar, device=device, round_name=round_name)
+        info = write_report(trace, out, window=window, sidecar_path=sidecar, device=device, round_name=round_name,
+                            memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
     except TraceError as e:
         fail(str(e))
     except OSError as e:
