@@ -129,15 +129,17 @@ def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray,
 
 
 def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
-               window: str | tuple[float, float] | None = None) -> EventIdle:
+               window: str | tuple[float, float] | None = None, host_wait_only: bool = False) -> EventIdle:
     """Inclusive and self idle of every host event of the device's rank (definitions in the module docstring).
 
     ``device``: int, (rank, device) or None (the busiest). ``window``: None (first to last device activity),
-    an annotation name, or (t0_us, t1_us). Raises TraceError when the trace has no device activity or the window
+    an annotation name, or (t0_us, t1_us). ``host_wait_only``: attribute only host-wait idle, i.e. leave out the
+    device-side gaps between kernels that were already queued (:func:`.occupancy.device_side_gaps`); the result's
+    ``timeline`` is then that filled timeline. Raises TraceError when the trace has no device activity or the window
     matches no annotation.
     """
     key = resolve_device(trace, device)
-    tl = busy_timeline(trace, key, window)
+    tl = busy_timeline(trace, key, window, host_wait_only=host_wait_only)
     tree = host_tree(trace)
     rank_of_thread = tree.threads["rank"].to_numpy()
     in_rank = rank_of_thread[tree.thread] == key[0] if tree.n else np.zeros(0, dtype=bool)

@@ -31,6 +31,8 @@ __all__ = [
     "device_occupancy",
     "occupancy",
     "busy_fraction_bins",
+    "device_side_gaps",
+    "fill_device_side",
 ]
 
 @dataclasses.dataclass(frozen=True)
@@ -108,17 +110,65 @@ def resolve_window(trace: Trace, device: int | tuple[int, int] | None = None,
     return float(sel["ts_us"].min()), float(sel["end_us"].max())
 
 
+def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np.ndarray:
+    """(g,) bool over ``tl.gaps()``: True where the gap is device-side, i.e. the activity that ends it had already
+    been launched before the gap began (its host launch call, joined on the correlation id, ended at or before the
+    gap's start). Such a gap is launch latency between queued kernels (the bubbles between the nodes of a CUDA
+    graph replay, a dependency on another stream), not the host being late: HTA calls it "kernel wait" as opposed
+    to "host wait". Every other gap, including one under a launch call still in progress (a profiler-inflated
+    cudaGraphLaunch) and one without a known launch, is host-wait idle and is what gap attribution explains.
+    """
+    gaps = tl.gaps()
+    out = np.zeros(len(gaps), dtype=bool)
+    rows = _device_rows(trace, key)
+    if len(gaps) == 0 or rows.empty:
+        return out
+    ts = rows["ts_us"].to_numpy()
+    order = np.argsort(ts, kind="stable")
+    ts_sorted, corr = ts[order], rows["correlation"].to_numpy()[order]
+    g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
+    k = np.searchsorted(ts_sorted, g1, side="left")  # the activity starting where the gap ends
+    valid = k < len(ts_sorted)
+    kk = np.minimum(k, len(ts_sorted) - 1)
+    valid &= ts_sorted[kk] == g1
+    h = trace.host
+    rt = h[h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
+           & (h["correlation"].to_numpy() >= 0)]
+    if rt.empty:
+        return out
+    launch_end = rt.groupby("correlation", sort=True)["end_us"].max()
+    pos = launch_end.index.get_indexer(corr[kk])
+    found = valid & (pos >= 0)
+    end = launch_end.to_numpy()[np.maximum(pos, 0)]
+    out[:] = found & (end <= g0)
+    return out
+
+
 def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
-                  window: str | tuple[float, float] | None = None) -> BusyTimeline:
+                  window: str | tuple[float, float] | None = None, host_wait_only: bool = False) -> BusyTimeline:
     """The device's :class:`BusyTimeline` clipped to the window (default: first to last activity).
 
     Busy = union of kernel, memcpy and memset intervals on all streams of that (rank, device); annotations,
-    cuda_sync and profiler overhead events never count as busy (DESIGN.md "Busy / occupancy").
+    cuda_sync and profiler overhead events never count as busy (DESIGN.md "Busy / occupancy"). With
+    ``host_wait_only`` the device-side gaps count as busy too (:func:`fill_device_side`): for attribution only,
+    never for occupancy.
     """
     key = resolve_device(trace, device)
     rows = _device_rows(trace, key)
     t0, t1 = (None, None) if window is None else resolve_window(trace, key, window)
-    return BusyTimeline.from_intervals(rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), t0, t1)
+    tl = BusyTimeline.from_intervals(rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), t0, t1)
+    return fill_device_side(trace, key, tl) if host_wait_only else tl
+
+
+def fill_device_side(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> BusyTimeline:
+    """``tl`` with its device-side gaps (:func:`device_side_gaps`) counted as busy: a timeline whose idle is the
+    host-wait idle only, for attributing idle to host code."""
+    gaps = tl.gaps()
+    side = device_side_gaps(trace, key, tl)
+    if not side.any():
+        return tl
+    return BusyTimeline.from_intervals(np.r_[tl.span_start_us, gaps["start_us"].to_numpy()[side]],
+                                       np.r_[tl.span_end_us, gaps["end_us"].to_numpy()[side]], tl.t0_us, tl.t1_us)
 
 
 def device_occupancy(trace: Trace, device: int | tuple[int, int] | None = None,

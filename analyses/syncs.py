@@ -223,15 +223,22 @@ def _next_runtime_call(rt: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _device_windows(trace: Trace, window: tuple[float, float] | None
+def _device_windows(trace: Trace, window: tuple[float, float] | None, host_wait_only: bool = False
                     ) -> dict[tuple[int, int], tuple[BusyTimeline, np.ndarray]]:
-    """Per (rank, device): its BusyTimeline over ``window`` (default: first to last activity of that device) and
-    the sorted end times of its activities (for the evidence test)."""
+    """Per (rank, device): its BusyTimeline over ``window`` (default: first to last activity of that device;
+    with ``host_wait_only`` its device-side gaps count as busy) and the sorted end times of its activities (for the
+    evidence test)."""
+    from .occupancy import fill_device_side
+
     out = {}
     dev = trace.device
     for (rank, device), d in dev.groupby(["rank", "device"], sort=True, observed=True):
         t0, t1 = window if window is not None else (None, None)
-        out[(int(rank), int(device))] = (device_timeline(d, t0, t1), np.sort(d["end_us"].to_numpy()))
+        key = (int(rank), int(device))
+        tl = device_timeline(d, t0, t1)
+        if host_wait_only:
+            tl = fill_device_side(trace, key, tl)
+        out[key] = (tl, np.sort(d["end_us"].to_numpy()))
     return out
 
 
@@ -246,7 +253,7 @@ CALL_COLUMNS = ["host_row", "sync_row", "rank", "pid", "tid", "device", "call", 
 
 
 def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_blocked_us: float = 0.0,
-                   pair_gap_us: float = 50.0) -> tuple[pd.DataFrame, int, dict]:
+                   pair_gap_us: float = 50.0, host_wait_only: bool = False) -> tuple[pd.DataFrame, int, dict]:
     """Every host call of ``trace`` that waited for the device (rules and formulas: the module docstring).
 
     ``window``: (t0_us, t1_us) on the trace clock for every device; default per (rank, device) its first to last
@@ -356,7 +363,7 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
     cand["call"] = names(pos)
     cand["aten_row"] = aten[pos]
 
-    timelines = _device_windows(trace, window)
+    timelines = _device_windows(trace, window, host_wait_only)
     cand["evidence"] = cand["device"] < 0  # no device to test against (a host-only trace): keep the candidate
     cand["busy_us"] = np.nan
     cand["idle_after_us"] = np.nan
@@ -474,16 +481,19 @@ def sync_sites(calls: pd.DataFrame, total_idle_us: float) -> pd.DataFrame:
 
 
 def blocking_syncs(trace: Trace, window: tuple[float, float] | None = None, min_blocked_us: float = 0.0,
-                   pair_gap_us: float = 50.0) -> SyncReport:
+                   pair_gap_us: float = 50.0, host_wait_only: bool = False) -> SyncReport:
     """Blocking syncs of ``trace`` per call site (issue 2, analysis 3; DESIGN.md "Blocking syncs").
 
     ``window``: (t0_us, t1_us) for every device, default per (rank, device) its first to last activity;
     ``min_blocked_us``: report only calls blocked longer than this (default 0: any positive blocked time);
-    ``pair_gap_us``: how close a sync must follow a copy to pair with it when neither sits in an ATen op.
+    ``pair_gap_us``: how close a sync must follow a copy to pair with it when neither sits in an ATen op;
+    ``host_wait_only``: busy/idle during and after each call from a timeline whose device-side gaps count as busy
+    (:func:`gaptrace.analyses.occupancy.fill_device_side`), so sub-µs bubbles between queued kernels are not
+    charged to the call; ``idle_share`` then divides by host-wait idle.
     Rules and formulas: the module docstring. ``idle_share`` divides by the idle time of all devices over their
     windows. A trace without GPU events still gets its sync API calls (no evidence test, busy/idle NaN).
     """
-    calls, not_blocking, timelines = blocking_calls(trace, window, min_blocked_us, pair_gap_us)
+    calls, not_blocking, timelines = blocking_calls(trace, window, min_blocked_us, pair_gap_us, host_wait_only)
     if not calls.empty:
         calls = pd.concat([calls, _call_context(trace, calls)], axis=1)
     total_idle = float(sum(tl.idle_us for tl in timelines.values()))

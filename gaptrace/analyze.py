@@ -15,6 +15,9 @@
 - ``rounds``: {summary: {rounds, t_round_us, t_gpu_us, t_host_us, t_serial_us, tau, tpot_us, verdict, bound, ...},
   rounds: [{round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes, tau,
   tpot_us}]} when the trace annotates verify rounds, else None (:mod:`gaptrace.analyses.rounds`);
+- ``idle_split``: {idle_us, host_wait_us, device_side_us, device_side_share}: idle before kernels that were
+  already launched is device-side (:func:`gaptrace.analyses.occupancy.device_side_gaps`) and is charged to no host
+  frame; gap attribution, idle sites and sync idle explain the host-wait part, every share is over all idle;
 - ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
 - ``headline``: [str], the occupancy sentence per device followed by the first finding;
 - ``warnings``: [str], the loader's integrity warnings and the analyses' own.
@@ -77,7 +80,7 @@ def _records(df: pd.DataFrame) -> list[dict]:
     return [to_jsonable(r) for r in df.to_dict("records")]
 
 
-def idle_sites(result: Any) -> pd.DataFrame:
+def idle_sites(result: Any, idle_total_us: float | None = None) -> pd.DataFrame:
     """Idle charged to the innermost host frame with a source file, per such frame (normalised name).
 
     ``result`` is a :class:`gaptrace.analyses.gaps.EventIdle`. At every moment of device idle, each host thread's
@@ -89,7 +92,7 @@ def idle_sites(result: Any) -> pd.DataFrame:
     event or site is a parked-thread frame (``WAIT_FRAME_RE``: ``threading.py: wait``, a lock ``acquire``,
     ``time.sleep``, ``select``) go to "(thread waiting)".
     Columns: site, range (the innermost NVTX / record_function range the host was in there, the one holding most
-    of that idle; "" if none), idle_us, share (idle_us / window idle, 0..1).
+    of that idle; "" if none), idle_us, share (idle_us / ``idle_total_us``, default the result's window idle).
     """
     from gaptrace.analyses import stacks
     from gaptrace.analyses.gaps import grouped_union
@@ -123,7 +126,8 @@ def idle_sites(result: Any) -> pd.DataFrame:
         best = pair.groupby(["site", "range"], sort=False)["idle"].sum().reset_index()
         best = best.loc[best.groupby("site", sort=False)["idle"].idxmax()]
         rng[best["site"].to_numpy()] = tree.frames.to_numpy(dtype=object)[best["range"].to_numpy()]
-    out = pd.DataFrame({"site": names[nz], "range": rng[nz], "idle_us": idle[nz], "share": idle[nz] / tl.idle_us})
+    denom = idle_total_us if idle_total_us else tl.idle_us
+    out = pd.DataFrame({"site": names[nz], "range": rng[nz], "idle_us": idle[nz], "share": idle[nz] / denom})
     return out.sort_values(["idle_us", "site"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
@@ -243,6 +247,15 @@ def _unprofiled_launches(sidecar: dict | None) -> dict[int, float] | None:
     return out or None
 
 
+def _with_sites(report: Any, sites: pd.DataFrame) -> Any:
+    """A shallow copy of a SyncReport with other ``sites``."""
+    import copy
+
+    r = copy.copy(report)
+    r.sites = sites
+    return r
+
+
 def run_analysis(trace: Trace, window: str | None = None, device: int | None = None,
                  sidecar: dict | None = None, round_name: str = "round") -> dict[str, Any]:
     """All four core analyses of ``trace`` over ``window`` as one JSON-able dict (see the module docstring).
@@ -265,7 +278,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
             window, window_source = named, "sidecar"
     out: dict[str, Any] = {"trace": trace.path, "window": window, "window_source": window_source, "devices": [], "gap_attribution": [],
                            "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
-                           "rounds": None, "headline": [], "warnings": warnings}
+                           "rounds": None, "idle_split": None, "headline": [], "warnings": warnings}
     has_device = not trace.device.empty
     unprofiled = _unprofiled_launches(sidecar)
     fit = launch_fit.launch_fit(trace, unprofiled)
@@ -279,20 +292,28 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     occ = occupancy.occupancy(trace, window)
     out["devices"] = _records(occ)
     key = occupancy.resolve_device(trace, device)
-    ev = gaps.event_idle(trace, key, window)
+    exact = occupancy.busy_timeline(trace, key, window)
+    # attribute host-wait idle only: device-side gaps (kernels already queued) are nobody's host code
+    ev = gaps.event_idle(trace, key, window, host_wait_only=True)
     tl = ev.timeline
+    idle_total = exact.idle_us
+    device_side_us = idle_total - tl.idle_us
+    out["idle_split"] = {"idle_us": idle_total, "host_wait_us": tl.idle_us, "device_side_us": device_side_us,
+                         "device_side_share": device_side_us / idle_total if idle_total > 0 else 0.0}
     attribution = gaps.gap_attribution(trace, key, window, result=ev)
+    attribution["share"] = attribution["inclusive_idle_us"] / idle_total if idle_total > 0 else 0.0
     keep = attribution[attribution["share"] >= FRAME_MIN_SHARE].head(MAX_FRAMES)
     out["gap_attribution"] = _records(keep)
-    sites = idle_sites(ev)
+    sites = idle_sites(ev, idle_total)
     out["idle_sites"] = _records(sites[sites["share"] >= FRAME_MIN_SHARE].head(MAX_FRAMES))
-    report = syncs.blocking_syncs(trace, window=(tl.t0_us, tl.t1_us) if window else None)
-    out["blocking_syncs"] = report.to_list()
-    # the sync shares must be over the analysed device's idle, like every other share
-    dev_sites = report.sites.copy()
-    if not report.calls.empty and "device" in report.calls.columns and len(trace.device_ids) > 1:
-        calls = report.calls[(report.calls["rank"] == key[0]) & (report.calls["device"] == key[1])]
-        dev_sites = syncs.sync_sites(calls, tl.idle_us)
+    report = syncs.blocking_syncs(trace, window=(tl.t0_us, tl.t1_us) if window else None, host_wait_only=True)
+    # shares over the analysed device's whole idle, like every other share
+    calls = report.calls
+    if not calls.empty and "device" in calls.columns:
+        calls = calls[(calls["rank"] == key[0]) & (calls["device"] == key[1])]
+    dev_sites = syncs.sync_sites(calls, idle_total)
+    out["blocking_syncs"] = syncs.SyncReport.to_list(
+        dataclasses.replace(report, sites=dev_sites) if dataclasses.is_dataclass(report) else _with_sites(report, dev_sites))
     launch_idle = 0.0
     if fit is not None:
         h = trace.host
@@ -301,7 +322,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     rr = rounds.rounds(trace, round_name, key, sidecar,
                        fit.kappa_us_per_node if fit is not None else None)
     out["rounds"] = rr.to_dict() if rr is not None else None
-    out["findings"] = to_jsonable(findings(tl.idle_us, dev_sites, sites, fit, launch_idle,
+    out["findings"] = to_jsonable(findings(idle_total, dev_sites, sites, fit, launch_idle,
                                            overhead_idle(trace, tl, key[0])))
     for d in out["devices"]:
         where = f" of window {window!r}" if window else ""
@@ -310,6 +331,12 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
             f"{' on rank ' + str(d['rank']) if d['rank'] else ''} busy "
             f"{d['occupancy']:.1%} of {d['window_us'] / 1000:.2f} ms{where}; {d['idle_us'] / 1000:.2f} ms idle "
             f"in {d['gaps']} gaps")
+    split = out["idle_split"]
+    if split["device_side_share"] >= FINDING_MIN_SHARE:
+        out["headline"].append(
+            f"{split['device_side_share']:.0%} of the idle time ({_ms(split['device_side_us'])}) is device-side: gaps "
+            "before kernels that were already launched (launch latency between queued kernels, CUDA-graph node "
+            "bubbles); no host code caused it, and the findings below explain the rest")
     if out["findings"]:
         out["headline"].append(out["findings"][0]["summary"])
     partial = int(ev.tree.partial_overlaps) if hasattr(ev.tree, "partial_overlaps") else 0

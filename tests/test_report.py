@@ -94,11 +94,26 @@ def test_strip_bins_are_exact_busy_fractions(probe_report, probe_busy):
 
 
 def test_icicle_totals_match_idle_under_host_events(probe_report, probe_busy):
-    """The thread's box equals the idle under the union of its host events, computed by sweeping the gaps."""
+    """The thread's box equals the host-wait idle under the union of its host events, computed by sweeping the gaps.
+
+    Host-wait idle: a gap is device-side (and not attributed) when the activity that ends it was launched by a host
+    call that had already returned when the gap began."""
     occ, t0, t1 = probe_busy
     ev = _events(PROBE)
-    dev = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ev
-                 if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    acts = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e["args"].get("correlation")) for e in ev
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    launch_end = {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e["args"]:
+            c = e["args"]["correlation"]
+            launch_end[c] = max(launch_end.get(c, -1e300), float(e["ts"]) + float(e["dur"]))
+    dev, run_end = [], None
+    for s, e, c in acts:  # gaps between merged spans, filled where device-side
+        if run_end is not None and s > run_end and c in launch_end and launch_end[c] <= run_end:
+            dev.append((run_end, s))
+        dev.append((s, e))
+        run_end = e if run_end is None else max(run_end, e)
+    dev.sort()
     host = [(max(float(e["ts"]), t0), min(float(e["ts"]) + float(e["dur"]), t1)) for e in ev
             if e.get("ph") == "X" and e.get("cat") in ("python_function", "cpu_op", "user_annotation",
                                                          "cuda_runtime", "cuda_driver")]

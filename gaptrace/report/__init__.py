@@ -154,7 +154,7 @@ def _gaps(trace: Trace, analysis: dict, figures: dict, device: int | None) -> st
         key = resolve_device(trace, device)  # the analysed device (default the busiest), as the table's
         d = next((x for x in devs if int(x.get("device", -1)) == key[1] and int(x.get("rank", key[0])) == key[0]),
                  devs[0])
-        tree = idle_stack_tree(event_idle(trace, key, _window(trace, d)))
+        tree = idle_stack_tree(event_idle(trace, key, _window(trace, d), host_wait_only=True))
         if len(tree.nodes):
             figures["fig-icicle"] = charts.icicle_figure(tree)
             out.append(f'<p class="how">Stack tree for GPU {h(key[1])}: {fmt_ms(tree.total_idle_us)} ms idle in '
