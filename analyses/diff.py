@@ -6,7 +6,8 @@ Input: two dicts from :func:`gaptrace.analyze.run_analysis`. Output (:func:`diff
   t_host_us, t_serial_us, tau, tpot_us, kappa_us_per_node, blocked_us (Σ over sync sites), idle_after_us;
   delta = b − a, rel = delta / a (None where a is 0 or either side is missing);
 - ``frames``: idle by frame, {vanished: [...], appeared: [...], changed: [...]} (frame, a_us, b_us, delta_us),
-  each sorted by |delta|;
+  each sorted by |delta|; frames are matched without line numbers and step counters (:func:`_frame_key`), so
+  the same function in two versions of the code is one frame;
 - ``syncs``: the same for blocking-sync sites (keyed by call + site + ATen op);
 - ``accept_length``: seed 000's inequality for the pair. TPOT = Tround / τ, so B's TPOT is lower exactly when
   (1 + ΔTround/Tround) < (1 + Δτ/τ); to first order a change that costs accept length wins only if it cuts the
@@ -73,17 +74,28 @@ def _keyed_diff(a_rows: list[dict], b_rows: list[dict], key, value: str, limit: 
     return {"vanished": srt(vanished), "appeared": srt(appeared), "changed": srt(changed)}
 
 
+_LINE_RE = re.compile(r"\(\d+\)(?=: )")
+_STEP_RE = re.compile(r"#\d+$")
+
+
+def _frame_key(frame: str) -> str:
+    """A frame as matched across two traces: without its line number ("engine.py(121): generate" ->
+    "engine.py: generate"; an edit above a function must not make it "vanish") and without a step counter
+    ("ProfilerStep#12" -> "ProfilerStep")."""
+    return _STEP_RE.sub("", _LINE_RE.sub("", frame))
+
+
 def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
     """Compare analysis ``a`` (baseline) with ``b`` (candidate); see the module docstring for the fields."""
     sa, sb = _scalars(a), _scalars(b)
     metrics = {m: _delta(sa[m], sb[m]) for m in METRICS}
     frames = _keyed_diff(a.get("gap_attribution") or [], b.get("gap_attribution") or [],
-                         lambda r: r["frame"], "inclusive_idle_us")
+                         lambda r: _frame_key(r["frame"]), "inclusive_idle_us")
     for part in frames.values():
         for r in part:
             r["frame"] = r.pop("key")
     syncs = _keyed_diff(a.get("blocking_syncs") or [], b.get("blocking_syncs") or [],
-                        lambda r: f"{r.get('call')} ({r.get('aten_op') or '-'}) from {r.get('site') or '-'}",
+                        lambda r: f"{r.get('call')} ({r.get('aten_op') or '-'}) from {_frame_key(r.get('site') or '-')}",
                         "blocked_us")
     for part in syncs.values():
         for r in part:
