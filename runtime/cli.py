@@ -20,12 +20,25 @@ from gaptrace.cli import fail
 
 
 def read_prompts_file(path: str) -> list[str]:
-    """Prompts from a JSONL file: each line a JSON string or an object with a "prompt" string."""
+    """Prompts from a JSONL file: each line a JSON string or an object with a "prompt" string.
+
+    ValueError (one line naming the file, and the line where there is one) for a missing or unreadable file, bytes
+    that are not UTF-8, a line that is not JSON or holds no prompt string, or no prompt at all."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{path}: prompts file not found")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the prompts file ({e.strerror or e})") from None
+    try:
+        lines = data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line_no = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}:{line_no}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") \
+            from None
     out = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:

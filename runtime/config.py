@@ -8,6 +8,7 @@ runtime": page size P, draft window W, block size B, batch size, chunked prefill
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
@@ -81,6 +82,18 @@ class ModelConfig:
         def need(ok: bool, msg: str):
             if not ok:
                 raise ConfigError(f"model config: {msg}")
+        for f in dataclasses.fields(self):  # a config.json is untrusted: "big", [4], null or true where a number goes
+            v = getattr(self, f.name)
+            if f.type == "int":
+                need(isinstance(v, int) and not isinstance(v, bool), f"{f.name} must be an integer, got {v!r}")
+            elif f.type == "float":
+                need(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+                     f"{f.name} must be a finite number >= 0, got {v!r}")
+            elif f.type == "bool":
+                need(isinstance(v, bool), f"{f.name} must be true or false, got {v!r}")
+        eos = self.eos_token_id
+        need(eos is None or (isinstance(eos, int) and not isinstance(eos, bool)),
+             f"eos_token_id must be an integer, got {eos!r}")
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "max_position_embeddings"):
             need(int(getattr(self, name)) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")

@@ -10,9 +10,10 @@ import torch
 
 from .config import ConfigError, Preset, RuntimeConfig, get_preset
 from .engine import Engine, check_request
-from .models.checkpoint import CheckpointError, load_checkpoint
+from .models.checkpoint import CheckpointError, load_checkpoint, read_config
 from .models.model import Transformer
 from .spec.reference import greedy_reference
+from .spec.state import DecodeState
 from .tokenizer import load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,13 +49,20 @@ def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: s
     """
     p = get_preset(preset)
     over = {k: v for k, v in runtime.items() if v is not None}
-    if "page_size" in over and "max_seq_len" not in over:  # keep the preset's context, rounded to whole pages
+    if over.get("page_size", 0) > 0 and "max_seq_len" not in over:  # keep the preset's context, in whole pages
         over["max_seq_len"] = -(-p.runtime.max_seq_len // over["page_size"]) * over["page_size"]
     rcfg = p.runtime.replace(seed=seed, **over)
     if rcfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda, but torch sees no CUDA device")
     device, dtype = torch.device(rcfg.device), DTYPES[rcfg.dtype]
     simulated = p.simulated and model_dir is None
+    if model_dir is not None:  # the configs first (cheap): a decode state that cannot fit is refused before loading
+        cfgs = (read_config(model_dir), read_config(draft_dir) if draft_dir else None)
+    elif _has_weights(p.target_dir) and _has_weights(p.draft_dir):
+        cfgs = (read_config(p.target_dir), read_config(p.draft_dir))
+    else:
+        cfgs = (p.target, p.draft)
+    check_memory(cfgs[0], cfgs[1] or cfgs[0], rcfg)
     if model_dir is not None:
         target = load_checkpoint(model_dir, device, dtype).eval()
         draft = load_checkpoint(draft_dir, device, dtype).eval() if draft_dir else target
@@ -77,10 +85,36 @@ def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: s
     return DecodeSetup(p, target, draft, tokenizer, rcfg, weights, simulated)
 
 
+def available_bytes(device: str) -> int:
+    """Memory a decode may still take: free device memory on CUDA, else the host's MemAvailable."""
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    from gaptrace.loader import default_memory_limit_bytes
+
+    return default_memory_limit_bytes()
+
+
+def check_memory(target_cfg, draft_cfg, rcfg: RuntimeConfig, available: int | None = None) -> None:
+    """ConfigError (one line: the need and what is available) when the KV cache and decode state of ``rcfg``
+    (:meth:`DecodeState.nbytes`) exceed the memory available (``available`` bytes, default
+    :func:`available_bytes`): a batch of 10**6 slots is refused here, before anything is allocated."""
+    need = DecodeState.nbytes(target_cfg, draft_cfg, rcfg, torch.empty(0, dtype=DTYPES[rcfg.dtype]).element_size())
+    have = available_bytes(rcfg.device) if available is None else available
+    if need > have:
+        raise ConfigError(f"batch size {rcfg.batch_size} x max_seq_len {rcfg.max_seq_len}: the KV cache and decode "
+                          f"state need about {need / 1e9:,.2f} GB, over the {have / 1e9:,.2f} GB of "
+                          f"{'GPU' if rcfg.device == 'cuda' else 'host'} memory available")
+
+
 def encode_prompts(setup: DecodeSetup, texts: list[str], max_new_tokens: int) -> list[list[int]]:
-    """Token ids of each prompt; ConfigError (one line) for an empty or too-long prompt."""
+    """Token ids of each prompt; ConfigError (one line) for an empty, too-long or not-Unicode prompt."""
     out = []
     for i, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate: a "\\udXXX" in JSON, or argv bytes that are not UTF-8
+            raise ConfigError(f"prompt {i + 1}: not valid Unicode text ({text[e.start]!a} at character {e.start})") \
+                from None
         ids = setup.tokenizer.encode(text) if text else []
         try:
             check_request(len(ids), max_new_tokens, setup.rcfg)

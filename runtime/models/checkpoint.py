@@ -82,9 +82,15 @@ def read_config(directory: str | os.PathLike) -> ModelConfig:
     if not path.is_file():
         raise CheckpointError(f"{directory}: no config.json (expected a Hugging Face checkpoint directory)")
     try:
-        return ModelConfig.from_hf_dict(json.loads(path.read_text()), source=str(path))
+        d = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise CheckpointError(f"{path}: unreadable ({e})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path}: not a JSON object (a Hugging Face config.json maps field names to values)")
+    try:
+        return ModelConfig.from_hf_dict(d, source=str(path))
     except ConfigError as e:
         raise CheckpointError(str(e)) from None
 
@@ -109,7 +115,7 @@ def read_tensors(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
 def load_checkpoint(directory: str | os.PathLike, device="cpu", dtype: torch.dtype = torch.float32) -> Transformer:
     """Load a checkpoint directory into a ``Transformer`` on ``device`` in ``dtype``; its config is
     ``model.config``. Raises CheckpointError on a missing directory/config/tensor, a tensor of the wrong shape,
-    or an unexpected tensor."""
+    a tensor that is not floating-point or holds NaN/inf, or an unexpected tensor."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: checkpoint directory not found")
@@ -126,6 +132,12 @@ def load_checkpoint(directory: str | os.PathLike, device="cpu", dtype: torch.dty
         if tuple(tensors[name].shape) != tuple(t.shape):
             raise CheckpointError(f"{directory}: tensor {name} has shape {list(tensors[name].shape)}, "
                                   f"expected {list(t.shape)}")
+        if not tensors[name].is_floating_point():  # an int8/bool tensor would be cast to garbage weights silently
+            dtype_name = str(tensors[name].dtype).removeprefix("torch.")
+            raise CheckpointError(f"{directory}: tensor {name} has dtype {dtype_name}, expected a floating-point dtype")
+        bad = int((~torch.isfinite(tensors[name])).sum())
+        if bad:
+            raise CheckpointError(f"{directory}: tensor {name} holds {bad} NaN or infinite values")
     extra = sorted(k for k in tensors if k not in expected and not k.endswith(IGNORED_SUFFIXES))
     if extra:
         raise CheckpointError(f"{directory}: unexpected tensor {extra[0]} (and {len(extra) - 1} more); "

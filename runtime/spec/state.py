@@ -45,6 +45,31 @@ class DecodeState:
                    LinearStatePool(target_cfg, slots, device), LinearStatePool(draft_cfg, slots, device),
                    rcfg.page_size, rcfg.window, rcfg.block_size, rcfg.max_seq_len, slots - 1)
 
+    @staticmethod
+    def nbytes(target_cfg, draft_cfg, rcfg, dtype_bytes: int) -> int:
+        """Bytes :meth:`allocate` (with the block manager's ``num_pages`` = slots x max_pages + 1) and the engine's
+        per-round buffers take for this config, plus one verify's gathered K/V of a full batch (the largest
+        transient); the model weights are not counted. Used to refuse a config that cannot fit before allocating.
+        """
+        slots = rcfg.batch_size + 1
+        max_pages = rcfg.max_seq_len // rcfg.page_size
+        num_pages = slots * max_pages + 1
+        tokens = num_pages * rcfg.page_size
+
+        def kv(cfg) -> int:  # K and V pools over all full-attention layers
+            n_full = sum(t == "full_attention" for t in cfg.layer_types)
+            return 2 * n_full * tokens * cfg.num_key_value_heads * cfg.head_dim * dtype_bytes
+
+        def lin(cfg) -> int:  # float32 recurrent states
+            return (cfg.layer_types.count("linear_attention") * slots * cfg.linear_num_value_heads
+                    * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4)
+
+        tables = 2 * slots * max_pages * 8 + num_pages * 40  # device + host page tables, the free-page deque
+        buffers = 2 * rcfg.batch_size * (rcfg.window + rcfg.page_size + 1) * 8  # per-bucket round buffers
+        gather = max(2 * rcfg.batch_size * rcfg.max_seq_len * c.num_key_value_heads * c.head_dim * dtype_bytes
+                     for c in (target_cfg, draft_cfg))
+        return kv(target_cfg) + kv(draft_cfg) + lin(target_cfg) + lin(draft_cfg) + tables + buffers + gather
+
     def token_map(self, rows: torch.Tensor) -> torch.Tensor:
         """Token slots of positions [0, max_len) for the slots in ``rows`` [nb] -> [nb, max_len]."""
         return token_map(self.page_table[rows], self.page_size, self.max_len)
