@@ -95,8 +95,8 @@ def _slice(doc: dict, start: Any, n_events: int) -> dict:
     x = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
     x.sort(key=lambda e: e["ts"])
     if start == "round":
-        t0 = min((e["ts"] for e in x if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("round")),
-                 default=x[0]["ts"])
+        rounds = [e["ts"] for e in x if e.get("cat") == "user_annotation" and str(e.get("name")).startswith("round")]
+        t0 = min(rounds, default=x[0]["ts"])
     else:
         dev = [e["ts"] for e in x if e.get("cat") in ("kernel", "Kernel")]
         t0 = dev[int(start * (len(dev) - 1))] if dev else x[0]["ts"]
@@ -181,6 +181,7 @@ def _strategies():
         "round_name": st.sampled_from(["round", "round", "decode", "verify", ""]),
         "chunk": st.sampled_from([None, None, None, 512, 4096]),
         "report": st.booleans(),
+        "odd_name": weighted(st, [(9, st.just(False)), (1, st.just(True))]),  # a file name that is not UTF-8
     })
 
 
@@ -327,15 +328,15 @@ def materialise(case: dict, bases: list[Base], workdir: str) -> Materialised:
     sidecar = json.loads(json.dumps(base.sidecar)) if base.sidecar is not None else None
     doc, sidecar = apply_mutations(doc, sidecar, case["mutations"])
     data = apply_bytes(serialise(doc, case["form"]), case)
-    name = "case.json.gz" if case["gzip"] else "case.json"
-    path = os.path.join(workdir, name)
-    for stale in ("case.json.gz", "case.json", "case.gaptrace.json"):
-        if os.path.exists(os.path.join(workdir, stale)):
+    stem = "case" + ("\udcff" if case.get("odd_name") else "")  # the byte 0xff, as Python keeps it in a str
+    path = os.path.join(workdir, stem + (".json.gz" if case["gzip"] else ".json"))
+    for stale in os.listdir(workdir):
+        if stale.startswith("case"):
             os.unlink(os.path.join(workdir, stale))
     with open(path, "wb") as f:
         f.write(data)
     if sidecar is not None:
-        with open(os.path.join(workdir, "case.gaptrace.json"), "w") as f:
+        with open(os.path.join(workdir, stem + ".gaptrace.json"), "w") as f:
             json.dump(sidecar, f)
     base_path = os.path.join(workdir, f"base{case['base']}.json")
     if not os.path.exists(base_path):
@@ -435,22 +436,32 @@ def check_case(m: Materialised, base_results: dict[str, dict]) -> Outcome:
         return Outcome("crash", _signature(e), traceback.format_exc())
 
 
+def _argv_safe(s: str) -> bool:
+    """Whether ``s`` can be an argv element (no NUL; encodable as the OS encodes argv)."""
+    try:
+        return "\x00" not in s and bool(os.fsencode(s)) is not None
+    except UnicodeEncodeError:
+        return False
+
+
 def run_cli(m: Materialised, timeout_s: float = 120) -> list[Outcome]:
     """The real CLI in a subprocess on one case: analyze, analyze --json, report -o, diff."""
     exe = [sys.executable, "-m", "gaptrace.cli"]
-    win = ["--window", m.window] if m.window is not None else []
+    win = ["--window", m.window] if m.window is not None and _argv_safe(m.window) else []
     dev = ["--device", str(m.device)] if m.device is not None else []
-    rnd = ["--rounds", m.round_name] if m.round_name else []
+    rnd = ["--rounds", m.round_name] if m.round_name and _argv_safe(m.round_name) else []
     out_html = os.path.join(os.path.dirname(m.trace_path), "cli.report.html")
     runs = [("analyze", ["analyze", m.trace_path, *win, *dev, *rnd]),
             ("analyze --json", ["analyze", m.trace_path, "--json", *win, *dev, *rnd]),
             ("report -o", ["report", m.trace_path, "-o", out_html, *win, *dev, *rnd]),
             ("diff", ["diff", m.base_path, m.trace_path, *win, *rnd])]
     outcomes = []
+    # a UTF-8 desktop locale: stdout strict (this machine's C.UTF-8 would let lone surrogates through)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
     for label, args in runs:
         if os.path.exists(out_html):
             os.unlink(out_html)
-        r = subprocess.run(exe + args, capture_output=True, timeout=timeout_s, cwd=ROOT)
+        r = subprocess.run(exe + args, capture_output=True, timeout=timeout_s, cwd=ROOT, env=env)
         err = r.stderr.decode("utf-8", "replace")
         problem = None
         if "Traceback" in err:
@@ -555,7 +566,7 @@ def _short(v: Any) -> Any:
 def _save(save_dir: str, k: int, o: Outcome, case: dict, bases: list[Base], workdir: str) -> None:
     os.makedirs(save_dir, exist_ok=True)
     for n in os.listdir(workdir):
-        if n.startswith("case."):
+        if n.startswith("case"):
             shutil.copy(os.path.join(workdir, n), os.path.join(save_dir, f"crash{k}-{n}"))
     with open(os.path.join(save_dir, f"crash{k}.txt"), "w") as f:
         f.write(f"{o.detail}\n\ncase: {_short(case)!r}\n\n{o.trace}")

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from gaptrace.cli import memory_limit_option
-from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError
+from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError, clean_text
 
 __all__ = ["run_analysis", "idle_sites", "findings", "analyze", "to_jsonable"]
 
@@ -269,6 +269,10 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     """
     from gaptrace.analyses import gaps, launch_fit, occupancy, rounds, syncs
 
+    # names from argv may hold lone surrogates (bytes that are not UTF-8); the trace's own names are cleaned the
+    # same way (build_trace), so they still match, and the result stays printable
+    window = clean_text(window) if isinstance(window, str) else window
+    round_name = clean_text(round_name)
     warnings = list(trace.warnings)
     window_source = "argument" if window else None
     if window is None and isinstance(sidecar, dict) and isinstance(sidecar.get("analysis_window"), str):
@@ -276,7 +280,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
         ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
         if (ua == named).any():  # the capture's decode window (its profiled rounds)
             window, window_source = named, "sidecar"
-    out: dict[str, Any] = {"trace": trace.path, "window": window, "window_source": window_source, "devices": [], "gap_attribution": [],
+    out: dict[str, Any] = {"trace": clean_text(trace.path), "window": window, "window_source": window_source, "devices": [], "gap_attribution": [],
                            "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
                            "rounds": None, "idle_split": None, "headline": [], "warnings": warnings}
     has_device = not trace.device.empty

@@ -201,3 +201,41 @@ def test_a_trace_bigger_than_memory_is_refused_before_reading(tmp_path):
     line = _one_error_line(_cli("analyze", str(p)))
     assert time.perf_counter() - t0 < 20  # the interpreter's start-up; reading 1 TB would take hours
     assert "too big to load here: 1099.51 GB of JSON" in line and "over the limit of" in line
+
+
+# ---------------------------------------------------------------------------------------------- names from argv
+NOT_UTF8 = b"\xff".decode("utf-8", "surrogateescape")  # how Python hands over argv bytes that are not UTF-8
+
+
+def _cli_strict(*args: str) -> subprocess.CompletedProcess:
+    """The CLI under a UTF-8 desktop locale (stdout strict; this machine's C.UTF-8 would be lenient)."""
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+    return subprocess.run([sys.executable, "-m", "gaptrace.cli", *args], capture_output=True, cwd=ROOT, env=env)
+
+
+def test_window_name_with_a_lone_surrogate_is_printable(tmp_path):
+    """A host-only trace echoes the window name unresolved: a name from non-UTF-8 argv made --json crash."""
+    doc = _doc(SMALL)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset")]
+    path = _write(tmp_path, doc)
+    res = run_analysis(load_trace(path), window="w" + NOT_UTF8, round_name=NOT_UTF8)
+    assert res["window"] == "w\ufffd" and res["devices"] == []
+    r = _cli_strict("analyze", path, "--json", "--window", "w" + NOT_UTF8)
+    assert r.returncode == 2 and "Traceback" not in r.stderr.decode()  # exit 2: no GPU activity, by design
+    assert json.loads(r.stdout.decode("utf-8"))["window"] == "w\ufffd"
+
+
+def test_trace_and_report_paths_that_are_not_utf8(tmp_path):
+    """A trace or report path with a non-UTF-8 byte: the JSON, the report page and "wrote ..." crashed."""
+    src = tmp_path / ("t" + NOT_UTF8 + ".json.gz")
+    src.write_bytes(open(SMALL, "rb").read())
+    out = tmp_path / ("r" + NOT_UTF8 + ".html")
+    a = _cli_strict("analyze", str(src), "--json")
+    assert a.returncode == 0, a.stderr.decode()
+    assert json.loads(a.stdout.decode("utf-8"))["trace"] == str(src).replace(NOT_UTF8, "\ufffd")
+    r = _cli_strict("report", str(src), "-o", str(out))
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode("utf-8").startswith("wrote " + str(out).replace(NOT_UTF8, "\ufffd"))
+    assert f"t\ufffd.json.gz" in out.read_text(encoding="utf-8")
+    d = _cli_strict("diff", str(src), str(src))
+    assert d.returncode == 0 and "Traceback" not in d.stderr.decode(), d.stderr.decode()

@@ -6,7 +6,7 @@ import os
 import click
 
 from gaptrace.cli import memory_limit_option
-from gaptrace.trace import TraceError
+from gaptrace.trace import TraceError, clean_text
 
 
 def default_output(trace_path: str) -> str:
@@ -47,4 +47,5 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
     except OSError as e:
         fail(f"{out}: cannot write the report: {e.strerror or e}")
     side = f" (with capture sidecar {info['sidecar']})" if info["sidecar"] else ""
-    click.echo(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB){side}")
+    # clean_text: a path from argv bytes that are not UTF-8 holds lone surrogates a strict stdout cannot encode
+    click.echo(clean_text(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB){side}"))

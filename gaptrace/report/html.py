@@ -16,12 +16,15 @@ from importlib import resources
 from string import Template
 from typing import Any, Iterable, Sequence
 
+from gaptrace.trace import clean_text
+
 __all__ = ["h", "fmt_ms", "fmt_us", "fmt_pct", "table", "kv_table", "page", "plotly_js", "figures_script"]
 
 
 def h(s: object) -> str:
-    """``html.escape(str(s))`` (quotes too, so the result is safe in attributes)."""
-    return html.escape("" if s is None else str(s), quote=True)
+    """``html.escape(str(s))`` (quotes too, so the result is safe in attributes), lone surrogates (a path from
+    argv bytes that are not UTF-8, a sidecar string) replaced by U+FFFD so the page can be written as UTF-8."""
+    return html.escape(clean_text("" if s is None else str(s)), quote=True)
 
 
 def _num(x: Any) -> float | None:
@@ -84,7 +87,7 @@ def plotly_js() -> str:
 def figures_script(figures: dict[str, dict]) -> str:
     """``var FIGURES = {...};`` followed by the report's renderer. The JSON has ``<``, ``>``, ``&`` and the
     JavaScript line separators escaped as ``\\uXXXX``, so no string in it can close the script element."""
-    blob = json.dumps(figures, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+    blob = clean_text(json.dumps(figures, separators=(",", ":"), allow_nan=False, ensure_ascii=False))
     for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
                     ("\u2029", "\\u2029")):
         blob = blob.replace(ch, rep)
