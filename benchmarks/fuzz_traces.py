@@ -536,7 +536,11 @@ def fuzz(cases: int, cli_every: int = 0, seed: int | None = None, workdir: str |
         tally.cases += 1
         if cli_every and tally.cases % cli_every == 0:
             tally.cli_cases += 1
-            for o in run_cli(m):
+            try:
+                outcomes = run_cli(m)
+            except Exception as e:  # noqa: BLE001 - a fault of this script; recorded, the run goes on
+                outcomes = [Outcome("crash", f"fuzz harness: {_signature(e)}", traceback.format_exc())]
+            for o in outcomes:
                 record(o, case)
         if progress and tally.cases % 500 == 0:
             print(f"  {tally.cases} cases, {time.time() - t_start:.0f} s, crashes {len(tally.crashes)}",
