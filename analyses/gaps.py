@@ -129,14 +129,16 @@ def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray,
 
 
 def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
-               window: str | tuple[float, float] | None = None, host_wait_only: bool = False) -> EventIdle:
+               window: str | tuple[float, float] | None = None, host_wait_only: bool = False,
+               exclude_parked: bool = False) -> EventIdle:
     """Inclusive and self idle of every host event of the device's rank (definitions in the module docstring).
 
     ``device``: int, (rank, device) or None (the busiest). ``window``: None (first to last device activity),
     an annotation name, or (t0_us, t1_us). ``host_wait_only``: attribute only host-wait idle, i.e. leave out the
     device-side gaps between kernels that were already queued (:func:`.occupancy.device_side_gaps`); the result's
-    ``timeline`` is then that filled timeline. Raises TraceError when the trace has no device activity or the window
-    matches no annotation.
+    ``timeline`` is then that filled timeline. ``exclude_parked``: leave out threads parked in a wait
+    (:func:`_parked_threads`: tqdm's monitor, idle pools).
+    Raises TraceError when the trace has no device activity or the window matches no annotation.
     """
     key = resolve_device(trace, device)
     tl = busy_timeline(trace, key, window, host_wait_only=host_wait_only)
@@ -147,11 +149,44 @@ def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
     idle_e = idle_at(tl, tree.end_us)
     inclusive = np.where(in_rank, idle_e - idle_s, 0.0)
     seg_s, seg_e, seg_i, seg_node = _segments(tree, in_rank, idle_s, idle_e)
+    parked = _parked_threads(trace, tree, seg_s, seg_e, seg_node) if exclude_parked else np.zeros(0, dtype=bool)
+    if parked.any():  # leave parked threads out entirely: their waiting explains nothing
+        in_rank = in_rank & ~parked[tree.thread]
+        inclusive = np.where(in_rank, inclusive, 0.0)
+        drop = (seg_node >= 0) & parked[tree.thread[np.maximum(seg_node, 0)]]
+        seg_node = np.where(drop, -1, seg_node)
     act = seg_node >= 0
     self_us = np.bincount(seg_node[act], weights=seg_i[act], minlength=tree.n).astype(np.float64)
     return EventIdle(rank=key[0], device=key[1], timeline=tl, tree=tree, in_rank=in_rank,
                      inclusive_us=inclusive, self_us=self_us, seg_start_us=seg_s, seg_end_us=seg_e,
                      seg_idle_us=seg_i, seg_node=seg_node)
+
+
+PARKED_SHARE = 0.9
+
+
+def _parked_threads(trace: Trace, tree: HostTree, seg_s: np.ndarray, seg_e: np.ndarray,
+                    seg_node: np.ndarray) -> np.ndarray:
+    """(threads,) bool: threads that launch no device work (no cuda_runtime / cuda_driver event) and spend at least
+    ``PARKED_SHARE`` of their traced time with a parked frame innermost (:data:`.stacks.WAIT_FRAME_RE`:
+    ``threading.py: wait``, a lock ``acquire``, ``time.sleep``, ``select``): tqdm's monitor thread, an idle worker
+    pool. A thread that computes while the GPU idles (a JIT compile on a scheduler thread) is never parked."""
+    from .stacks import CAT_CODE, waiting_frames
+
+    nt = len(tree.threads)
+    out = np.zeros(nt, dtype=bool)
+    act = seg_node >= 0
+    if not act.any():
+        return out
+    node = seg_node[act]
+    dur = seg_e[act] - seg_s[act]
+    thread = tree.thread[node]
+    wait = waiting_frames(tree)[np.maximum(tree.frame[node], 0)] & (tree.frame[node] >= 0)
+    total = np.bincount(thread, weights=dur, minlength=nt)
+    waiting = np.bincount(thread, weights=np.where(wait, dur, 0.0), minlength=nt)
+    launches = np.isin(tree.cat, [CAT_CODE["cuda_runtime"], CAT_CODE["cuda_driver"]])
+    launching = np.bincount(tree.thread[launches], minlength=nt) > 0
+    return (total > 0) & (waiting >= PARKED_SHARE * total) & ~launching
 
 
 def _grouped_union(group: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -44,11 +44,11 @@ class RoundsReport:
 
     ``table`` columns: round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes
     (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar).
-    ``summary``: medians of those, ``verdict`` ("overlapped" | "serialized"), ``bound`` ("GPU" when median TGPU >=
-    median Thost, else "host"), ``overlap_excess`` ((Tround −
+    ``summary``: means of those (they add up), ``verdict`` ("overlapped" | "serialized", from medians), ``bound``
+    ("GPU" when median TGPU >= median Thost, else "host"), ``overlap_excess`` ((Tround −
     max(TGPU, Thost)) / Tround), and the profiler check when the sidecar has unprofiled round times:
     ``unprofiled_round_us``, ``profiler_excess_us`` (profiled − unprofiled Tround) and ``kappa_explained_us``
-    (κ · median Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``.
+    (κ · mean Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``.
     """
 
     table: pd.DataFrame
@@ -134,20 +134,23 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
                           "t_host_us": t_host, "t_serial_us": t_serial, "blocked_us": blocked,
                           "launch_nodes": nodes, "tau": tau,
                           "tpot_us": np.divide(t_round, tau, out=np.full(len(ps), np.nan), where=tau > 0)})
-    # medians, not means: one warm-up or hiccup round (lazy loading, a JIT compile) must not decide the verdict
-    mean = table.median(numeric_only=True)
+    # the figures are means (they add up: Tround = TGPU + Tserial); the verdict and the bound use medians, so one
+    # warm-up or hiccup round (lazy loading, a JIT compile) cannot decide them
+    mean = table.mean(numeric_only=True)
+    med = table.median(numeric_only=True)
     bound = max(mean["t_gpu_us"], mean["t_host_us"])
     excess = (mean["t_round_us"] - bound) / mean["t_round_us"] if mean["t_round_us"] > 0 else 0.0
+    tau_mean = float(np.nanmean(tau)) if np.isfinite(tau).any() else None
     summary: dict[str, Any] = {
         "rounds": len(table), "annotation": name,
         "t_round_us": mean["t_round_us"], "t_gpu_us": mean["t_gpu_us"], "t_host_us": mean["t_host_us"],
         "t_serial_us": mean["t_serial_us"], "blocked_us": mean["blocked_us"],
-        # τ is a mean over rounds (tokens per round), TPOT = median Tround / mean τ (seed 000: TPOT = Tround / τ)
-        "tau": float(np.nanmean(tau)) if np.isfinite(tau).any() else None,
-        "tpot_us": (mean["t_round_us"] / float(np.nanmean(tau))) if np.isfinite(tau).any() else None,
+        # τ: mean tokens per request-round; TPOT = mean Tround / mean τ (seed 000: TPOT = Tround / τ)
+        "tau": tau_mean,
+        "tpot_us": (mean["t_round_us"] / tau_mean) if tau_mean else None,
         "overlap_excess": excess,
-        "verdict": "serialized" if mean["blocked_us"] >= SERIAL_BLOCKED_SHARE * mean["t_round_us"] else "overlapped",
-        "bound": "GPU" if mean["t_gpu_us"] >= mean["t_host_us"] else "host",
+        "verdict": "serialized" if med["blocked_us"] >= SERIAL_BLOCKED_SHARE * med["t_round_us"] else "overlapped",
+        "bound": "GPU" if med["t_gpu_us"] >= med["t_host_us"] else "host",
     }
     unprof = (sidecar or {}).get("unprofiled_round_ms")
     if isinstance(unprof, list):

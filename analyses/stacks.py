@@ -273,6 +273,21 @@ def _build(trace: Trace) -> HostTree:
                     depth=depth, partial_overlaps=partial)
 
 
+# Frames that mean "this thread is parked": a thread sitting in them while the GPU idles did not cause the idle
+# (tqdm's monitor, a worker pool waiting for jobs).
+WAIT_FRAME_RE = re.compile(
+    r"^(?:.*threading\.py\(\d+\): (?:wait|join|_wait_for_tstate_lock)"
+    r"|.*queue\.py\(\d+\): get"
+    r"|.*selectors\.py\(\d+\): select"
+    r"|<built-in method (?:acquire|wait|select|poll|control) of .*"
+    r"|<built-in function (?:sleep|select)>)$")
+
+
+def waiting_frames(tree: "HostTree") -> np.ndarray:
+    """(frames,) bool: normalised frame names that mean the thread is parked (``WAIT_FRAME_RE``)."""
+    return np.array([bool(WAIT_FRAME_RE.match(f)) for f in tree.frames], dtype=bool)
+
+
 # ---------------------------------------------------------------- enclosing-frame helpers (for syncs and gaps)
 
 def enclosing(tree: HostTree, nodes: np.ndarray, node_mask: np.ndarray, include_self: bool = False) -> np.ndarray:

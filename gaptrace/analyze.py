@@ -42,14 +42,7 @@ from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError, clean_text
 
 __all__ = ["run_analysis", "idle_sites", "findings", "analyze", "to_jsonable"]
 
-# Frames that mean "this thread is parked": a thread sitting in them while the GPU idles did not cause the idle
-# (tqdm's monitor, a worker pool waiting for jobs). Their idle goes to "(thread waiting)", never to a finding.
-WAIT_FRAME_RE = re.compile(
-    r"^(?:.*threading\.py\(\d+\): (?:wait|join|_wait_for_tstate_lock)"
-    r"|.*queue\.py\(\d+\): get"
-    r"|.*selectors\.py\(\d+\): select"
-    r"|<built-in method (?:acquire|wait|select|poll|control) of .*"
-    r"|<built-in function (?:sleep|select)>)$")
+from gaptrace.analyses.stacks import WAIT_FRAME_RE  # noqa: E402  (parked-thread frames)
 
 # Findings below this share of the window's idle time are not stated (they stay in the tables).
 FINDING_MIN_SHARE = 0.05
@@ -108,7 +101,7 @@ def idle_sites(result: Any, idle_total_us: float | None = None) -> pd.DataFrame:
     site_rows = stacks.innermost_site(tree, tree.rows(node))
     n_frames = len(tree.frames)
     site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
-    waiting_frame = np.array([bool(WAIT_FRAME_RE.match(f)) for f in tree.frames], dtype=bool)
+    waiting_frame = stacks.waiting_frames(tree)
     waiting = waiting_frame[tree.frame[node]] | ((site < n_frames) & waiting_frame[np.minimum(site, n_frames - 1)])
     site = np.where(waiting, n_frames + 1, site)
     g, us, ue = grouped_union(site, s, e)
@@ -298,7 +291,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     key = occupancy.resolve_device(trace, device)
     exact = occupancy.busy_timeline(trace, key, window)
     # attribute host-wait idle only: device-side gaps (kernels already queued) are nobody's host code
-    ev = gaps.event_idle(trace, key, window, host_wait_only=True)
+    ev = gaps.event_idle(trace, key, window, host_wait_only=True, exclude_parked=True)
     tl = ev.timeline
     idle_total = exact.idle_us
     device_side_us = idle_total - tl.idle_us
@@ -402,16 +395,22 @@ def render_text(res: dict, top: int = 15) -> str:
     if rr:
         m = rr["summary"]
         parts += ["", f"Verify rounds ({m['rounds']} periods of '{m['annotation']}'): {m['verdict']}, {m['bound']}-bound"]
-        line = (f"  mean Tround {m['t_round_us']:,.0f} µs = TGPU {m['t_gpu_us']:,.0f} + Tserial {m['t_serial_us']:,.0f}; "
+        line = (f"  mean Tround {m['t_round_us']:,.0f} µs = TGPU {m['t_gpu_us']:,.0f} + Tserial {m['t_serial_us']:,.0f} "
+                f"(device idle in the round); "
                 f"Thost {m['t_host_us']:,.0f} µs; max(TGPU, Thost) is {1 - m['overlap_excess']:.0%} of Tround")
         parts.append(line)
         if m.get("tau"):
             parts.append(f"  τ {m['tau']:.2f} tokens/round, TPOT {m['tpot_us'] / 1000:.3f} ms")
         if m.get("unprofiled_round_us"):
-            parts.append(f"  unprofiled Tround {m['unprofiled_round_us']:,.0f} µs; the profiler added "
-                         f"{m['profiler_excess_us']:,.0f} µs per round"
-                         + (f", of which κ·ΣN explains {m['kappa_explained_us']:,.0f} µs"
-                            if m.get("kappa_explained_us") is not None else ""))
+            line = (f"  unprofiled Tround {m['unprofiled_round_us']:,.0f} µs; under the profiler rounds took "
+                    f"{m['profiler_excess_us']:,.0f} µs longer")
+            k = m.get("kappa_explained_us")
+            if k is not None and m["profiler_excess_us"] > 0 and k <= m["profiler_excess_us"]:
+                line += f", of which κ·ΣN (graph-node instrumentation) explains {k:,.0f} µs ({k / m['profiler_excess_us']:.0%})"
+            elif k is not None:
+                line += (f"; κ·ΣN = {k:,.0f} µs of graph-node instrumentation per round, more than that: the rest "
+                         "overlapped GPU work")
+            parts.append(line)
     if res["warnings"]:
         parts += ["", "Warnings:"] + [f"  - {w}" for w in res["warnings"]]
     return "\n".join(parts)

@@ -168,9 +168,12 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
 
     from .capture_run import capture_decode
 
-    out_dir = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(out_dir):
-        fail(f"{output}: output directory {out_dir} does not exist")
+    from gaptrace.outputs import resolve_output
+
+    try:  # follow a symlink, refuse devices/FIFOs/directories and the prompts file
+        output = resolve_output(output, (o.get("prompts_file") or "",))
+    except ValueError as e:
+        fail(str(e))
     if not output.endswith((".json", ".json.gz")):
         fail(f"{output}: the trace must be named .json or .json.gz")
     if o["device"] == "cpu" and "OMP_NUM_THREADS" not in os.environ:

@@ -154,7 +154,7 @@ def _gaps(trace: Trace, analysis: dict, figures: dict, device: int | None) -> st
         key = resolve_device(trace, device)  # the analysed device (default the busiest), as the table's
         d = next((x for x in devs if int(x.get("device", -1)) == key[1] and int(x.get("rank", key[0])) == key[0]),
                  devs[0])
-        tree = idle_stack_tree(event_idle(trace, key, _window(trace, d), host_wait_only=True))
+        tree = idle_stack_tree(event_idle(trace, key, _window(trace, d), host_wait_only=True, exclude_parked=True))
         if len(tree.nodes):
             figures["fig-icicle"] = charts.icicle_figure(tree)
             out.append(f'<p class="how">Stack tree for GPU {h(key[1])}: {fmt_ms(tree.total_idle_us)} ms idle in '
@@ -396,7 +396,7 @@ def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *, 
         _sidecar_section(sidecar, sidecar_path),
         _warnings(trace, analysis, warnings or []),
         "<footer>Times are on the trace's own clock; fractions are shown as percentages. "
-        "Definitions: gaptrace DESIGN.md, \"The analyses\".</footer>",
+        "Definitions: the docstrings of gaptrace.analyses (occupancy, gaps, syncs, launch_fit, rounds).</footer>",
     ]
     return page(f"gaptrace: {name}", "\n".join(body), figures, __version__)
 
@@ -432,9 +432,12 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     from gaptrace import load_trace
     from gaptrace.analyze import run_analysis
 
-    out_dir = os.path.dirname(os.path.abspath(path_out))
-    if not os.path.isdir(out_dir):
-        raise TraceError(f"{path_out}: the output directory does not exist")
+    from gaptrace.outputs import resolve_output
+
+    try:  # follow a symlink, refuse devices/FIFOs/directories and the input itself
+        path_out_real = resolve_output(path_out, (path_in, sidecar_path or ""))
+    except ValueError as e:
+        raise TraceError(str(e)) from None
     extra: list[str] = []
     sidecar = None
     if sidecar_path is not None:
@@ -453,5 +456,5 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
                          "gaps to report (`gaptrace analyze` shows its host-side analyses)")
     analysis = run_analysis(trace, window=window, device=device, sidecar=sidecar, round_name=round_name)
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
-    _atomic_write(path_out, text)
+    _atomic_write(path_out_real, text)
     return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path}

@@ -1,0 +1,50 @@
+"""Writing outputs safely (links followed, devices/FIFOs/inputs refused) and parked threads left out of attribution."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import gaptrace
+from gaptrace.analyses.gaps import event_idle, gap_attribution
+from gaptrace.analyze import run_analysis
+from gaptrace.capture import read_sidecar
+from gaptrace.outputs import resolve_output
+
+SMALL = "fixtures/traces/tracelens_mi300x_sglang_qwen3_8b_decode.json.gz"
+SYNC = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
+
+
+def test_resolve_output(tmp_path):
+    (tmp_path / "real.html").write_text("x")
+    os.symlink(tmp_path / "real.html", tmp_path / "link.html")
+    assert resolve_output(str(tmp_path / "link.html")) == str(tmp_path / "real.html")
+    assert resolve_output(str(tmp_path / "new.html")) == str(tmp_path / "new.html")
+    os.mkfifo(tmp_path / "fifo")
+    for bad, what in [(tmp_path / "fifo", "not a regular file"), (tmp_path, "a directory"),
+                      (tmp_path / "no" / "x.html", "does not exist")]:
+        with pytest.raises(ValueError, match=what):
+            resolve_output(str(bad))
+    with pytest.raises(ValueError, match="overwrite the input"):
+        resolve_output(str(tmp_path / "link.html"), (str(tmp_path / "real.html"),))
+
+
+def test_report_refuses_to_overwrite_its_input(tmp_path):
+    t = tmp_path / "t.json.gz"
+    shutil.copy(SMALL, t)
+    before = t.read_bytes()
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "report", str(t), "-o", str(t)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "overwrite the input" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert t.read_bytes() == before
+
+
+def test_parked_threads_are_left_out():
+    """The capture's tqdm monitor thread waits in threading.py for the whole window: it is nobody's cause."""
+    trace = gaptrace.load_trace(SYNC)
+    raw = gap_attribution(trace, result=event_idle(trace, window="round", host_wait_only=True))
+    assert any("tqdm/_monitor.py" in f for f in raw["frame"])  # present without the exclusion
+    res = run_analysis(trace, sidecar=read_sidecar(SYNC))
+    assert not [r for r in res["gap_attribution"] if "tqdm" in r["frame"] or r["frame"].startswith("threading.py")]
+    assert res["gap_attribution"][0]["inclusive_idle_us"] <= res["idle_split"]["host_wait_us"] + 1e-6
