@@ -170,6 +170,31 @@ def _parse_int_symbol(s: str) -> int:
     return v if -(2**63) <= v < 2**63 else -1
 
 
+OUTLIER_SPANS = 100.0  # an event more than this many trace spans away from the bulk of the trace is corrupt
+MIN_SPAN_US = 1e6
+
+
+def _far_outliers(ts: np.ndarray, dur: np.ndarray, keep: np.ndarray, warnings: list[str]) -> np.ndarray:
+    """(n,) bool: events whose interval lies absurdly far from the rest of the trace (a corrupt ``ts`` such as -100
+    among 5e12 µs, or a duration of 1e300), which would otherwise stretch every window to nonsense.
+
+    The bulk is the 0.1%-99.9% quantile range of start times, its span ``w`` at least 1 s; an event starting
+    before q0.001 − 100·w or ending after q0.999 + 100·w is dropped, with a warning saying how many.
+    """
+    out = np.zeros(len(ts), dtype=bool)
+    idx = np.flatnonzero(keep)
+    if len(idx) < 2:
+        return out
+    lo, hi = np.quantile(ts[idx], [0.001, 0.999])
+    w = max(float(hi - lo), MIN_SPAN_US)
+    far = (ts[idx] < lo - OUTLIER_SPANS * w) | (ts[idx] + dur[idx] > hi + OUTLIER_SPANS * w)
+    if far.any():
+        out[idx[far]] = True
+        warnings.append(f"{int(far.sum())} events lie more than {OUTLIER_SPANS:.0f}× the trace's span away from "
+                        "the rest of it (a corrupt timestamp or duration) and were dropped")
+    return out
+
+
 def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     """Normalise raw event columns into a :class:`Trace` and run the integrity checks.
 
@@ -195,6 +220,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     if neg.any():
         warnings.append(f"{int(neg.sum())} events with negative durations were dropped")
     keep = ~bad & ~neg
+    keep &= ~_far_outliers(raw.ts, raw.dur, keep, warnings)
 
     symbols = pd.Index(symbols_list, dtype=object)
     sym_int = None  # lazily parsed integer value of each symbol (for "stream 7" tids)

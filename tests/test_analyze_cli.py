@@ -156,3 +156,17 @@ def test_malformed_sidecar_is_tolerated(tmp_path, sidecar):
     r = _cli("analyze", str(p), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["launch_fit"]["launches"] == 42
+
+
+def test_far_outlier_timestamps_are_dropped_with_a_warning(tmp_path):
+    doc = json.load(gzip.open(PROBE))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    kernels[5]["ts"] = -100.0
+    kernels[9]["dur"] = 1e300
+    p = tmp_path / "outlier.json"
+    p.write_text(json.dumps(doc))
+    out = json.loads(_cli("analyze", str(p), "--json").stdout)
+    ref = json.loads(_cli("analyze", PROBE, "--json").stdout)
+    assert any("2 events lie more than" in w for w in out["warnings"])
+    # the window is the real one, not stretched to the corrupt times
+    assert out["devices"][0]["window_us"] == pytest.approx(ref["devices"][0]["window_us"], rel=1e-6)
