@@ -419,7 +419,9 @@ def render_text(res: dict, top: int = 15) -> str:
 @click.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--window", default=None, metavar="NAME",
-              help="Analyse the span of the annotations (record_function / NVTX ranges) with this name.")
+              help="Analyse the span of the annotations (record_function / NVTX ranges) with this name. Default: "
+                   "the capture sidecar's analysis_window (the profiled rounds) when TRACE.gaptrace.json names one, "
+                   "else first to last device activity.")
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 @click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",

@@ -48,6 +48,8 @@ def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: s
     Raises ConfigError / CheckpointError (ValueErrors, one line) on bad input.
     """
     p = get_preset(preset)
+    if draft_dir is not None and model_dir is None:
+        raise ConfigError("--draft-dir needs --model-dir (the target it drafts for); the preset brings its own pair")
     over = {k: v for k, v in runtime.items() if v is not None}
     if over.get("page_size", 0) > 0 and "max_seq_len" not in over:  # keep the preset's context, in whole pages
         over["max_seq_len"] = -(-p.runtime.max_seq_len // over["page_size"]) * over["page_size"]

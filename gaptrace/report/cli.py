@@ -23,7 +23,9 @@ def default_output(trace_path: str) -> str:
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
               help="HTML file to write (default: TRACE's name with .report.html, in the current directory).")
 @click.option("--window", default=None, metavar="NAME",
-              help="Analyse the span of the annotations with this name (default: first to last device activity).")
+              help="Analyse the span of the annotations (record_function / NVTX ranges) with this name. Default: "
+                   "the capture sidecar's analysis_window (the profiled rounds) when TRACE.gaptrace.json names one, "
+                   "else first to last device activity.")
 @click.option("--sidecar", default=None, metavar="PATH",
               help="Capture sidecar JSON (default: TRACE.gaptrace.json next to the trace, if present).")
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
