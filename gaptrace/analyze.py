@@ -385,8 +385,9 @@ def render_text(res: dict, top: int = 15) -> str:
         parts.append("  (no graph launches with device work)")
     else:
         if fit["kappa_us_per_node"] is not None:
+            r2 = "n/a" if fit["r2"] is None else f"{fit['r2']:.3f}"  # None: every launch took the same time
             parts.append(f"  κ = {fit['kappa_us_per_node']:.3f} µs/node, t0 = {fit['t0_us']:.1f} µs, "
-                         f"R² = {fit['r2']:.3f} over {fit['launches']} launches")
+                         f"R² = {r2} over {fit['launches']} launches")
         else:
             parts.append(f"  {fit['reason']}")
         parts.append(_table(fit["graphs"], [("nodes", "N", "d"), ("launches", "launches", "d"),

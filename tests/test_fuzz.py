@@ -239,3 +239,38 @@ def test_trace_and_report_paths_that_are_not_utf8(tmp_path):
     assert f"t\ufffd.json.gz" in out.read_text(encoding="utf-8")
     d = _cli_strict("diff", str(src), str(src))
     assert d.returncode == 0 and "Traceback" not in d.stderr.decode(), d.stderr.decode()
+
+
+# ---------------------------------------------------------------------------------------------- found by the 10k run
+def test_launch_fit_without_r2_renders(tmp_path):
+    """Every graph launch taking the same time: R² is undefined (None) and the text output crashed on it."""
+    from gaptrace.analyze import render_text
+
+    doc = _doc(PROBE)
+    launches = [e for e in doc["traceEvents"] if e.get("name") == "cudaGraphLaunch"]
+    for e in launches:
+        e["dur"] = 250.0
+    res = run_analysis(load_trace(_write(tmp_path, doc)))
+    fit = res["launch_fit"]
+    assert fit["r2"] is None and fit["kappa_us_per_node"] == 0.0 and fit["t0_us"] == 250.0
+    assert f"κ = 0.000 µs/node, t0 = 250.0 µs, R² = n/a over {fit['launches']} launches" in render_text(res)
+
+
+def test_stack_tree_keeps_the_path_of_a_child_outside_its_parent():
+    """With broken clocks a Python frame can hold idle its parent (by Python parent id) does not; the icicle's tree
+    dropped the parent and indexed with -1."""
+    import dataclasses
+
+    t = load_trace(PROBE)
+    ev = event_idle(t)
+    tree = ev.tree
+    kept = np.flatnonzero((ev.inclusive_us > 0) & (tree.depth >= 2))
+    child = kept[np.argmax(ev.inclusive_us[kept])]
+    parent = tree.parent[child]
+    doctored = dataclasses.replace(ev, inclusive_us=ev.inclusive_us.copy())
+    doctored.inclusive_us[parent] = 0.0  # as if the parent saw no idle
+    before, after = idle_stack_tree(ev).nodes, idle_stack_tree(doctored).nodes
+    roots = lambda n: sorted(n.loc[n["parent"] < 0, "subtree_idle_us"].round(6))  # noqa: E731
+    assert roots(after) == roots(before)
+    assert len(after) == len(before)
+    assert tree.frames[tree.frame[parent]] in set(after["label"])

@@ -109,6 +109,11 @@ def idle_stack_tree(ev: EventIdle) -> StackTree:
     keep = (ev.inclusive_us > 0) & ev.in_rank if tree.n else np.zeros(0, dtype=bool)
     if not keep.any():
         return StackTree(pd.DataFrame({c: [] for c in cols}), ev.timeline.idle_us, key)
+    # a parent contains its children; where a trace's clocks say otherwise (a child outside its Python parent's
+    # span), the child may hold idle its parent does not: keep the parent too, so every kept event has its path
+    for d in range(int(tree.depth[keep].max()), 0, -1):
+        par = tree.parent[np.flatnonzero(keep & (tree.depth == d))]
+        keep[par[par >= 0]] = True
     n_frames = len(tree.frames) + 1
     frame = tree.frame.astype(np.int64) + 1  # -1 (no name) -> 0
     frame_names = np.r_[np.array([""], dtype=object), tree.frames.to_numpy(dtype=object)]
