@@ -10,20 +10,24 @@ with the file's metadata and, for the runtime captures, its sidecar). Hypothesis
 - event level: dropped keys (``ph``, ``ts``, ``dur``, ``cat``, ``args``, ``args.*``), wrong types (strings, lists,
   objects, booleans, null), NaN, ±Infinity, huge and tiny numbers, integers past int64, negative durations,
   duplicated events, unknown or aliased categories, non-object elements, hostile strings (markup, control
-  characters, lone surrogates, right-to-left overrides, long names), clock skew of one process or thread,
-  the same change to a share of all events (every ``dur`` NaN), metadata and sidecar of the wrong shape;
+  characters, lone surrogates, right-to-left overrides, long names), clock skew of one process (a pid: a host
+  process or a GPU), the same change to a share of all events (every ``dur`` NaN), shuffled events, metadata and
+  sidecar of the wrong shape;
 - byte level, after serialising (as a bare list, compact, spaced, or gzip): JSON cut anywhere (unclosed),
-  gzip cut or a byte of it flipped, a flipped byte, invalid UTF-8 in a string, trailing garbage.
+  gzip cut or a byte of it flipped, a flipped byte, invalid UTF-8 in a string, trailing garbage;
+- a file name that is not UTF-8 (a byte Python keeps as a lone surrogate).
 
 The oracle (:func:`check_case`) runs what a user runs: ``load_trace`` (serial or with tiny chunks), then
-``run_analysis`` with a window / device / round name drawn from the case, the text and JSON renderings encoded as
-UTF-8 (what ``click.echo`` does), ``diff_analyses`` against the unmutated base and, for a share of cases, the HTML
-report through ``write_report``. Accepted outcomes: a result, or a :class:`~gaptrace.trace.TraceError` whose
-message is one line naming the file. Anything else is a *crash*, reported with its exception type and the
+``run_analysis`` with a window / device / round name drawn from the case, the result checked against
+:func:`invariants` (occupancy in [0, 1], busy + idle = window, shares in [0, 1]), the text and JSON renderings
+encoded as UTF-8 (what ``click.echo`` does), ``diff_analyses`` against the unmutated base and, for a share of cases,
+the HTML report through ``write_report``. Accepted outcomes: a result, or a :class:`~gaptrace.trace.TraceError`
+whose message is one line naming the file. Anything else is a *crash*, reported with its exception type and the
 innermost gaptrace frame, deduplicated; ``--save-dir`` keeps a reproducer per distinct crash. Every
 ``--cli-every``-th case also runs the real CLI in a subprocess (``analyze``, ``analyze --json``, ``report -o``,
 ``diff``) and requires exit 0 (or 2 for a trace without GPU activity) or exactly one ``gaptrace: error:`` line with
-exit 2, no ``Traceback``, valid JSON for ``--json``, and no report file (nor temporary file) left after a failure.
+exit 2, no ``Traceback``, valid JSON for ``--json``, and no report file (nor temporary file) left after a failure;
+it runs with a strict UTF-8 stdout, as under a desktop locale.
 
 Prints a table: cases, seconds, outcomes (results / clean errors / crashes) and each distinct crash.
 """
@@ -367,8 +371,8 @@ def _signature(e: BaseException) -> str:
 def _check_error_line(msg: str, path: str) -> str | None:
     if "\n" in msg or "\r" in msg:
         return "error message is not one line"
-    if not msg.strip():
-        return "empty error message"
+    if path not in msg:
+        return "error message does not name the file"
     return None
 
 
