@@ -176,10 +176,11 @@ def _device_memcpys(trace: Trace) -> pd.DataFrame:
 
 
 def _thread_codes(rt: pd.DataFrame) -> np.ndarray:
-    """One integer per (rank, pid, tid) host thread."""
-    thread = pd.MultiIndex.from_arrays([rt["rank"].to_numpy(), rt["pid"].cat.codes.to_numpy(),
-                                        rt["tid"].cat.codes.to_numpy()])
-    return pd.factorize(thread)[0]
+    """One integer per (rank, pid, tid) host thread (dense codes; pid/tid are codes into the symbol table)."""
+    n_sym = max(len(rt["pid"].cat.categories), 1)
+    key = ((rt["rank"].to_numpy().astype(np.int64) * n_sym + rt["pid"].cat.codes.to_numpy().astype(np.int64))
+           * n_sym + rt["tid"].cat.codes.to_numpy().astype(np.int64))
+    return np.unique(key, return_inverse=True)[1].reshape(-1)
 
 
 def _thread_devices(trace: Trace, rt: pd.DataFrame) -> np.ndarray:
