@@ -155,19 +155,19 @@ def test_window_without_device_activity(tmp_path):
 
 
 def test_icicle_when_no_frame_holds_a_visible_share(tmp_path):
-    """One kernel skewed 5e12 µs late makes every host frame's idle share tiny: the icicle kept no box and
-    max() of nothing raised."""
+    """When no frame holds a visible share the icicle keeps no box (max() of nothing used to raise). A kernel
+    skewed 5e12 µs late used to cause that; the loader now drops it as a far outlier, with a warning."""
     doc = _doc(PROBE)
     ev = doc["traceEvents"]
     k = next(e for e in ev if e.get("cat") == "kernel")
     ev.append({**k, "ts": k["ts"] + 5e12})
     path = _write(tmp_path, doc)
     t = load_trace(path)
+    assert any("more than 100× the trace's span" in w for w in t.warnings)
     res = run_analysis(t)
     d = res["devices"][0]
-    dev = t.device
-    assert d["window_us"] == pytest.approx(float(dev["end_us"].max() - dev["ts_us"].min()))
-    fig = icicle_figure(idle_stack_tree(event_idle(t, (0, d["device"]))))
+    assert d["window_us"] < 1e6  # the probe's own 0.36 s, not 5e12 µs
+    fig = icicle_figure(idle_stack_tree(event_idle(t, (0, d["device"]))), min_share=1.01)
     assert fig["data"] == []
     write_report(path, str(tmp_path / "r.html"))
 
