@@ -74,11 +74,13 @@ def _round_taus(sidecar: dict | None) -> list[float] | None:
 
 
 def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] | None = None,
-           sidecar: dict | None = None, kappa_us_per_node: float | None = None) -> RoundsReport | None:
+           sidecar: dict | None = None, kappa_us_per_node: float | None = None,
+           sync_calls: pd.DataFrame | None = None) -> RoundsReport | None:
     """The round table of ``trace`` (module docstring), or None when it has fewer than two ``name`` annotations.
 
     ``sidecar``: the capture sidecar (``rounds``: [{tau, ...}] in trace order, ``unprofiled_round_ms``: float or
-    list); ``kappa_us_per_node``: κ from :func:`gaptrace.analyses.launch_fit.launch_fit` for the profiler check.
+    list); ``kappa_us_per_node``: κ from :func:`gaptrace.analyses.launch_fit.launch_fit` for the profiler check;
+    ``sync_calls``: :attr:`.syncs.SyncReport.calls` already computed over a window containing the rounds.
     Rounds are the host user_annotation ranges named ``name`` (or ``name_<n>``) on the rank of the analysed device, sorted by start.
     """
     from . import syncs
@@ -102,9 +104,10 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     t_gpu = tl.busy_between(ps, pe)
     t_serial = t_round - t_gpu
     # blocked time of sync calls inside each round, on the round's own thread
-    report = syncs.blocking_syncs(trace, window=(float(s[0]), float(s[-1])))
+    # blocked time per call does not depend on the window: reuse the caller's blocking calls when given
+    calls = (sync_calls if sync_calls is not None
+             else syncs.blocking_syncs(trace, window=(float(s[0]), float(s[-1]))).calls)
     blocked = np.zeros(len(ps))
-    calls = report.calls
     if not calls.empty:
         c = calls[calls["rank"].to_numpy() == key[0]]
         cts = c["ts_us"].to_numpy()
