@@ -185,7 +185,8 @@ def _far_outliers(ts: np.ndarray, dur: np.ndarray, keep: np.ndarray, warnings: l
     idx = np.flatnonzero(keep)
     if len(idx) < 2:
         return out
-    lo, hi = np.quantile(ts[idx], [0.001, 0.999])
+    step = max(1, len(idx) // 200_000)  # quantiles of a regular subsample: plenty for a 100-span margin
+    lo, hi = np.quantile(ts[idx[::step]], [0.001, 0.999])
     w = max(float(hi - lo), MIN_SPAN_US)
     far = (ts[idx] < lo - OUTLIER_SPANS * w) | (ts[idx] + dur[idx] > hi + OUTLIER_SPANS * w)
     if far.any():
@@ -249,7 +250,8 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
             "python_id": raw.python_id[i],
             "python_parent_id": raw.python_parent_id[i],
             "cbid": raw.cbid[i],
-        }
+        },
+        copy=False,  # the columns are fresh arrays: skip pandas consolidating them into 2-D blocks (0.6 s/GB)
     )
 
     # ---- device activities
@@ -305,7 +307,8 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
             "bytes": raw.bytes[i],
             "memcpy_kind": pd.Categorical.from_codes(mk[raw.name_id[i]], categories=mk_tab),
             "host_memory": pd.Categorical.from_codes(hm[raw.name_id[i]], categories=hm_tab),
-        }
+        },
+        copy=False,  # the columns are fresh arrays: skip pandas consolidating them into 2-D blocks (0.6 s/GB)
     )
 
     # ---- GPU annotations
@@ -322,7 +325,8 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
             "dur_us": c["dur_us"],
             "end_us": c["end_us"],
             "external_id": raw.external_id[i],
-        }
+        },
+        copy=False,  # the columns are fresh arrays: skip pandas consolidating them into 2-D blocks (0.6 s/GB)
     )
 
     # ---- cuda_sync events
@@ -340,7 +344,8 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
             "end_us": c["end_us"],
             "correlation": raw.correlation[i],
             "sync_kind": _categorical(np.where(raw.sync_kind_id[i] >= 0, raw.sync_kind_id[i], -1), symbols),
-        }
+        },
+        copy=False,  # the columns are fresh arrays: skip pandas consolidating them into 2-D blocks (0.6 s/GB)
     )
 
     # ---- profiler overhead
@@ -353,7 +358,8 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
             "ts_us": c["ts_us"],
             "dur_us": c["dur_us"],
             "end_us": c["end_us"],
-        }
+        },
+        copy=False,  # the columns are fresh arrays: skip pandas consolidating them into 2-D blocks (0.6 s/GB)
     )
 
     trace = Trace(
