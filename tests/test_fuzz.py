@@ -274,3 +274,17 @@ def test_stack_tree_keeps_the_path_of_a_child_outside_its_parent():
     assert roots(after) == roots(before)
     assert len(after) == len(before)
     assert tree.frames[tree.frame[parent]] in set(after["label"])
+
+
+def test_figures_with_non_finite_numbers_render_as_gaps():
+    """Found by the final 10k fuzz run: times near 1e308 overflow to inf in the strip's bins, and the report's
+    JSON (allow_nan=False) raised. Non-finite numbers now become null, which plotly draws as a gap."""
+    import json as _json
+
+    import numpy as _np
+
+    from gaptrace.report.html import figures_script
+
+    js = figures_script({"f": {"data": [{"x": [1.0, float("inf")], "y": _np.array([float("nan"), 2.0])}]}})
+    blob = js.split("\n", 1)[0][len("var FIGURES = "):-1]
+    assert _json.loads(blob) == {"f": {"data": [{"x": [1.0, None], "y": [None, 2.0]}]}}

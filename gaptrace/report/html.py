@@ -84,10 +84,24 @@ def plotly_js() -> str:
     return resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text(encoding="utf-8")
 
 
+def _finite(obj):
+    """Figures with every non-finite number (NaN, ±inf: a corrupt trace's overflowing times) as None, which plotly
+    draws as a gap; JSON has no other spelling for them."""
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return _finite(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
 def figures_script(figures: dict[str, dict]) -> str:
     """``var FIGURES = {...};`` followed by the report's renderer. The JSON has ``<``, ``>``, ``&`` and the
     JavaScript line separators escaped as ``\\uXXXX``, so no string in it can close the script element."""
-    blob = clean_text(json.dumps(figures, separators=(",", ":"), allow_nan=False, ensure_ascii=False))
+    blob = clean_text(json.dumps(_finite(figures), separators=(",", ":"), allow_nan=False, ensure_ascii=False))
     for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
                     ("\u2029", "\\u2029")):
         blob = blob.replace(ch, rep)
