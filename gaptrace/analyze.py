@@ -240,15 +240,6 @@ def _unprofiled_launches(sidecar: dict | None) -> dict[int, float] | None:
     return out or None
 
 
-def _with_sites(report: Any, sites: pd.DataFrame) -> Any:
-    """A shallow copy of a SyncReport with other ``sites``."""
-    import copy
-
-    r = copy.copy(report)
-    r.sites = sites
-    return r
-
-
 def run_analysis(trace: Trace, window: str | None = None, device: int | None = None,
                  sidecar: dict | None = None, round_name: str = "round") -> dict[str, Any]:
     """All four core analyses of ``trace`` over ``window`` as one JSON-able dict (see the module docstring).
@@ -309,8 +300,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     if not calls.empty and "device" in calls.columns:
         calls = calls[(calls["rank"] == key[0]) & (calls["device"] == key[1])]
     dev_sites = syncs.sync_sites(calls, idle_total)
-    out["blocking_syncs"] = syncs.SyncReport.to_list(
-        dataclasses.replace(report, sites=dev_sites) if dataclasses.is_dataclass(report) else _with_sites(report, dev_sites))
+    out["blocking_syncs"] = dataclasses.replace(report, sites=dev_sites).to_list()
     launch_idle = 0.0
     if fit is not None:
         h = trace.host
