@@ -62,14 +62,17 @@ class DecodeStats:
 
 
 class Engine:
-    """Block-speculative decoding of many prompts with one target and one draft."""
+    """Block-speculative decoding of many prompts with one target and one draft. ``runner_cls``: the model runner
+    a subclass swaps in (runtime/plain.py: the target's plain greedy decoding, no draft)."""
+
+    runner_cls = ModelRunner
 
     def __init__(self, target: Transformer, draft: Transformer, rcfg: RuntimeConfig, eos_token_id: int | None = None):
         if target.config.vocab_size != draft.config.vocab_size:
             raise RequestError(f"draft vocabulary {draft.config.vocab_size} != target vocabulary "
                                f"{target.config.vocab_size}")
         self.rcfg, self.eos_token_id = rcfg, eos_token_id
-        self.runner = ModelRunner(target, draft, rcfg)
+        self.runner = self.runner_cls(target, draft, rcfg)
         self.scheduler = make_scheduler(rcfg.scheduler, self.runner)
         self.graph_nodes: dict = {}
         if self.runner.device.type == "cuda":

@@ -1,0 +1,56 @@
+"""The runtime's plain greedy decoding (runtime/plain.py, the floor of issue 6's runtime benchmark) emits exactly the
+target's greedy tokens of the independent reference (contiguous cache, one request at a time), in float32 on the
+CPU: hybrid target, several pages, chunked prefill, more prompts than slots, an EOS that stops a request early."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gaptrace.runtime.config import ModelConfig, RuntimeConfig  # noqa: E402
+from gaptrace.runtime.models.model import Transformer  # noqa: E402
+from gaptrace.runtime.plain import PlainEngine  # noqa: E402
+from gaptrace.runtime.spec.reference import greedy_reference  # noqa: E402
+
+torch.set_num_threads(1)
+MAX_NEW, P, CHUNK = 24, 4, 16
+LENGTHS = (5, 23, 40, 1, 17)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    torch.manual_seed(0)
+    cfg = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=128,
+                      intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
+    target = Transformer(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in LENGTHS]
+    eos = greedy_reference(target, prompts[0], MAX_NEW, None, CHUNK, "cpu").tokens[7]
+    refs = [greedy_reference(target, p, MAX_NEW, eos, CHUNK, "cpu").tokens for p in prompts]
+    assert any(len(r) < MAX_NEW for r in refs) and any(len(r) == MAX_NEW for r in refs)
+    return target, prompts, refs, eos
+
+
+@pytest.mark.parametrize("scheduler,bs", [("overlap", 1), ("overlap", 3), ("sync", 2)])
+def test_plain_equals_greedy_reference(setup, scheduler, bs):
+    target, prompts, refs, eos = setup
+    rc = RuntimeConfig(block_size=8, page_size=P, window=16, batch_size=bs, max_seq_len=96, prefill_chunk=CHUNK,
+                       scheduler=scheduler)
+    engine = PlainEngine(target, rc, eos)
+    assert engine.rcfg.block_size == 1 and engine.runner.graphs == {}
+    reqs, stats = engine.generate(prompts, MAX_NEW)
+    assert [r.output for r in reqs] == refs
+    # one token per live request-round: τ = 1 exactly, and rounds >= the longest output
+    assert stats.tau == 1.0 and all(t == 1 for taus in stats.round_tau for t in taus)
+    assert stats.tokens == sum(len(r) for r in refs) and stats.rounds >= max(len(r) for r in refs)
+
+
+def test_plain_with_a_separate_draft_for_prefill(setup):
+    """A draft given to PlainEngine only fills its cache at prefill; the tokens stay the target's."""
+    target, prompts, refs, eos = setup
+    torch.manual_seed(3)
+    draft = Transformer(ModelConfig(num_layers=1, num_heads=2, num_kv_heads=1, hidden_size=32, head_dim=16,
+                                    vocab_size=128, intermediate_size=64)).eval()
+    rc = RuntimeConfig(page_size=P, window=16, batch_size=2, max_seq_len=96, prefill_chunk=CHUNK)
+    reqs, _ = PlainEngine(target, rc, eos, draft=draft).generate(prompts[:3], MAX_NEW)
+    assert [r.output for r in reqs] == refs[:3]
