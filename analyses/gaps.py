@@ -44,9 +44,10 @@ class EventIdle:
     """Per host event idle for one device and window. Arrays are indexed by :class:`HostTree` node.
 
     ``inclusive_us``/``self_us``: (n,) float64 µs, 0 for events of other ranks. ``in_rank``: (n,) bool.
-    ``seg_start_us``/``seg_end_us``/``seg_idle_us``/``seg_node``: the elementary host-time segments of the rank's
-    threads (between consecutive event boundaries of one thread) that hold device idle time, their idle µs and
-    the innermost open event in each (-1: no host event open on that thread then).
+    ``seg_start_us``/``seg_end_us``/``seg_idle_us``/``seg_node``: host-time segments of the rank's threads
+    (between consecutive boundaries of one thread's idle-seeing events, :func:`_segments`) that hold device idle
+    time, their idle µs and the innermost open event at every idle moment in each (-1: no host event open on that
+    thread then). A segment may span busy time too; weigh it with the timeline (``idle_between``), never by length.
     """
 
     rank: int
@@ -82,45 +83,66 @@ def idle_at(tl: BusyTimeline, t_us: np.ndarray) -> np.ndarray:
     return (t - tl.t0_us) - (c[k] + (np.minimum(t, e[k]) - s[k]))
 
 
-def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray,
-              idle_e: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Elementary segments of every selected thread that hold idle, and the innermost open event in each.
+def first_idle(tl: BusyTimeline, t_us: np.ndarray) -> np.ndarray:
+    """(q,) µs: the first moment at or after each t (clipped to t0) that is not inside a busy span: t itself, or
+    the end of the busy span holding it (merged spans never touch, so that end starts a gap or the window end)."""
+    t = np.maximum(np.asarray(t_us, dtype=np.float64), tl.t0_us)
+    j = np.searchsorted(tl.span_start_us, t, side="right") - 1
+    jj = np.maximum(j, 0)
+    busy = (j >= 0) & (tl.span_end_us[jj] > t) if len(tl.span_start_us) else np.zeros(len(t), dtype=bool)
+    return np.where(busy, tl.span_end_us[jj] if len(tl.span_start_us) else t, t)
 
-    A segment [b_k, b_k+1) lies between consecutive distinct start/end times of one thread, so the set of open
-    events is constant in it; its idle is idle(b_k+1) - idle(b_k), from the values already computed at the
-    events' starts and ends (``idle_s``/``idle_e``). Its innermost event: the last event starting at or before
-    b_k (searchsorted), then jumps along ``open_top`` while the candidate has already ended (every event skipped
-    ended before the candidate started, so none is open). Only segments with idle > 0 are kept.
+
+def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray, idle_e: np.ndarray,
+              tl: BusyTimeline) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Host-time segments of every selected thread that hold idle, and the innermost open event in each.
+
+    Only events that saw idle (idle_e > idle_s) bound segments: a segment [b_k, b_k+1) lies between consecutive
+    distinct start/end times of those events on one thread, so the set of idle-seeing events open in it is
+    constant; its idle is idle(b_k+1) - idle(b_k), from the values already computed at the events' starts and ends
+    (``idle_s``/``idle_e``). Events that saw no idle are never open at an idle moment (they would then contain
+    idle), so they only add boundaries inside busy time; skipping them leaves every segment's idle and owner
+    unchanged and sorts ~10x fewer times on real traces. The owner is the innermost event open at the segment's
+    first idle moment (:func:`first_idle`): the last event starting at or before it (searchsorted), then jumps
+    along ``open_top`` while the candidate has already ended (every event skipped ended before the candidate
+    started, so none is open). Only segments with idle > 0 are kept; a segment may include busy time around its
+    idle, which every consumer weighs out through the timeline.
     """
-    starts, ends, idles, owners = [], [], [], []
+    starts, ends, idles, owners, probes = [], [], [], [], []
+    seen = idle_e > idle_s
     for k in range(len(tree.threads)):
         lo, hi = int(tree.thread_bounds[k]), int(tree.thread_bounds[k + 1])
         if hi == lo or not nodes_mask[lo]:
             continue
-        s = tree.start_us[lo:hi]
-        times = np.concatenate([s, tree.end_us[lo:hi]])
-        vals = np.concatenate([idle_s[lo:hi], idle_e[lo:hi]])
-        o = np.argsort(times)
+        sel = lo + np.flatnonzero(seen[lo:hi])
+        if len(sel) == 0:
+            continue
+        times = np.concatenate([tree.start_us[sel], tree.end_us[sel]])
+        vals = np.concatenate([idle_s[sel], idle_e[sel]])
+        o = np.argsort(times, kind="stable")  # two nearly sorted runs: timsort merges them
         times, vals = times[o], vals[o]
         first = np.r_[True, times[1:] != times[:-1]]
         b, v = times[first], vals[first]
-        idle = np.diff(v)
+        idle = v[1:] - v[:-1]
         keep = idle > 0
         a = b[:-1][keep]
+        probe = first_idle(tl, a)
         starts.append(a)
         ends.append(b[1:][keep])
         idles.append(idle[keep])
-        owners.append(np.searchsorted(s, a, side="right") - 1 + lo)
+        probes.append(probe)
+        owners.append(np.searchsorted(tree.start_us[lo:hi], probe, side="right") - 1 + lo)
     if not starts:
         z = np.empty(0)
         return z, z, z, np.empty(0, dtype=np.int64)
     seg_s, seg_e, seg_i = np.concatenate(starts), np.concatenate(ends), np.concatenate(idles)
+    at = np.concatenate(probes)
     pos = np.concatenate(owners).astype(np.int64)
     live = np.flatnonzero(pos >= 0)
     end, top = tree.end_us, tree.open_top
     while len(live):
         p = pos[live]
-        closed = end[p] <= seg_s[live]
+        closed = end[p] <= at[live]
         live = live[closed]
         nxt = top[p[closed]]
         pos[live] = nxt
@@ -148,8 +170,8 @@ def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
     idle_s = idle_at(tl, tree.start_us)
     idle_e = idle_at(tl, tree.end_us)
     inclusive = np.where(in_rank, idle_e - idle_s, 0.0)
-    seg_s, seg_e, seg_i, seg_node = _segments(tree, in_rank, idle_s, idle_e)
-    parked = _parked_threads(trace, tree, seg_s, seg_e, seg_node) if exclude_parked else np.zeros(0, dtype=bool)
+    seg_s, seg_e, seg_i, seg_node = _segments(tree, in_rank, idle_s, idle_e, tl)
+    parked = _parked_threads(trace, tree, seg_i, seg_node) if exclude_parked else np.zeros(0, dtype=bool)
     if parked.any():  # leave parked threads out entirely: their waiting explains nothing
         in_rank = in_rank & ~parked[tree.thread]
         inclusive = np.where(in_rank, inclusive, 0.0)
@@ -165,12 +187,12 @@ def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
 PARKED_SHARE = 0.9
 
 
-def _parked_threads(trace: Trace, tree: HostTree, seg_s: np.ndarray, seg_e: np.ndarray,
-                    seg_node: np.ndarray) -> np.ndarray:
+def _parked_threads(trace: Trace, tree: HostTree, seg_idle: np.ndarray, seg_node: np.ndarray) -> np.ndarray:
     """(threads,) bool: threads that launch no device work (no cuda_runtime / cuda_driver event) and spend at least
     ``PARKED_SHARE`` of their traced time with a parked frame innermost (:data:`.stacks.WAIT_FRAME_RE`:
     ``threading.py: wait``, a lock ``acquire``, ``time.sleep``, ``select``): tqdm's monitor thread, an idle worker
-    pool. A thread that computes while the GPU idles (a JIT compile on a scheduler thread) is never parked."""
+    pool. A thread that computes while the GPU idles (a JIT compile on a scheduler thread) is never parked.
+    Times are the idle µs of the thread's segments (the GPU-idle time it covers), so busy time never counts."""
     from .stacks import CAT_CODE, waiting_frames
 
     nt = len(tree.threads)
@@ -179,7 +201,7 @@ def _parked_threads(trace: Trace, tree: HostTree, seg_s: np.ndarray, seg_e: np.n
     if not act.any():
         return out
     node = seg_node[act]
-    dur = seg_e[act] - seg_s[act]
+    dur = seg_idle[act]
     thread = tree.thread[node]
     wait = waiting_frames(tree)[np.maximum(tree.frame[node], 0)] & (tree.frame[node] >= 0)
     total = np.bincount(thread, weights=dur, minlength=nt)

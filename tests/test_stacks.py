@@ -199,3 +199,17 @@ def test_helpers_on_rows_without_enclosing_frames():
     sid, stacks = frame_stacks(tree, rows)
     assert stacks[sid[0]] == ()
     assert (innermost_op(tree, np.array([-1])) == -1).all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_thread_start_order_equals_lexsort_with_ties(seed):
+    """The fast (thread, start, -end) sort equals np.lexsort, rows tied on all three keys kept in row order;
+    coarse random times make many ties on (thread, start) and on end too."""
+    from gaptrace.analyses.stacks import _thread_start_order
+    rng = np.random.default_rng(seed)
+    n = 5000
+    thread = rng.integers(0, 4 + seed * 3, n)
+    start = rng.integers(0, 50 + 200 * seed, n).astype(np.float64) / 4
+    end = start + rng.integers(0, 5, n) / 2
+    got = _thread_start_order(thread, start, end, int(thread.max()) + 1)
+    assert np.array_equal(got, np.lexsort((-end, start, thread)))
