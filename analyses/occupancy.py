@@ -15,6 +15,7 @@ Windows (:func:`resolve_window`):
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -144,6 +145,20 @@ def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np
     return out
 
 
+_TIMELINES: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _timeline_cache(trace: Trace) -> dict:
+    """The memo of one trace's timelines (dropped with the trace). Timelines are frozen, so sharing is safe."""
+    hit = _TIMELINES.get(id(trace))
+    if hit is not None and hit[0]() is trace:
+        return hit[1]
+    memo: dict = {}
+    k = id(trace)
+    _TIMELINES[k] = (weakref.ref(trace, lambda _r, k=k: _TIMELINES.pop(k, None)), memo)
+    return memo
+
+
 def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
                   window: str | tuple[float, float] | None = None, host_wait_only: bool = False) -> BusyTimeline:
     """The device's :class:`BusyTimeline` clipped to the window (default: first to last activity).
@@ -151,13 +166,22 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
     Busy = union of kernel, memcpy and memset intervals on all streams of that (rank, device); annotations,
     cuda_sync and profiler overhead events never count as busy (DESIGN.md "Busy / occupancy"). With
     ``host_wait_only`` the device-side gaps count as busy too (:func:`fill_device_side`): for attribution only,
-    never for occupancy.
+    never for occupancy. Memoised per trace object and (device, window, host_wait_only): every analysis of one
+    trace shares one timeline (a Trace is never mutated after :func:`gaptrace.trace.build_trace`).
     """
     key = resolve_device(trace, device)
-    rows = _device_rows(trace, key)
     t0, t1 = (None, None) if window is None else resolve_window(trace, key, window)
-    tl = BusyTimeline.from_intervals(rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), t0, t1)
-    return fill_device_side(trace, key, tl) if host_wait_only else tl
+    memo = _timeline_cache(trace)
+    mk = (key, t0, t1, bool(host_wait_only))
+    tl = memo.get(mk)
+    if tl is None:
+        if host_wait_only:
+            tl = fill_device_side(trace, key, busy_timeline(trace, key, None if t0 is None else (t0, t1)))
+        else:
+            rows = _device_rows(trace, key)
+            tl = BusyTimeline.from_intervals(rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), t0, t1)
+        memo[mk] = tl
+    return tl
 
 
 def fill_device_side(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> BusyTimeline:

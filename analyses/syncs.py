@@ -67,7 +67,7 @@ import pandas as pd
 from gaptrace.trace import Trace
 
 from . import stacks
-from .timeline import BusyTimeline, device_timeline
+from .timeline import BusyTimeline
 
 __all__ = [
     "SYNC_API_NAMES",
@@ -229,16 +229,13 @@ def _device_windows(trace: Trace, window: tuple[float, float] | None, host_wait_
     """Per (rank, device): its BusyTimeline over ``window`` (default: first to last activity of that device;
     with ``host_wait_only`` its device-side gaps count as busy) and the sorted end times of its activities (for the
     evidence test)."""
-    from .occupancy import fill_device_side
+    from .occupancy import busy_timeline
 
     out = {}
     dev = trace.device
     for (rank, device), d in dev.groupby(["rank", "device"], sort=True, observed=True):
-        t0, t1 = window if window is not None else (None, None)
         key = (int(rank), int(device))
-        tl = device_timeline(d, t0, t1)
-        if host_wait_only:
-            tl = fill_device_side(trace, key, tl)
+        tl = busy_timeline(trace, key, window, host_wait_only=host_wait_only)  # shared with the other analyses
         out[key] = (tl, np.sort(d["end_us"].to_numpy()))
     return out
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from typing import Any
 
 import click
@@ -42,7 +41,6 @@ from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError, clean_text
 
 __all__ = ["run_analysis", "idle_sites", "findings", "analyze", "to_jsonable"]
 
-from gaptrace.analyses.stacks import WAIT_FRAME_RE  # noqa: E402  (parked-thread frames)
 
 # Findings below this share of the window's idle time are not stated (they stay in the tables).
 FINDING_MIN_SHARE = 0.05
