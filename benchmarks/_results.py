@@ -1,0 +1,92 @@
+"""Shared by the H200 benchmark scripts: markdown tables, number formatting, and results written as JSON + .md
+(atomically: a step killed by its timeout leaves the previous complete file, never half of one)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+
+
+def fmt(v, digits: int = 2) -> str:
+    """A table cell: '–' for None/NaN, thousands separators for large numbers, ``digits`` decimals otherwise."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    if isinstance(v, bool) or isinstance(v, str):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.{digits}f}"
+
+
+def pct(v) -> str:
+    """A fraction in [0, 1] as a percentage cell."""
+    return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{100 * v:.1f}%"
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    """A GitHub markdown table; cells are str()-ed (format them first)."""
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def machine() -> dict:
+    """Where the numbers came from: host, Python, torch, GPU (when torch is importable)."""
+    info = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(), "python": platform.python_version(),
+            "cpus": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return info
+
+
+def _atomic_write(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _clean(obj):
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def write_results(out_dir: str, name: str, data: dict, markdown: str) -> tuple[str, str]:
+    """Write ``out_dir/name.json`` (``data``, NaN -> null) and ``out_dir/name.md``; returns both paths."""
+    j, m = os.path.join(out_dir, name + ".json"), os.path.join(out_dir, name + ".md")
+    _atomic_write(j, json.dumps(_clean(data), indent=1, sort_keys=True, default=str) + "\n")
+    _atomic_write(m, markdown.rstrip() + "\n")
+    return j, m
+
+
+def read_results(out_dir: str, name: str) -> dict | None:
+    """``out_dir/name.json`` as a dict, or None when absent or unreadable."""
+    try:
+        with open(os.path.join(out_dir, name + ".json"), encoding="utf-8") as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else None
+    except (OSError, ValueError):
+        return None
