@@ -417,7 +417,7 @@ def main(argv=None) -> int:
             continue
         t0 = time.perf_counter()
         print(f"[{elapsed:6.1f} s] {key} ...", file=sys.stderr, flush=True)
-        trace = os.path.join(work, key.replace("/", "_") + ".json.gz")
+        trace = os.path.join(work, key.replace("/", "_") + ".json")  # not gzipped: analysed, then deleted
         try:
             data["cells"][key] = run_cell(setup, texts, kind, sched, bs, B, a, trace,
                                           a.profiled_rounds if kind == "spec" else 0)

@@ -65,14 +65,18 @@ def trim(tokens: list[int], eos: int | None) -> list[int]:
 
 
 def hf_generate(model, prompts: list[list[int]], batch_size: int, max_new: int, eos, device: str,
-                assistant=None, assistant_tokens: int | None = None) -> list[list[int]]:
+                assistant=None, assistant_tokens: int | None = None, seconds: float | None = None) -> list[list[int]]:
     """Greedy ``generate`` over ``prompts`` in left-padded batches of ``batch_size`` (pad = EOS); the new tokens of
-    each prompt, cut after the first EOS."""
+    each prompt, cut after the first EOS. With ``seconds``, no batch starts after that many seconds: the first
+    prompts only (at least one batch)."""
     import torch
 
     out = []
     pad = eos if eos is not None else 0
+    t0 = time.perf_counter()
     for i in range(0, len(prompts), batch_size):
+        if seconds is not None and out and time.perf_counter() - t0 > seconds:
+            break
         chunk = prompts[i:i + batch_size]
         n = max(len(p) for p in chunk)
         ids = torch.tensor([[pad] * (n - len(p)) + p for p in chunk], device=device)
@@ -105,7 +109,8 @@ def timed(fn, device: str):
 
 
 def compare(ref: list[list[int]], got: list[list[int]], gap_fn) -> dict:
-    """{exact, prompts, mismatches: [{prompt, first_divergence, ref_len, len, top2_gap}]}."""
+    """{exact, prompts, mismatches: [{prompt, first_divergence, ref_len, len, top2_gap}]} over the prompts both
+    ran (a method cut short by its time budget ran the first ones)."""
     mism = []
     for i, (r, g) in enumerate(zip(ref, got)):
         if r == g:
@@ -113,7 +118,8 @@ def compare(ref: list[list[int]], got: list[list[int]], gap_fn) -> dict:
         div = next((k for k, (x, y) in enumerate(zip(r, g)) if x != y), min(len(r), len(g)))
         mism.append({"prompt": i, "first_divergence": div, "ref_len": len(r), "len": len(g),
                      "top2_gap": gap_fn(i, r[:div]) if div < len(r) else None})
-    return {"exact": len(ref) - len(mism), "prompts": len(ref), "mismatches": mism}
+    n = min(len(ref), len(got))
+    return {"exact": n - len(mism), "prompts": n, "mismatches": mism}
 
 
 def render(data: dict) -> str:
@@ -134,15 +140,16 @@ def render(data: dict) -> str:
     base = runs.get("hf_assisted_bs1", {}).get("tokens_per_s")
     for name, r in runs.items():
         if "error" in r:
-            rows.append([name, "–", "–", "–", "–", "–", "error: " + r["error"]])
+            rows.append([name, "–", "–", "–", "–", "–", "–", "error: " + r["error"]])
             continue
         c = r.get("check")
-        rows.append([name, r["batch_size"], fmt(r["tokens"]), fmt(r["seconds"]), fmt(r["tokens_per_s"], 0),
+        rows.append([name, r["batch_size"], r.get("prompts", "–"), fmt(r["tokens"]), fmt(r["seconds"]),
+                     fmt(r["tokens_per_s"], 0),
                      fmt(r["tokens_per_s"] / base) + "×" if base else "–",
                      (f"{c['exact']}/{c['prompts']}" if c else "reference" if name == cfg.get("token_reference")
                       else "–") +
                      (f", τ {r['tau']:.2f}" if r.get("tau") else "")])
-    parts.append(md_table(["method", "bs", "tokens", "seconds", "tok/s", "vs hf_assisted_bs1",
+    parts.append(md_table(["method", "bs", "prompts", "tokens", "seconds", "tok/s", "vs hf_assisted_bs1",
                            f"same tokens as {cfg.get('token_reference')}"], rows))
     mism = [(name, x) for name, r in runs.items() for x in (r.get("check") or {}).get("mismatches", [])]
     if mism:
@@ -176,6 +183,9 @@ def main(argv=None) -> int:
                    help="draft length for assisted generation (default: transformers' own settings)")
     p.add_argument("--skip-hf-plain-bs1", action="store_true",
                    help="no per-prompt plain generate (then the token reference is hf_assisted_bs1)")
+    p.add_argument("--method-budget-s", type=float, default=None,
+                   help="transformers methods start no new batch after this many seconds (tokens/s over the prompts "
+                        "done; the count is in the table)")
     p.add_argument("--out", default="bench_results")
     p.add_argument("--name", default="vs_transformers")
     a = p.parse_args(argv)
@@ -246,8 +256,8 @@ def main(argv=None) -> int:
         try:
             outs, secs = fn()
             n = sum(len(o) for o in outs)
-            r = {"batch_size": bs, "tokens": n, "seconds": secs, "tokens_per_s": n / secs, **(extra or {}),
-                 "outputs": outs}
+            r = {"batch_size": bs, "prompts": len(outs), "tokens": n, "seconds": secs, "tokens_per_s": n / secs,
+                 **(extra or {}), "outputs": outs}
         except Exception as e:  # one failing method must not lose the others
             r = {"batch_size": bs, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
         data["runs"][name] = r
@@ -258,7 +268,7 @@ def main(argv=None) -> int:
     def hf_run(bs, assistant=None):
         hf_generate(hf, prompts[:bs], bs, 8, eos, device, assistant, a.hf_assistant_tokens)  # warm-up
         return timed(lambda: hf_generate(hf, prompts, bs, a.max_new_tokens, eos, device, assistant,
-                                         a.hf_assistant_tokens), device)
+                                         a.hf_assistant_tokens, a.method_budget_s), device)
 
     def runtime_run(bs, B, stats_out):
         rc = setup0.rcfg.replace(batch_size=bs, block_size=B)

@@ -19,7 +19,9 @@
 # vs_transformers.json/.md, logs.tar.gz (every step's log). `train-plain` returns instead
 # tiny-target-plain/ and tiny-draft-plain/ (config.json + safetensors), TRAINING-plain.md and training-plain.json.
 #
-# Environment: OUT (default ./bench_out), BUDGET_S (510), PY (python3), PLAIN_TARGET / PLAIN_DRAFT (the pair,
+# Environment: OUT (default ./bench_out), BUDGET_S (510), PY (python3), RESUME_FROM (a runtime.json returned by an
+# earlier call, e.g. `RESUME_FROM=bench_prev/runtime.json bash scripts/bench_h200.sh runtime_grid` finishes the
+# grid), PLAIN_TARGET / PLAIN_DRAFT (the pair,
 # default fixtures/models/tiny-{target,draft}-plain), SMOKE=1 (a CPU smoke run on the tiny preset with toy sizes:
 # tests/test_bench_gpu_scripts.py).
 set -u
@@ -37,6 +39,8 @@ mkdir -p "$OUT" "$RES" "$LOGS"
 export PYTHONUNBUFFERED=1
 STEPS_MD=$WORK/steps.md
 printf '| step | exit | seconds | limit s |\n| --- | --- | --- | --- |\n' > "$STEPS_MD"
+# a runtime.json from an earlier call (copied into the working tree): its cells are kept, only the rest run
+[[ -n ${RESUME_FROM:-} && -f ${RESUME_FROM:-} ]] && cp "$RESUME_FROM" "$RES/runtime.json"
 PLAIN_TARGET=${PLAIN_TARGET:-fixtures/models/tiny-target-plain}
 PLAIN_DRAFT=${PLAIN_DRAFT:-fixtures/models/tiny-draft-plain}
 
@@ -115,7 +119,7 @@ for s in $STEPS; do
     vs_transformers)
       if [[ -f $PLAIN_TARGET/config.json && -f $PLAIN_DRAFT/config.json ]]; then
         step vs_transformers 150 "$PY" benchmarks/bench_vs_transformers.py --target-dir "$PLAIN_TARGET" \
-          --draft-dir "$PLAIN_DRAFT" "${VT[@]}" --out "$RES"
+          --draft-dir "$PLAIN_DRAFT" "${VT[@]}" --method-budget-s 30 --out "$RES"
       else
         echo "| vs_transformers | not run (no plain pair at $PLAIN_TARGET) | 0 | 0 |" >> "$STEPS_MD"
       fi ;;

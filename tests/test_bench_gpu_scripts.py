@@ -172,7 +172,7 @@ def test_bench_vs_transformers_smoke(tmp_path):
         assert r["tokens"] == sum(len(o) for o in r["outputs"]) and 0 < len(r["outputs"][0]) <= 8
         if name != "hf_plain_bs1":  # float32 on one CPU: every method emits the reference's tokens
             assert r["check"]["exact"] == r["check"]["prompts"] == 2
-    assert "issue 6 target" in stdout and "| runtime_bs1_B8 | 1 |" in stdout
+    assert "issue 6 target" in stdout and "| runtime_bs1_B8 | 1 | 2 |" in stdout
 
 
 def test_bench_h200_driver_smoke(tmp_path):
