@@ -55,7 +55,10 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
               "page_size": rc.page_size, "window": rc.window, "max_seq_len": rc.max_seq_len,
               "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
               "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes), "faults": list(rc.faults),
-              "shrink_at_round": shrink_at_round,
+              "shrink_at_round": shrink_at_round, "tree_budget": rc.tree_budget,
+              "tree_topk": rc.tree_topk if rc.tree else None,
+              "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
+              "verify_width": rc.verify_width,
               "simulated_acceptance": rc.sim_accept_rate if setup.simulated else None}
     launch_us: dict[tuple[str, int], list[float]] = {}
     cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds, config=config)

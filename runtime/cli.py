@@ -77,7 +77,16 @@ def decode_options(f):
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--fault", "faults", multiple=True, metavar="NAME",
                      help="Switch a pathology on (repeatable): lengths-copy | dd-gather | eager-commit-glue | "
-                          "jit-new-shape | token-list-rebuild (runtime/faults.py). Tokens are unchanged."),
+                          "jit-new-shape | token-list-rebuild | cpu-tree-build (tree mode) (runtime/faults.py). "
+                          "Tokens are unchanged."),
+        click.option("--tree-budget", type=int, default=None, metavar="N",
+                     help="Draft-tree mode (DDTree): verify a best-first tree of N nodes per request per round, the "
+                          "root included (N = the verify width, the chain's B; tree depth <= B - 1). 0 = chain."),
+        click.option("--tree-topk", type=int, default=None, metavar="K",
+                     help="Draft tokens considered per tree depth (default 4)."),
+        click.option("--tree-builder", type=click.Choice(["gpu", "cpu-heapq"]), default=None,
+                     help="Build the tree on the device (gpu, default) or per request on the host with heapq "
+                          "(cpu-heapq: the seeds' pathology, = --fault cpu-tree-build)."),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 
@@ -95,7 +104,8 @@ def setup_from_options(o: dict):
                         page_size=o["page_size"], window=o["window"], batch_size=o["batch_size"],
                         max_seq_len=o["max_seq_len"], prefill_chunk=o["prefill_chunk"], scheduler=o["scheduler"],
                         device=o["device"], dtype=o["dtype"], cuda_graphs=False if o["no_graphs"] else None,
-                        faults=tuple(o.get("faults") or ()) or None)
+                        faults=tuple(o.get("faults") or ()) or None, tree_budget=o.get("tree_budget"),
+                        tree_topk=o.get("tree_topk"), tree_builder=o.get("tree_builder"))
     return setup, texts
 
 
@@ -121,8 +131,10 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
     except ValueError as e:  # ConfigError, CheckpointError, RequestError, bad files
         fail(str(e))
     note = " [acceptance simulated]" if setup.simulated else ""
+    tree = (f" tree N={setup.rcfg.tree_budget} k={setup.rcfg.tree_topk} "
+            f"{'cpu-heapq' if setup.rcfg.cpu_tree_build else 'gpu'}" if setup.rcfg.tree else "")
     bar = tqdm(total=len(texts) * o["max_new_tokens"], unit="tok", file=sys.stderr, mininterval=0.5,
-               desc=f"decode {setup.preset.name} {setup.rcfg.scheduler} B={setup.rcfg.block_size}{note}")
+               desc=f"decode {setup.preset.name} {setup.rcfg.scheduler} B={setup.rcfg.block_size}{tree}{note}")
     try:
         result = run_decode(setup, texts, o["max_new_tokens"], check_exact=check_exact, on_tokens=bar.update)
     except ValueError as e:

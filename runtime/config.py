@@ -14,7 +14,10 @@ from pathlib import Path
 
 FULL, LINEAR = "full_attention", "linear_attention"
 # the switchable pathologies of runtime/faults.py (one function each, named with "_" for "-")
-FAULT_NAMES = ("lengths-copy", "dd-gather", "eager-commit-glue", "jit-new-shape", "token-list-rebuild")
+FAULT_NAMES = ("lengths-copy", "dd-gather", "eager-commit-glue", "jit-new-shape", "token-list-rebuild",
+               "cpu-tree-build")
+TREE_FAULTS = ("cpu-tree-build",)  # faults of the draft-tree round only (they need tree mode: tree_budget > 0)
+TREE_BUILDERS = ("gpu", "cpu-heapq")
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "fixtures" / "models"
 
@@ -158,7 +161,14 @@ class RuntimeConfig:
     ``sim_accept_rate`` (bench only: acceptance simulated on the device, each drafted token accepted with this
     probability, instead of comparing with the target), and ``faults``: the pathologies of runtime/faults.py switched
     on (names from ``FAULT_NAMES``; ``lengths-copy`` and ``dd-gather`` only on top of ``overlap``, since ``sync``
-    already does both)."""
+    already does both; ``cpu-tree-build`` only in tree mode).
+
+    Draft trees (DDTree, issue 8; seeds 003/004): ``tree_budget`` N > 0 switches tree mode on: each round verifies
+    a best-first tree of N nodes per request (the root, i.e. the pending token, included: N is the verify width,
+    the chain's B), built from the draft's top-``tree_topk`` tokens at each of the B - 1 draft positions (so tree
+    depth <= B - 1 and tau <= B, as in the chain). ``tree_builder``: ``gpu`` (batched, fixed shapes, no host sync)
+    or ``cpu-heapq`` (per request on the host, Python heapq; the seeds' pathology, the same as the fault
+    ``cpu-tree-build``). Both build the same tree (runtime/spec/tree.py)."""
 
     block_size: int = 8
     page_size: int = 16
@@ -173,9 +183,16 @@ class RuntimeConfig:
     sim_accept_rate: float | None = None
     seed: int = 0
     faults: tuple = ()
+    tree_budget: int = 0
+    tree_topk: int = 4
+    tree_builder: str = "gpu"
 
     def __post_init__(self):
         self.faults = tuple(dict.fromkeys(self.faults))  # repeated names switch a fault on once
+        if self.tree_builder == "cpu-heapq":  # the CPU builder IS the fault cpu-tree-build: one switch, two spellings
+            self.faults = tuple(dict.fromkeys(self.faults + ("cpu-tree-build",)))
+        if "cpu-tree-build" in self.faults:
+            self.tree_builder = "cpu-heapq"
         self.validate()
 
     def validate(self) -> None:
@@ -196,10 +213,41 @@ class RuntimeConfig:
         need(self.dtype in ("float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
         need(self.sim_accept_rate is None or 0.0 <= self.sim_accept_rate <= 1.0,
              f"sim_accept_rate {self.sim_accept_rate} outside [0, 1]")
+        need(isinstance(self.tree_budget, int) and self.tree_budget >= 0,
+             f"tree budget must be an integer >= 0 (0 = chain), got {self.tree_budget!r}")
+        need(isinstance(self.tree_topk, int) and self.tree_topk >= 1, f"tree top-k must be >= 1, got {self.tree_topk!r}")
+        need(self.tree_builder in TREE_BUILDERS,
+             f"unknown tree builder {self.tree_builder!r} ({' | '.join(TREE_BUILDERS)})")
+        need(not self.tree_budget or self.sim_accept_rate is None,
+             "tree mode needs real acceptance: sim_accept_rate (the bench preset's simulated acceptance) is set")
         for f in self.faults:
             need(f in FAULT_NAMES, f"unknown fault {f!r} (known: {', '.join(FAULT_NAMES)})")
             need(self.scheduler == "overlap" or f not in ("lengths-copy", "dd-gather"),
                  f"fault {f!r} needs --scheduler overlap (the sync scheduler already does it)")
+            need(self.tree_budget > 0 or f not in TREE_FAULTS,
+                 f"fault {f!r} (--tree-builder cpu-heapq) needs tree mode (--tree-budget N): a chain builds no tree")
+
+    @property
+    def tree(self) -> bool:
+        """Tree mode (``tree_budget`` > 0)."""
+        return self.tree_budget > 0
+
+    @property
+    def cpu_tree_build(self) -> bool:
+        """The tree is built on the host with heapq: ``tree_builder`` cpu-heapq, i.e. the fault ``cpu-tree-build``
+        (either switch sets the other)."""
+        return self.tree and self.tree_builder == "cpu-heapq"
+
+    @property
+    def verify_width(self) -> int:
+        """Tokens verified per request per round: B (chain) or the tree budget N."""
+        return self.tree_budget or self.block_size
+
+    @property
+    def round_span(self) -> int:
+        """Positions past the committed length L one round writes: max(B, N) (the draft block writes B, a tree's
+        verify N; the tree's nodes sit at token slots L .. L + N - 1 before the accepted path is compacted)."""
+        return max(self.block_size, self.tree_budget)
 
     def replace(self, **kw) -> "RuntimeConfig":
         """A validated copy with some fields changed."""

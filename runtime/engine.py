@@ -32,15 +32,18 @@ class RequestError(ValueError):
 
 
 def check_request(prompt_len: int, max_new_tokens: int, rcfg: RuntimeConfig) -> None:
-    """RequestError unless 1 <= prompt_len and prompt_len + max_new_tokens + 2B <= max_seq_len (one round may run
-    past a request's end before the host reads that it finished, and each round writes B positions)."""
+    """RequestError unless 1 <= prompt_len and prompt_len + max_new_tokens + B + span <= max_seq_len (one round may
+    run past a request's end before the host reads that it finished, and each round writes span positions: B, or
+    max(B, N) for a draft tree of N nodes)."""
     if prompt_len < 1:
         raise RequestError("empty prompt")
     if max_new_tokens < 1:
         raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if prompt_len + max_new_tokens + 2 * rcfg.block_size > rcfg.max_seq_len:
-        raise RequestError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens + 2 blocks of "
-                           f"{rcfg.block_size} exceeds the context of {rcfg.max_seq_len} tokens")
+    if prompt_len + max_new_tokens + rcfg.block_size + rcfg.round_span > rcfg.max_seq_len:
+        what = (f"2 blocks of {rcfg.block_size}" if rcfg.round_span == rcfg.block_size else
+                f"a block of {rcfg.block_size} + a tree of {rcfg.tree_budget}")
+        raise RequestError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens + {what} exceeds the "
+                           f"context of {rcfg.max_seq_len} tokens")
 
 
 @dataclass
@@ -146,7 +149,7 @@ class Engine:
             n += 1
             r, slot = waiting.popleft(), free.pop(0)
             r.slot, r.committed_len = slot, len(r.prompt)
-            self.runner.blocks.ensure(slot, len(r.prompt) + self.rcfg.block_size)
+            self.runner.blocks.ensure(slot, len(r.prompt) + self.rcfg.round_span)
             self.runner.upload_page_tables()
             with annotate("prefill"):
                 first = self.runner.prefill(slot, r.prompt)
@@ -156,6 +159,9 @@ class Engine:
 
     def _run_round(self, plan: RoundPlan, pending: deque) -> None:
         nb, run = plan.nb, self.runner
+        if getattr(run, "tree", None) is not None:
+            self._run_tree_round(plan, pending)
+            return
         with annotate("draft"):
             draft_tokens, drf_states = run.run_draft(nb)
         with annotate("verify"):
@@ -166,6 +172,22 @@ class Engine:
             run.commit(nb, pred, tau, tgt_states, drf_states)
         with annotate("sample"):
             pending.append(("round", plan, Readback({"pred": pred, "tau": tau})))
+
+    def _run_tree_round(self, plan: RoundPlan, pending: deque) -> None:
+        """A draft-tree round (runtime/tree.py): draft, build the tree, verify it, accept a path, commit it."""
+        nb, run, tree = plan.nb, self.runner, self.runner.tree
+        with annotate("draft"):
+            drafted = run.run_draft(nb)
+        with annotate("tree"):
+            tree.build(nb, drafted)
+        with annotate("verify"):
+            pred, tgt_states = tree.verify(nb)
+        with annotate("accept"):
+            emitted, tau, path = tree.accept(nb, pred)
+        with annotate("commit"):
+            tree.commit(nb, emitted, tau, path, tgt_states)
+        with annotate("sample"):
+            pending.append(("round", plan, Readback({"pred": emitted, "tau": tau})))
 
     def _process(self, item, running: dict, free: list, round_tau: list) -> None:
         kind, what, rb = item

@@ -21,8 +21,13 @@ None changes a generated token (tests/test_runtime_faults.py decodes with each a
 |                      |                      | compiles mid-decode                            |                              |
 | ``token-list-rebuild``| ``token_list_rebuild``| every live request's full token list        | nothing rebuilt              |
 |                      |                      | (prompt + output) rebuilt in Python per round  |                              |
+| ``cpu-tree-build``   | ``cpu_tree_build``   | (tree mode) the draft tree built per request   | ``build_tree_torch``: all    |
+|                      |                      | on the host: top-k copied to the host, Python  | rows at once on the device,  |
+|                      |                      | heapq per request, arrays uploaded (seeds      | fixed shapes, no sync        |
+|                      |                      | 003/004); same as ``--tree-builder cpu-heapq`` | (``--tree-builder gpu``)     |
 
-The host syncs of ``lengths_copy`` and ``dd_gather`` are deliberate (marked SYNC).
+The host syncs of ``lengths_copy``, ``dd_gather`` and ``cpu_tree_build`` are deliberate (marked SYNC).
+``cpu-tree-build`` needs tree mode (``--tree-budget N``); the others work in both modes.
 """
 from __future__ import annotations
 
@@ -34,7 +39,7 @@ from .cache.window import compact_len
 from .config import FAULT_NAMES
 
 __all__ = ["FAULT_NAMES", "lengths_copy", "dd_gather", "eager_commit_glue", "jit_new_shape", "token_list_rebuild",
-           "window_lengths", "prewarm_window_lengths", "function_name"]
+           "cpu_tree_build", "window_lengths", "prewarm_window_lengths", "function_name"]
 
 
 def function_name(fault: str) -> str:
@@ -153,3 +158,21 @@ def token_list_rebuild(requests) -> int:
                 full = r.prompt + r.output
                 total += len(full)
     return total
+
+
+def cpu_tree_build(runner, out, logp: torch.Tensor, ids: torch.Tensor, budget: int) -> None:
+    """SYNC (fault ``cpu-tree-build`` = ``--tree-builder cpu-heapq``; seeds 003/004: ``_build_ddtree_verify_input``
+    looping ``for i in range(bs)`` over ``build_ddtree_tree_from_topk``, a Python heapq, between the draft and the
+    verify graphs): copy the draft's top-k logp [nb, D, k] and ids [nb, D, k] to the host (two blocking
+    device-to-host copies: they wait for the draft block), build each request's tree with
+    ``spec.tree.build_tree_heapq``, and upload the arrays into ``out`` (the bucket's static ``Tree``, the verify
+    graph's input) with non-blocking copies. Same trees as ``build_tree_torch`` (tests/test_runtime_tree.py), so
+    no token changes; the device idles from the draft's end until the upload and the verify launch."""
+    from .spec.tree import Tree, build_tree_heapq
+
+    with annotate("cpu_tree_build"):
+        lp = logp.cpu().numpy()   # SYNC (fault): waits for the draft block
+        ii = ids.cpu().numpy()    # SYNC (fault)
+        trees = [build_tree_heapq(lp[i], ii[i], budget) for i in range(lp.shape[0])]  # per request, Python heapq
+        for f in Tree.FIELDS:
+            getattr(out, f).copy_(runner.to_device(np.stack([t[f] for t in trees])), non_blocking=True)

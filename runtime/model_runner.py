@@ -82,6 +82,10 @@ class ModelRunner:
         if rcfg.sim_accept_rate is not None:
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(rcfg.seed)
+        self.tree = None  # tree mode (issue 8): the tree round's buffers, graphs and phases (runtime/tree.py)
+        if rcfg.tree:
+            from .tree import TreeRunner
+            self.tree = TreeRunner(self)
 
     @property
     def scratch(self) -> int:
@@ -127,7 +131,8 @@ class ModelRunner:
 
     def _draft_fn(self, nb: int):
         buf = self.buffers[nb]
-        return lambda: draft_block(self.draft, self.state, buf.rows, buf.rect, buf.rect_len)
+        k = self.rcfg.tree_topk if self.rcfg.tree else 0  # a tree also needs each position's top-k
+        return lambda: draft_block(self.draft, self.state, buf.rows, buf.rect, buf.rect_len, k)
 
     def _verify_fn(self, nb: int, draft_tokens: torch.Tensor):
         buf = self.buffers[nb]
@@ -140,20 +145,25 @@ class ModelRunner:
         with torch.no_grad():
             for nb in self.buckets:
                 d = GraphedCall(f"draft_bs{nb}", self._draft_fn(nb), pool)
-                v = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
-                self.graphs["draft", nb], self.graphs["verify", nb] = d, v
+                self.graphs["draft", nb] = d
+                if self.tree is not None:  # tree mode: tree build (gpu builder), tree verify, draft refeed
+                    self.tree.capture(nb, d.outputs, pool)
+                    continue
+                self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
         torch.cuda.synchronize()  # SYNC (deliberate, start-up only): capture finished before decoding starts
         return self.node_counts()
 
     def node_counts(self) -> dict[str, dict[int, int | None]]:
-        """{"draft": {bucket: nodes}, "verify": {...}} of the captured graphs."""
+        """{"draft": {bucket: nodes}, "verify": {...}} of the captured graphs (tree mode adds "tree" with the gpu
+        builder, and "refeed")."""
         out: dict[str, dict[int, int | None]] = {"draft": {}, "verify": {}}
         for (phase, nb), g in self.graphs.items():
-            out[phase][nb] = g.num_nodes
+            out.setdefault(phase, {})[nb] = g.num_nodes
         return out
 
     def run_draft(self, nb: int):
-        """(tokens [nb, B], draft states) for bucket nb: graph replay, or eager."""
+        """(tokens [nb, B], draft states) for bucket nb: graph replay, or eager; in tree mode also (logp, ids)
+        [nb, B, k], each position's top-k."""
         g = self.graphs.get(("draft", nb))
         return g() if g is not None else self._draft_fn(nb)()
 

@@ -79,7 +79,7 @@ class SyncScheduler(Scheduler):
         rc = self.runner.rcfg
         lengths = self.runner.device_lengths_to_host()  # SYNC (deliberate): the seed's blocking lengths copy
         for s in slots:
-            self.runner.blocks.ensure(s, int(lengths[s]) + self.B)
+            self.runner.blocks.ensure(s, int(lengths[s]) + rc.round_span)
         return int(max((compact_len(int(lengths[s]), rc.window, rc.page_size) for s in slots), default=0))
 
 
@@ -93,7 +93,8 @@ class OverlapScheduler(Scheduler):
         cols = 0
         for s in slots:
             l_plan = running[s].committed_len + self.B
-            self.runner.blocks.ensure(s, l_plan + self.B)  # the round writes positions L .. L + B - 1 < Lplan + B
+            # the round writes positions L .. L + span - 1 < Lplan + span (span = B, or max(B, N) for a tree)
+            self.runner.blocks.ensure(s, l_plan + rc.round_span)
             cols = max(cols, draft_window_bound(l_plan, rc.window, rc.page_size))
         assert cols <= rect_width(rc.window, rc.page_size)  # the fixed rectangle always holds the window
         if "lengths-copy" in self.faults:

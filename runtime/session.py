@@ -153,6 +153,9 @@ def run_decode(setup: DecodeSetup, texts: list[str], max_new_tokens: int, check_
         "preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler, "device": rc.device,
         "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": rc.block_size, "page_size": rc.page_size,
         "window": rc.window, "max_seq_len": rc.max_seq_len, "cuda_graphs": bool(engine.graph_nodes),
+        "tree_budget": rc.tree_budget, "tree_topk": rc.tree_topk if rc.tree else None,
+        "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
+        "verify_width": rc.verify_width, "faults": list(rc.faults),
         "graph_nodes": {k: {str(b): n for b, n in v.items()} for k, v in engine.graph_nodes.items()},
         "simulated_acceptance": (f"acceptance simulated on the device: each drafted token accepted with "
                                  f"probability {rc.sim_accept_rate}; outputs are not the target's greedy decoding"

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gaptrace.runtime.config import FAULT_NAMES, ConfigError, ModelConfig, RuntimeConfig  # noqa: E402
+from gaptrace.runtime.config import FAULT_NAMES, TREE_FAULTS, ConfigError, ModelConfig, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.faults import function_name  # noqa: E402
 from gaptrace.runtime.models.model import Transformer  # noqa: E402
@@ -21,6 +21,7 @@ from gaptrace.runtime.models.model import Transformer  # noqa: E402
 torch.set_num_threads(1)
 LENGTHS = (5, 23, 40, 1, 31, 17, 9)
 SYNC_OPS = {"lengths-copy": {"aten::to"}, "dd-gather": {"aten::item", "aten::masked_select"}}
+CHAIN_FAULTS = tuple(f for f in FAULT_NAMES if f not in TREE_FAULTS)  # cpu-tree-build: tests/test_runtime_tree.py
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def clean(pair):
     return out
 
 
-@pytest.mark.parametrize("faults", [(f,) for f in FAULT_NAMES] + [FAULT_NAMES])
+@pytest.mark.parametrize("faults", [(f,) for f in CHAIN_FAULTS] + [CHAIN_FAULTS])
 def test_fault_leaves_tokens_unchanged(pair, clean, faults):
     """7 prompts in 3 slots (admission, retirement, buckets 3 -> 2 -> 1), a window of 4 pages that slides."""
     assert _decode(pair, faults) == clean  # tokens, per-round accept lengths, round count
@@ -96,14 +97,14 @@ def capture_all(tmp_path_factory):
     cmd = [sys.executable, "-m", "gaptrace.cli", "capture", "--preset", "tiny", "--prompt", "def fib(n):",
            "--prompt", "import os\n", "--batch-size", "3", "--block-size", "4", "--warmup-rounds", "3",
            "--rounds", "4", "--shrink-at-round", "5", "-o", str(out)]
-    for f in FAULT_NAMES:
+    for f in CHAIN_FAULTS:
         cmd += ["--fault", f]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return out
 
 
-@pytest.mark.parametrize("fault", FAULT_NAMES)
+@pytest.mark.parametrize("fault", CHAIN_FAULTS)
 def test_fault_range_in_trace(capture_all, fault):
     evs = _events(capture_all)
     rounds = [e for e in evs if e.get("cat") == "user_annotation" and e["name"] == "round"]
@@ -142,7 +143,7 @@ def test_eager_glue_ops_per_layer(capture_all):
 
 def test_shrink_at_round(capture_all):
     side = json.loads(capture_all.with_name("all.gaptrace.json").read_text())
-    assert side["config"]["faults"] == list(FAULT_NAMES) and side["config"]["shrink_at_round"] == 5
+    assert side["config"]["faults"] == list(CHAIN_FAULTS) and side["config"]["shrink_at_round"] == 5
     # round 5's results finish the cut request; round 6 still carries it (void), round 7 runs in bucket 2
     assert [len(x["accepted"]) for x in side["rounds"]] == [3, 2, 2, 2]
 

@@ -31,8 +31,13 @@ class LinearStatePool:
         """rows [nb] slots; states_all [n_linear, nb, B, Hv, dk, dv] (state after each block token); tau [nb] in
         [1, B]: pool[:, rows[i]] = states_all[:, i, tau[i] - 1]. One gather and one scatter for all layers;
         fixed shapes, no host sync."""
+        self.commit_at(rows, states_all, tau - 1)
+
+    def commit_at(self, rows: torch.Tensor, states_all: torch.Tensor | None, index: torch.Tensor) -> None:
+        """pool[:, rows[i]] = states_all[:, i, index[i]]: the state after token (or tree node) ``index[i]``
+        (a draft tree commits the state of its last accepted node). Fixed shapes, no host sync."""
         if not self.n_linear:
             return
         nb = rows.shape[0]
-        picked = states_all[:, torch.arange(nb, device=rows.device), tau - 1]
+        picked = states_all[:, torch.arange(nb, device=rows.device), index]
         self.pool.index_copy_(1, rows, picked)

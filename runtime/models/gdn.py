@@ -61,6 +61,35 @@ def gated_delta_rule_ref(q, k, v, g, beta, state=None, return_all: bool = False)
     return o, (torch.stack(states, 1) if return_all else S)
 
 
+def gated_delta_rule_tree(q, k, v, g, beta, parents, state=None):
+    """The reference recurrence over a token TREE (draft trees, issue 8): token t continues from the state after
+    its parent ``parents[:, t]`` (an earlier index) instead of token t - 1; -1 = continue from ``state`` (the root).
+    Shapes as ``gated_delta_rule_ref``; parents [bs, T] long with parents[:, t] < t. Returns (o [bs, T, H, dv],
+    states [bs, T, H, dk, dv] float32: the state after each token, i.e. after its whole ancestor path).
+
+    Exact: a token's arithmetic is ``gated_delta_rule_ref``'s step applied to its parent's state, so every node's
+    output and state equal, bit for bit, those of the chain recurrence over its ancestor path (a recurrent layer
+    cannot share one state per position across branches; each node carries its own). Fixed shapes, no host sync."""
+    bs, T, H, dk = k.shape
+    dv = v.shape[-1]
+    S0 = torch.zeros(bs, H, dk, dv, device=v.device, dtype=torch.float32) if state is None else state.float()
+    qf, kf, vf = q.float() * dk ** -0.5, k.float(), v.float()
+    decay, betaf = g.float().exp(), beta.float()
+    every = torch.zeros(bs, T, H, dk, dv, device=v.device, dtype=torch.float32)
+    rows = torch.arange(bs, device=v.device)
+    outs = []
+    for t in range(T):
+        par = parents[:, t]
+        S = torch.where((par < 0)[:, None, None, None], S0, every[rows, par.clamp(min=0)])  # the parent's state
+        S = S * decay[:, t, :, None, None]
+        kt = kf[:, t, :, :, None]
+        u = (vf[:, t] - (kt * S).sum(-2)) * betaf[:, t, :, None]
+        S = S + kt * u[:, :, None, :]
+        outs.append((qf[:, t, :, :, None] * S).sum(-2))
+        every[:, t] = S
+    return torch.stack(outs, 1).to(v.dtype), every
+
+
 def gated_delta_rule_fla(q, k, v, g, beta, state=None):
     """flash-linear-attention's chunked kernel; same arguments and (o, final state) as the reference."""
     q, k = q.to(v.dtype), k.to(v.dtype)  # fla's tl.dot needs one dtype
@@ -113,11 +142,16 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(a + self.dt_bias.float())
         return q, k, v, g, b.sigmoid(), z
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, return_all: bool = False):
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, return_all: bool = False,
+                parents: torch.Tensor | None = None):
         """x [bs, T, hidden], state [bs, Hv, dk, dv] float32 or None -> (out [bs, T, hidden], state(s) as
-        ``gated_delta_rule`` returns them)."""
+        ``gated_delta_rule`` returns them). With ``parents`` [bs, T] (a token tree): ``gated_delta_rule_tree``,
+        the state after every token."""
         bs, T, _ = x.shape
         q, k, v, g, beta, z = self.project(x)
-        o, new_state = gated_delta_rule(q, k, v, g, beta, state, return_all)
+        if parents is not None:
+            o, new_state = gated_delta_rule_tree(q, k, v, g, beta, parents, state)
+        else:
+            o, new_state = gated_delta_rule(q, k, v, g, beta, state, return_all)
         o = self.norm(o) * z.sigmoid()[..., None].to(o.dtype)
         return self.out_proj(o.reshape(bs, T, self.hv * self.dv)), new_state

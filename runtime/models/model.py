@@ -26,6 +26,9 @@ class CacheView:
     write_slots [bs, T], read_slots [bs, S], read_mask [bs, T, S]: see ``layers.KVView``.
     lin_state: [n_linear, bs, Hv, dk, dv] float32, the recurrent states before these tokens (None = zeros).
     all_states: return the state after every token ([n_linear, bs, T, Hv, dk, dv]) instead of the final one.
+    parents: the T tokens form a tree (draft-tree verify): token t's parent index (< t; -1 = the root, continuing
+    from ``lin_state``); linear layers then run ``gdn.gated_delta_rule_tree`` and return every token's state.
+    Full-attention layers get the tree through ``read_mask`` (ancestor-only) and ``positions`` (depth).
     """
 
     k_pools: list
@@ -35,6 +38,7 @@ class CacheView:
     read_mask: torch.Tensor
     lin_state: torch.Tensor | None = None
     all_states: bool = False
+    parents: torch.Tensor | None = None  # [bs, T] long: a token tree (issue 8); linear layers return every state
 
 
 class DecoderLayer(nn.Module):
@@ -109,7 +113,8 @@ class Transformer(nn.Module):
                 full_i += 1
             else:
                 state = None if cache is None or cache.lin_state is None else cache.lin_state[lin_i]
-                out, st = layer.linear_attn(x, state, cache is not None and cache.all_states)
+                out, st = layer.linear_attn(x, state, cache is not None and cache.all_states,
+                                            None if cache is None else cache.parents)
                 h = h + out
                 new_states.append(st)
                 lin_i += 1

@@ -12,12 +12,15 @@ import torch
 from ..models.model import CacheView, Transformer
 from .plan import window_mask
 from .state import DecodeState
+from .tree import draft_topk
 
 
 def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: torch.Tensor,
-                rect_len: torch.Tensor):
+                rect_len: torch.Tensor, topk: int = 0):
     """rows [nb] slots; rect [nb, W+P-1], rect_len [nb] from ``plan``. Returns (tokens [nb, B] long: d1 .. dB,
-    states [n_linear, nb, B, ...] float32: the draft's linear state after each step, or None)."""
+    states [n_linear, nb, B, ...] float32: the draft's linear state after each step, or None). With ``topk`` k > 0
+    (draft trees, runtime/spec/tree.py) also (logp [nb, B, k] float32, ids [nb, B, k] long): each step's top-k
+    tokens and log-probabilities, sorted descending."""
     B, nb = st.block_size, rows.shape[0]
     ar = torch.arange(B, device=rows.device)
     L, tok = st.lengths[rows], st.last_tok[rows]
@@ -25,7 +28,7 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
     read = torch.cat([rect, blk_slots], 1)
     wmask = window_mask(rect_len, st.rect_width)
     state = st.drf_lin.gather(rows)
-    tokens, states = [], []
+    tokens, states, tops = [], [], []
     for j in range(B):
         mask = torch.cat([wmask, (ar <= j).expand(nb, B)], 1)[:, None, :]
         cache = CacheView(st.drf_k, st.drf_v, blk_slots[:, j:j + 1], read, mask, state)
@@ -33,4 +36,9 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
         tok = logits[:, -1].argmax(-1)
         tokens.append(tok)
         states.append(state)
-    return torch.stack(tokens, 1), (torch.stack(states, 2) if state is not None else None)
+        if topk:
+            tops.append(draft_topk(logits[:, -1], topk))
+    out = (torch.stack(tokens, 1), (torch.stack(states, 2) if state is not None else None))
+    if topk:
+        out += (torch.stack([lp for lp, _ in tops], 1), torch.stack([i for _, i in tops], 1))
+    return out
