@@ -6,7 +6,9 @@ Layout (gpt-fast's pure forward + nano-vllm's engine split):
     models/          the Qwen3-style hybrid decoder (GQA + gated delta rule, dense or MoE), HF checkpoints
     cache/           paged KV block manager, the draft window s(L), c(L) and its bound, linear-attention states
     spec/            device state, window rectangle (fixed / packed), draft block, verify, accept, commit,
-                     prefill, plain greedy reference
+                     prefill, plain greedy reference; tree.py: draft trees (DDTree: builders, tree verify,
+                     path accept, KV compaction, draft refeed)
+    tree.py          the draft-tree round's static buffers, CUDA graphs and phases (``--tree-budget N``)
     model_runner.py  both models, static buffers, CUDA graphs per batch bucket, pinned copies and events
     scheduler.py     sync (exact lengths on the host, three syncs a round) and overlap (Lplan bound, no sync)
     engine.py        the loop: admit, plan, round, read one round late
