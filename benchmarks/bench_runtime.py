@@ -366,6 +366,8 @@ def main(argv=None) -> int:
                    help="start no cell that would end past this many seconds from the start")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    if a.warmup_rounds < 1 or a.timed_rounds < 1 or a.profiled_rounds < 0 or a.capture_report_rounds < 0:
+        p.error("--warmup-rounds and --timed-rounds must be >= 1, --profiled-rounds and --capture-report-rounds >= 0")
     start = time.perf_counter()
 
     import torch
