@@ -12,6 +12,7 @@ Layout (gpt-fast's pure forward + nano-vllm's engine split):
     model_runner.py  both models, static buffers, CUDA graphs per batch bucket, pinned copies and events
     scheduler.py     sync (exact lengths on the host, three syncs a round) and overlap (Lplan bound, no sync)
     engine.py        the loop: admit, plan, round, read one round late
+    plain.py         the target's plain greedy decoding in the same loop (one-token graphed step, no draft): the floor
     graphs.py        CUDA graph capture (keep_graph=True) and node counts
     annotate.py      NVTX range + record_function of one name
     faults.py        the switchable pathologies (--fault NAME), one function + one NVTX range each;
