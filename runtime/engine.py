@@ -182,10 +182,8 @@ class Engine:
             tree.build(nb, drafted)
         with annotate("verify"):
             pred, tgt_states = tree.verify(nb)
-        with annotate("accept"):
-            emitted, tau, path = tree.accept(nb, pred)
-        with annotate("commit"):
-            tree.commit(nb, emitted, tau, path, tgt_states)
+        with annotate("commit"):  # accept + commit: one graph on CUDA
+            emitted, tau = tree.accept_commit(nb, pred, tgt_states)
         with annotate("sample"):
             pending.append(("round", plan, Readback({"pred": emitted, "tau": tau})))
 

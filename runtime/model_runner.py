@@ -146,7 +146,7 @@ class ModelRunner:
             for nb in self.buckets:
                 d = GraphedCall(f"draft_bs{nb}", self._draft_fn(nb), pool)
                 self.graphs["draft", nb] = d
-                if self.tree is not None:  # tree mode: tree build (gpu builder), tree verify, draft refeed
+                if self.tree is not None:  # tree mode: tree build (gpu builder), tree verify, accept + commit
                     self.tree.capture(nb, d.outputs, pool)
                     continue
                 self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
@@ -155,7 +155,7 @@ class ModelRunner:
 
     def node_counts(self) -> dict[str, dict[int, int | None]]:
         """{"draft": {bucket: nodes}, "verify": {...}} of the captured graphs (tree mode adds "tree" with the gpu
-        builder, and "refeed")."""
+        builder, and "commit")."""
         out: dict[str, dict[int, int | None]] = {"draft": {}, "verify": {}}
         for (phase, nb), g in self.graphs.items():
             out.setdefault(phase, {})[nb] = g.num_nodes

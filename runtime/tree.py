@@ -9,12 +9,14 @@ A tree round (engine ranges in brackets):
                 cpu-heapq:  ``cpu_tree_build`` (runtime/faults.py): top-k copied to the host (SYNC), one Python
                             heapq build per request, the arrays uploaded: the GPU idles meanwhile (the seeds')
     [verify]  every node in one target forward (graph), ancestor-only mask, one linear state per node
-    [accept]  greedy walk down the verified tree: emitted tokens, tau, the accepted path
-    [commit]  KV compaction of the path, target linear state at the last accepted node, the draft re-fed the
-              path (``draft_refeed``, a graph), lengths and pending tokens
+    [commit]  accept and commit, one graph on CUDA (``commit_bs{nb}``): the greedy walk down the verified tree
+              (emitted tokens, tau, the accepted path), KV compaction of the path, the target's linear state at
+              the last accepted node, the draft re-fed the path (``draft_refeed``), lengths and pending tokens.
+              Under ``--fault eager-commit-glue`` it runs eagerly, with the fault's per-layer glue.
 
 Every phase but ``cpu_tree_build`` is fixed-shape device work with no host sync, so under the overlap scheduler
-the host still runs a round ahead.
+the host still runs a round ahead; with graphs, a round is four graph launches (three with the cpu-heapq builder)
+and a few eager ops, so the host's own cost is small next to a heapq build.
 """
 from __future__ import annotations
 
@@ -38,10 +40,8 @@ class TreeRunner:
             from .config import ConfigError
             raise ConfigError(f"tree top-k {self.k} exceeds the vocabulary ({runner.draft.config.vocab_size})")
         self.cpu = rc.cpu_tree_build
-        dev = runner.device
-        self.trees = {nb: Tree.empty(nb, self.N, dev) for nb in runner.buckets}             # verify graph inputs
-        self.emitted = {nb: torch.zeros(nb, rc.block_size, dtype=torch.long, device=dev)   # refeed graph input
-                        for nb in runner.buckets}
+        self.glue = "eager-commit-glue" in rc.faults
+        self.trees = {nb: Tree.empty(nb, self.N, runner.device) for nb in runner.buckets}  # verify graph inputs
 
     # ------------------------------------------------------------------------------------- graph bodies
     def _build_fn(self, nb: int, logp: torch.Tensor, ids: torch.Tensor):
@@ -53,19 +53,36 @@ class TreeRunner:
         rows, tree = r.buffers[nb].rows, self.trees[nb]
         return lambda: tree_verify(r.target, r.state, rows, tree)
 
-    def _refeed_fn(self, nb: int):
-        r = self.runner
-        buf, emitted = r.buffers[nb], self.emitted[nb]
-        return lambda: draft_refeed(r.draft, r.state, buf.rows, buf.rect, buf.rect_len, emitted)
+    def _commit_fn(self, nb: int, pred: torch.Tensor, tgt_states):
+        return lambda: self._accept_commit(nb, pred, tgt_states)
+
+    def _accept_commit(self, nb: int, pred: torch.Tensor, tgt_states):
+        """Accept the verified path of every row of bucket nb and commit it; (emitted [nb, B], tau [nb])."""
+        r, st = self.runner, self.runner.state
+        buf = r.buffers[nb]
+        emitted, tau, path = tree_accept(self.trees[nb], pred, self.rcfg.block_size)
+        compact_kv(st, buf.rows, path)
+        drf_states = draft_refeed(r.draft, st, buf.rows, buf.rect, buf.rect_len, emitted)
+        last = path[:, -1]  # the last accepted node (path repeats it past tau)
+        if self.glue:
+            F.eager_commit_glue(buf.rows, last + 1, [(st.tgt_lin, r.target, tgt_states)])
+            F.eager_commit_glue(buf.rows, tau, [(st.drf_lin, r.draft, drf_states)])
+        else:
+            st.tgt_lin.commit_at(buf.rows, tgt_states, last)
+            st.drf_lin.commit(buf.rows, drf_states, tau)
+        commit_round(st, buf.rows, emitted, tau, None, None, linear=False)
+        return emitted, tau
 
     def capture(self, nb: int, draft_outputs, pool) -> None:
-        """Capture bucket nb's tree graphs (gpu builder only), verify and refeed graphs into ``runner.graphs``;
-        ``draft_outputs`` = the draft graph's outputs (tokens, states, logp, ids)."""
+        """Capture bucket nb's graphs into ``runner.graphs``: tree (gpu builder only), verify, and commit (not under
+        the eager-commit-glue fault, whose glue must stay on the host); ``draft_outputs`` = the draft graph's
+        outputs (tokens, states, logp, ids). Capture order = replay order (one stream, one shared pool)."""
         g = self.runner.graphs
         if not self.cpu:
             g["tree", nb] = GraphedCall(f"tree_bs{nb}", self._build_fn(nb, draft_outputs[2], draft_outputs[3]), pool)
-        g["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb), pool)
-        g["refeed", nb] = GraphedCall(f"refeed_bs{nb}", self._refeed_fn(nb), pool)
+        v = g["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb), pool)
+        if not self.glue:
+            g["commit", nb] = GraphedCall(f"commit_bs{nb}", self._commit_fn(nb, *v.outputs), pool)
 
     def _call(self, phase: str, nb: int, fn):
         g = self.runner.graphs.get((phase, nb))
@@ -85,23 +102,6 @@ class TreeRunner:
         """(pred [nb, N], target states per node)."""
         return self._call("verify", nb, self._verify_fn(nb))
 
-    def accept(self, nb: int, pred: torch.Tensor):
-        """(emitted [nb, B], tau [nb], path [nb, B])."""
-        return tree_accept(self.trees[nb], pred, self.rcfg.block_size)
-
-    def commit(self, nb: int, emitted, tau, path, tgt_states) -> None:
-        """Commit the accepted path of every row of bucket nb (see the module docstring)."""
-        r, st = self.runner, self.runner.state
-        rows = r.buffers[nb].rows
-        compact_kv(st, rows, path)
-        self.emitted[nb].copy_(emitted)
-        with annotate("draft_refeed"):
-            drf_states = self._call("refeed", nb, self._refeed_fn(nb))
-        last = path[:, -1]  # the last accepted node (path repeats it past tau)
-        if "eager-commit-glue" in self.rcfg.faults:
-            F.eager_commit_glue(rows, last + 1, [(st.tgt_lin, r.target, tgt_states)])
-            F.eager_commit_glue(rows, tau, [(st.drf_lin, r.draft, drf_states)])
-        else:
-            st.tgt_lin.commit_at(rows, tgt_states, last)
-            st.drf_lin.commit(rows, drf_states, tau)
-        commit_round(st, rows, emitted, tau, None, None, linear=False)
+    def accept_commit(self, nb: int, pred: torch.Tensor, tgt_states):
+        """(emitted [nb, B], tau [nb]) after committing the accepted paths (graph replay, or eager)."""
+        return self._call("commit", nb, self._commit_fn(nb, pred, tgt_states))

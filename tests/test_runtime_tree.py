@@ -268,11 +268,11 @@ def test_tree_config_errors():
 # ------------------------------------------------------------------------------------------------ H200 driver
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """The driver's CPU smoke mode, two of its steps (the cpu-heapq tree decode and capture at bs 1; every step is
-    one of three command forms: decode chain/tree, capture) and the table; the others are reported missing."""
+    """The driver's CPU smoke mode, two of its steps (the gpu-builder tree decode, the cpu-heapq capture at bs 1;
+    every step is a decode or a capture with these options) and the table; the others are reported missing."""
     out = tmp_path_factory.mktemp("tree_smoke")
     env = {**os.environ, "SMOKE": "1", "PYTHON": sys.executable,
-           "STEPS": "decode_tree_cpu-heapq_N4 h200_tiny_tree_cpu-heapq_bs1"}
+           "STEPS": "decode_tree_gpu_N4 h200_tiny_tree_cpu-heapq_bs1"}
     r = subprocess.run(["bash", "scripts/tree_h200.sh", str(out), "cpu"], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -281,17 +281,17 @@ def smoke(tmp_path_factory):
 
 def test_driver_smoke(smoke):
     out, stdout = smoke
-    for name in ("decode_tree_cpu-heapq_N4", "h200_tiny_tree_cpu-heapq_bs1"):
+    for name in ("decode_tree_gpu_N4", "h200_tiny_tree_cpu-heapq_bs1"):
         assert f"{name}: rc=0" in stdout, stdout
+    assert "decode_chain_B4: rc" not in stdout and "h200_tiny_tree_gpu_bs1: rc" not in stdout  # not asked for
     table = json.loads((out / "tree_h200_table.json").read_text())
     dec = {r["run"]: r for r in table["decode"]}
-    assert dec["chain"]["error"] == dec["tree gpu"]["error"] == "missing"  # a step not run: a row, not a crash
-    tree = dec["tree cpu-heapq"]
-    raw = json.loads((out / "decode_tree_cpu-heapq_N4.json").read_text())
+    assert dec["chain"]["error"] == dec["tree cpu-heapq"]["error"] == "missing"  # not run: a row, not a crash
+    tree = dec["tree gpu"]
+    raw = json.loads((out / "decode_tree_gpu_N4.json").read_text())
     assert tree["tau"] == raw["tau"] and tree["exact_match_rate"] == 1.0 == raw["exact_match_rate"]
     assert raw["verify_width"] == tree["verify_width"] == 4 and raw["tree_budget"] == 4 and raw["block_size"] == 4
-    assert tree["builder"] == raw["tree_builder"] == "cpu-heapq" and raw["faults"] == ["cpu-tree-build"]
-    assert "same_tokens_as_gpu" not in tree  # nothing to compare with
+    assert tree["builder"] == raw["tree_builder"] == "gpu" and raw["faults"] == []
     (cap,) = table["captures"]
     side = json.loads((out / "h200_tiny_tree_cpu-heapq_bs1.gaptrace.json").read_text())
     assert cap["tau"] == pytest.approx(np.mean([r["tau"] for r in side["rounds"]]))
