@@ -83,6 +83,8 @@ def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: s
         tok_dirs = (p.tokenizer,)
     if draft.config.vocab_size != target.config.vocab_size:
         raise CheckpointError(f"draft vocabulary {draft.config.vocab_size} != target {target.config.vocab_size}")
+    if rcfg.tree and rcfg.tree_topk > draft.config.vocab_size:
+        raise ConfigError(f"tree top-k {rcfg.tree_topk} exceeds the vocabulary ({draft.config.vocab_size})")
     tokenizer = load_tokenizer(*tok_dirs, vocab_size=target.config.vocab_size)
     return DecodeSetup(p, target, draft, tokenizer, rcfg, weights, simulated)
 
