@@ -215,7 +215,8 @@ class RuntimeConfig:
              f"sim_accept_rate {self.sim_accept_rate} outside [0, 1]")
         need(isinstance(self.tree_budget, int) and self.tree_budget >= 0,
              f"tree budget must be an integer >= 0 (0 = chain), got {self.tree_budget!r}")
-        need(isinstance(self.tree_topk, int) and self.tree_topk >= 1, f"tree top-k must be >= 1, got {self.tree_topk!r}")
+        need(isinstance(self.tree_topk, int) and self.tree_topk >= 1,
+             f"tree top-k must be >= 1, got {self.tree_topk!r}")
         need(self.tree_builder in TREE_BUILDERS,
              f"unknown tree builder {self.tree_builder!r} ({' | '.join(TREE_BUILDERS)})")
         need(not self.tree_budget or self.sim_accept_rate is None,

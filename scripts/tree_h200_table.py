@@ -86,7 +86,8 @@ def render(dec: list[dict], cap: list[dict], B: int, N: int) -> str:
             continue
         note = "" if "same_tokens_as_gpu" not in r else f"tokens == gpu builder: {_fmt(r['same_tokens_as_gpu'])}"
         lines.append(f"{r['run']:<16} {r['builder']:<10} {_fmt(r['batch_size'], 'd'):>3} "
-                     f"{_fmt(r['verify_width'], 'd'):>5} {_fmt(r['tau'], '.3f'):>6} {_fmt(r['tokens_per_s'], '.1f'):>9} "
+                     f"{_fmt(r['verify_width'], 'd'):>5} {_fmt(r['tau'], '.3f'):>6} "
+                     f"{_fmt(r['tokens_per_s'], '.1f'):>9} "
                      f"{_fmt(r['tpot_ms']):>8} {_fmt(r['exact_match_rate']):>6} {_fmt(r['rounds'], 'd'):>6}  {note}")
     ok = {r["run"]: r for r in dec if "error" not in r and r.get("tau")}
     if "chain" in ok and "tree gpu" in ok:

@@ -51,7 +51,7 @@ def test_builders_identical(ties):
     rng = np.random.default_rng(3 + ties)
     n_padded = 0
     for _ in range(120):
-        nb, D, k, N = (int(x) for x in (rng.integers(1, 5), rng.integers(0, 6), rng.integers(1, 5), rng.integers(1, 20)))
+        nb, D, k, N = (int(rng.integers(*r)) for r in ((1, 5), (0, 6), (1, 5), (1, 20)))
         lp, ids = _random_topk(rng, nb, D, k, ties)
         dev = build_tree_torch(torch.from_numpy(lp), torch.from_numpy(ids), N)
         for b in range(nb):
