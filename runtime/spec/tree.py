@@ -143,7 +143,9 @@ def build_tree_torch(logp: torch.Tensor, ids: torch.Tensor, budget: int) -> Tree
         cand = (score[:, :, None] + lp).view(nb, N * k)
         key = torch.where(open_.view(nb, N * k), cand, float("-inf"))  # a Python scalar: no host-to-device copy
         best = key.argmax(1, keepdim=True)                                          # [nb, 1]: first maximum
-        ok = open_.view(nb, N * k).gather(1, best)[:, 0]                            # any candidate left?
+        # any candidate left? ``ok`` stays a device tensor and masks every write below: branching on it in Python
+        # (``if ok.any():``) or stopping early would be a host sync per step
+        ok = open_.view(nb, N * k).gather(1, best)[:, 0]
         i, r = best[:, 0] // k, best[:, 0] % k
         d = depth.gather(1, i[:, None])[:, 0] + 1
         parent[:, t] = torch.where(ok, i, -1)
@@ -154,6 +156,7 @@ def build_tree_torch(logp: torch.Tensor, ids: torch.Tensor, budget: int) -> Tree
         anc[:, t] |= anc.gather(1, i[:, None, None].expand(nb, 1, N))[:, 0] & ok[:, None]
         open_.view(nb, N * k).scatter_(1, best, False)                              # taken (a no-op if not ok)
         open_[:, t] = (ok & (d < D))[:, None]                                       # its children: depth d + 1 <= D
+    # tokens once at the end, by gathers (no per-node host lookup as in the heapq builder)
     tok = ids.gather(1, (depth - 1).clamp(min=0)[:, :, None].expand(nb, N, k)).gather(2, rank[:, :, None])[:, :, 0]
     t_.tokens.copy_(torch.where(exists & (depth > 0), tok, 0))
     return t_
