@@ -353,3 +353,25 @@ def test_table_script_on_fabricated_outputs(tmp_path):
     text = (tmp_path / "tree_h200_table.txt").read_text()
     assert "tau tree / tau chain = 1.250" in text and "tokens == gpu builder: NO" in text
     assert "h200_tiny_tree_gpu_bs8" in text and "unreadable" in text
+
+
+@pytest.mark.parametrize("builder", ["cpu-heapq", "gpu"])
+def test_graph_warmup_on_the_initial_trees_keeps_the_decode_exact(pair, builder):
+    """On CUDA the verify and commit graphs are warmed up and captured with every row on the scratch slot, reading
+    each bucket's initial tree (the cpu-heapq builder has no tree graph that fills it first). The same calls here
+    on the CPU, before decoding: every cache stays finite and the decode after them stays exact (initial trees of
+    all-zero ancestors once put NaN into the scratch slot's pages and the decode ended after one round on the H200)."""
+    target, draft, prompts, refs, eos = pair
+    rc = RuntimeConfig(block_size=4, page_size=4, window=16, batch_size=3, max_seq_len=128, prefill_chunk=CHUNK,
+                       tree_budget=6, tree_topk=3, tree_builder=builder)
+    eng = Engine(target, draft, rc, eos)
+    run, st = eng.runner, eng.runner.state
+    with torch.no_grad():
+        for nb in run.buckets:
+            pred, states = run.tree.verify(nb)
+            run.tree.accept_commit(nb, pred, states)
+    for name in ("tgt_k", "tgt_v", "drf_k", "drf_v"):
+        assert all(torch.isfinite(t).all() for t in getattr(st, name)), name
+    assert torch.isfinite(st.tgt_lin.pool).all() and torch.isfinite(st.drf_lin.pool).all()
+    reqs, _ = eng.generate(prompts, MAX_NEW)
+    assert [r.output for r in reqs] == refs

@@ -65,10 +65,19 @@ class Tree:
 
     @classmethod
     def empty(cls, nb: int, N: int, device) -> "Tree":
-        """Zeroed static buffers (a bucket's graph input)."""
+        """Static buffers holding a valid tree of the root alone, every other node padding (a bucket's graph input).
+
+        Valid, not zeroed: the verify graph is captured (and warmed up, on the scratch slot with no context) from
+        these values when no tree graph fills them first (the cpu-heapq builder). All-zero ancestors would mask
+        every column of a node's attention row (softmax of all -inf: NaN) and parent 0 would make the root its
+        own parent; the NaN lands in the scratch slot's garbage page and linear state, and every later masked read
+        of that page turns 0 x NaN into NaN logits (found on the H200: the decode ended after one round)."""
         z = lambda *s, dt=torch.long: torch.zeros(*s, dtype=dt, device=device)  # noqa: E731
-        return cls(z(nb, N), z(nb, N), z(nb, N), z(nb, N, dt=torch.bool), z(nb, N, N, dt=torch.bool),
-                   z(nb, N, dt=torch.float32))
+        exists = z(nb, N, dt=torch.bool)
+        exists[:, 0] = True
+        anc = torch.eye(N, dtype=torch.bool, device=device).expand(nb, N, N).clone()
+        parent = torch.full((nb, N), -1, dtype=torch.long, device=device)
+        return cls(z(nb, N), parent, z(nb, N), exists, anc, z(nb, N, dt=torch.float32))
 
     def copy_(self, other: "Tree", non_blocking: bool = False) -> None:
         """Overwrite every field in place from ``other`` (same shapes; host or device)."""
