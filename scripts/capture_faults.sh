@@ -20,7 +20,8 @@
 # captures) but never this kernel, so its compile is real, not a disk-cache hit from the previous preset.
 #
 # Budget: ~20-30 s per capture (start-up, graph capture, 15 rounds, trace write); a capture is only started while
-# the script has run < ${BUDGET_S:-195} s, each under `timeout 60`, so the script ends in time; what is skipped says so.
+# the script has run < ${BUDGET_S:-195} s, each under `timeout ${CAPTURE_TIMEOUT_S:-120}` (the first one compiles fla's
+# Triton kernels, ~35-60 s), so the script ends in time; what is skipped says so.
 set -u
 OUT=${1:-/tmp/faults}
 mkdir -p "$OUT"
@@ -55,7 +56,7 @@ for spec in "${SPECS[@]}"; do
     extra=(--shrink-at-round 10)
   fi
   t0=$SECONDS
-  TRITON_CACHE_DIR="$cache" timeout 60 python3 -m gaptrace.cli capture --preset "$preset" --device "$DEVICE" \
+  TRITON_CACHE_DIR="$cache" timeout "${CAPTURE_TIMEOUT_S:-120}" python3 -m gaptrace.cli capture --preset "$preset" --device "$DEVICE" \
     --scheduler overlap --batch-size "$bs" --block-size 12 --prompts "$PROMPTS" --warmup-rounds 6 --rounds 8 \
     --fault "$fault" ${extra[@]+"${extra[@]}"} -o "$OUT/$name.json.gz" > "$OUT/$name.log" 2>&1
   rc=$?
