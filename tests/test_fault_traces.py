@@ -16,8 +16,8 @@ def analysis(path):
     return run_analysis(gaptrace.load_trace(path), sidecar=read_sidecar(path))
 
 
-def fault(preset, name):
-    return analysis(os.path.join(FAULTS, f"h200_{preset}_overlap_bs8_B12_{name}.json.gz"))
+def fault(preset, name, bs=8):
+    return analysis(os.path.join(FAULTS, f"h200_{preset}_overlap_bs{bs}_B12_{name}.json.gz"))
 
 
 @pytest.fixture(scope="module")
@@ -36,19 +36,22 @@ def test_lengths_copy_is_the_first_finding(preset, min_share):
     assert res["rounds"]["summary"]["verdict"] == "serialized"
 
 
-def test_dd_gather_is_the_first_finding():
-    res = fault("bench", "dd-gather")
+@pytest.mark.parametrize("preset,min_share", [("bench", 0.5), ("tiny", 0.25)])
+def test_dd_gather_is_the_first_finding(preset, min_share):
+    res = fault(preset, "dd-gather")
     first = res["findings"][0]
     assert first["kind"] == "blocking_sync" and first["aten_op"] == "aten::item"
-    assert first["site"].endswith("rect_packed") and first["idle_share"] >= 0.5
+    assert first["site"].endswith("rect_packed") and first["idle_share"] >= min_share
     ops = {s["aten_op"] for s in res["blocking_syncs"]}
     assert {"aten::item", "aten::masked_select"} <= ops
 
 
-def test_jit_new_shape_first_finding_is_in_its_range():
-    res = fault("bench", "jit-new-shape")
+@pytest.mark.parametrize("preset,min_share", [("bench", 0.2), ("tiny", 0.15)])
+def test_jit_new_shape_first_finding_is_in_its_range(preset, min_share):
+    res = fault(preset, "jit-new-shape")
     first = res["findings"][0]
-    assert first["kind"] == "idle_site" and first["range"] == "jit_new_shape" and first["idle_share"] >= 0.2
+    assert first["kind"] == "idle_site" and first["range"] == "jit_new_shape" and first["idle_share"] >= min_share
+    assert "_try_wait" in first["site"]  # Triton waiting for its compiler subprocess
 
 
 def test_eager_commit_glue_costs_host_time_and_appears_in_the_diff(clean_bench):
@@ -61,8 +64,27 @@ def test_eager_commit_glue_costs_host_time_and_appears_in_the_diff(clean_bench):
     assert not [f for f in res["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
 
 
-def test_token_list_rebuild_is_present_but_small():
-    path = os.path.join(FAULTS, "h200_bench_overlap_bs8_B12_token-list-rebuild.json.gz")
+def test_eager_commit_glue_on_a_host_bound_round_is_behind_profiler_inflated_launches():
+    """Tiny preset, bs 1: the host sets the round (verdict host-bound); the glue adds ~6 ms of host time a round
+    (Thost +76%, Tround +72% against the clean capture) and holds 4% of the idle under its own range, but the idle it
+    exposes sits mostly inside the next profiler-inflated draft-graph launch, which the first two findings name
+    (the launch site, then the launch fit: most of that launch's host time is the profiler's). MANIFEST.md."""
+    clean = analysis(os.path.join(CLEAN, "h200_tiny_overlap_bs1_B12.json.gz"))
+    res = fault("tiny", "eager-commit-glue", bs=1)
+    d = diff_analyses(clean, res)
+    assert d["metrics"]["t_host_us"]["rel"] > 0.5 and d["metrics"]["t_round_us"]["rel"] > 0.5
+    assert "runtime/faults.py: eager_commit_glue" in {r["frame"] for r in d["frames"]["appeared"]}
+    glue = [s for s in res["idle_sites"] if s["range"] == "eager_commit_glue"]
+    assert glue and glue[0]["site"].endswith(": eager_commit_glue") and 0.02 < glue[0]["share"] < 0.1
+    kinds = [f["kind"] for f in res["findings"][:2]]
+    assert kinds == ["idle_site", "profiler_inflation"]
+    assert res["findings"][0]["site"].startswith("runtime/graphs.py") and res["findings"][0]["range"] == "draft"
+    assert res["rounds"]["summary"]["bound"] == "host"
+
+
+@pytest.mark.parametrize("preset", ["bench", "tiny"])
+def test_token_list_rebuild_is_present_but_small(preset):
+    path = os.path.join(FAULTS, f"h200_{preset}_overlap_bs8_B12_token-list-rebuild.json.gz")
     trace = gaptrace.load_trace(path)
     h = trace.host
     assert ((h["cat"] == "user_annotation") & (h["name"] == "token_list_rebuild")).sum() >= 8
@@ -72,3 +94,16 @@ def test_token_list_rebuild_is_present_but_small():
 
 def test_clean_overlap_has_no_sync_finding_above_5_percent(clean_bench):
     assert not [f for f in clean_bench["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
+
+
+@pytest.mark.parametrize("name", ["h200_tiny_overlap_bs8_B12", "h200_tiny_overlap_bs1_B12"])
+def test_clean_tiny_overlap_has_no_sync_finding_above_5_percent(name):
+    res = analysis(os.path.join(CLEAN, f"{name}.json.gz"))
+    assert not [f for f in res["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
+
+
+def test_eager_commit_glue_hidden_at_bs8_on_the_tiny_preset_too():
+    """GPU-bound at bs 8 (TGPU 14.8 ms > Thost 9.2 ms a round): the overlap scheduler hides the glue."""
+    res = fault("tiny", "eager-commit-glue")
+    assert res["rounds"]["summary"]["bound"] == "GPU" and res["idle_split"]["device_side_share"] > 0.8
+    assert not [f for f in res["findings"] if f["kind"] in ("blocking_sync", "idle_site") and f["idle_share"] > 0.05]
