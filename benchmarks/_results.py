@@ -6,8 +6,9 @@ import json
 import math
 import os
 import platform
-import tempfile
 import time
+
+from gaptrace.outputs import write_text_atomic
 
 
 def fmt(v, digits: int = 2) -> str:
@@ -50,18 +51,8 @@ def machine() -> dict:
 
 
 def _atomic_write(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_text_atomic(path, text)
 
 
 def _clean(obj):

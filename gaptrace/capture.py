@@ -25,6 +25,8 @@ import tempfile
 import time
 from typing import Any
 
+from gaptrace.outputs import make_readable, write_text_atomic
+
 __all__ = ["Capture", "sidecar_path", "write_json_atomic", "read_sidecar"]
 
 SIDECAR_SUFFIX = ".gaptrace.json"
@@ -40,26 +42,9 @@ def sidecar_path(trace_path: str) -> str:
     return base + SIDECAR_SUFFIX
 
 
-def _readable(path: str) -> None:
-    """mkstemp creates 0600 files; give the final file the mode a plain open() would (0666 minus the umask)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1, sort_keys=True, default=str)
-        _readable(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True, default=str))
 
 
 def read_sidecar(trace_path: str) -> dict | None:
@@ -86,11 +71,11 @@ def _export_gz_atomic(prof: Any, path: str) -> None:
             with os.fdopen(fd, "wb") as out, open(raw, "rb") as src, gzip.GzipFile(fileobj=out, mode="wb",
                                                                                   compresslevel=6) as gz:
                 shutil.copyfileobj(src, gz, 1 << 20)
-            _readable(gz_tmp)
+            make_readable(gz_tmp)
             os.replace(gz_tmp, path)
             gz_tmp = None
         else:
-            _readable(raw)
+            make_readable(raw)
             os.replace(raw, path)
             raw = None
     finally:

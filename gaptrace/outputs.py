@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 
-__all__ = ["resolve_output"]
+__all__ = ["resolve_output", "write_text_atomic", "make_readable"]
 
 
 def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
@@ -33,3 +34,28 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
         if p and os.path.exists(p) and os.path.realpath(p) == real:
             raise ValueError(f"{path}: the output would overwrite the input {p}")
     return real
+
+
+def make_readable(path: str) -> None:
+    """Give a file made by ``tempfile.mkstemp`` (mode 0600) the mode a plain ``open`` would: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def write_text_atomic(path: str, text: str, prefix: str = ".tmp-gaptrace-") -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory and ``os.replace``: the
+    path holds the old content or the new, never half a file; the temporary file is removed on any error."""
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        make_readable(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

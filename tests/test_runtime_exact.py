@@ -5,7 +5,6 @@ prefill), more prompts than slots (admission into freed slots) and an EOS that s
 sync and overlap must also agree with each other bit for bit, round by round."""
 from __future__ import annotations
 
-import copy
 
 import pytest
 
@@ -16,34 +15,21 @@ from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.models.model import Transformer  # noqa: E402
 from gaptrace.runtime.spec.reference import greedy_reference  # noqa: E402
 
+from _runtime_models import hybrid_target, near_copy, random_prompts  # noqa: E402
+
 torch.set_num_threads(1)
 MAX_NEW, W, P, CHUNK = 28, 16, 4, 16
 LENGTHS = (5, 23, 40, 1, 31, 17, 9, 44, 12)
 
 
-def _target():
-    torch.manual_seed(0)
-    cfg = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=128,
-                      intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
-    return Transformer(cfg).eval()
-
-
-def _near_copy(model, scale):
-    """A draft that mostly agrees with the target: its weights plus noise (a hybrid draft: exercises the draft's
-    own linear-state commit)."""
-    d = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
-    return d
+_target = hybrid_target
+_near_copy = near_copy  # a hybrid draft: exercises the draft's own linear-state commit
 
 
 @pytest.fixture(scope="module")
 def setup():
     target = _target()
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in LENGTHS]
+    prompts = random_prompts(LENGTHS)
     plain = greedy_reference(target, prompts[0], MAX_NEW, None, CHUNK, "cpu").tokens
     eos = plain[10]  # the first request stops at its 11th token (or earlier if eos came sooner)
     refs = [greedy_reference(target, p, MAX_NEW, eos, CHUNK, "cpu").tokens for p in prompts]

@@ -3,7 +3,6 @@ one's range is in a CPU profiler trace of a short capture, with the host sync in
 (lengths-copy: aten::to; dd-gather: aten::item and aten::masked_select). Trace checks read the raw Kineto JSON."""
 from __future__ import annotations
 
-import copy
 import gzip
 import json
 import subprocess
@@ -13,10 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gaptrace.runtime.config import FAULT_NAMES, TREE_FAULTS, ConfigError, ModelConfig, RuntimeConfig  # noqa: E402
+from gaptrace.runtime.config import FAULT_NAMES, TREE_FAULTS, ConfigError, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.faults import function_name  # noqa: E402
-from gaptrace.runtime.models.model import Transformer  # noqa: E402
+
+from _runtime_models import hybrid_target, near_copy, random_prompts  # noqa: E402
 
 torch.set_num_threads(1)
 LENGTHS = (5, 23, 40, 1, 31, 17, 9)
@@ -27,17 +27,9 @@ CHAIN_FAULTS = tuple(f for f in FAULT_NAMES if f not in TREE_FAULTS)  # cpu-tree
 @pytest.fixture(scope="module")
 def pair():
     """A tiny hybrid target and a hybrid near-copy draft (both commit linear states: the glue runs for both)."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=128,
-                      intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
-    target = Transformer(cfg).eval()
-    draft = copy.deepcopy(target)
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std().clamp(min=1e-3))
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in LENGTHS]
+    target = hybrid_target()
+    draft = near_copy(target, 0.3)
+    prompts = random_prompts(LENGTHS)
     return target, draft, prompts
 
 

@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 from gaptrace.runtime.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.models.model import Transformer  # noqa: E402
 from gaptrace.runtime.plain import PlainEngine  # noqa: E402
+
+from _runtime_models import hybrid_target, random_prompts  # noqa: E402
 from gaptrace.runtime.spec.reference import greedy_reference  # noqa: E402
 
 torch.set_num_threads(1)
@@ -19,12 +21,8 @@ LENGTHS = (5, 23, 40, 1, 17)
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.manual_seed(0)
-    cfg = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=128,
-                      intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
-    target = Transformer(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in LENGTHS]
+    target = hybrid_target()
+    prompts = random_prompts(LENGTHS)
     eos = greedy_reference(target, prompts[0], MAX_NEW, None, CHUNK, "cpu").tokens[7]
     refs = [greedy_reference(target, p, MAX_NEW, eos, CHUNK, "cpu").tokens for p in prompts]
     assert any(len(r) < MAX_NEW for r in refs) and any(len(r) == MAX_NEW for r in refs)

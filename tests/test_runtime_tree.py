@@ -8,7 +8,6 @@ errors; and the H200 driver script's CPU smoke run, whose cpu-heapq capture hold
 with the host copy and the heapq frames inside it."""
 from __future__ import annotations
 
-import copy
 import gzip
 import itertools
 import json
@@ -23,13 +22,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gaptrace.runtime.config import ConfigError, ModelConfig, RuntimeConfig  # noqa: E402
+from gaptrace.runtime.config import ConfigError, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.models.gdn import gated_delta_rule_ref, gated_delta_rule_tree  # noqa: E402
-from gaptrace.runtime.models.model import Transformer  # noqa: E402
 from gaptrace.runtime.sequence import Request  # noqa: E402
 from gaptrace.runtime.spec.reference import greedy_reference  # noqa: E402
 from gaptrace.runtime.spec.tree import Tree, build_tree_heapq, build_tree_torch  # noqa: E402
+
+from _runtime_models import hybrid_target, near_copy, random_prompts  # noqa: E402
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -119,27 +119,14 @@ def test_gdn_tree_recurrence_equals_chain_along_each_path():
 
 
 # ------------------------------------------------------------------------------------------------ decoding
-def _near_copy(model, scale, seed=7):
-    d = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in d.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
-    return d
-
-
 @pytest.fixture(scope="module")
 def pair():
     """A random hybrid target (linear + full attention), a hybrid near-copy draft, prompts, greedy references."""
-    torch.manual_seed(0)
-    cfg = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=128,
-                      intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
-    target = Transformer(cfg).eval()
-    g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, 128, (n,), generator=g).tolist() for n in LENGTHS]
+    target = hybrid_target()
+    prompts = random_prompts(LENGTHS)
     eos = greedy_reference(target, prompts[0], MAX_NEW, None, CHUNK, "cpu").tokens[9]
     refs = [greedy_reference(target, p, MAX_NEW, eos, CHUNK, "cpu").tokens for p in prompts]
-    return target, _near_copy(target, 0.3), prompts, refs, eos
+    return target, near_copy(target, 0.3), prompts, refs, eos
 
 
 def _decode(pair, **kw):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ import pandas as pd
 from gaptrace.analyses.gaps import event_idle
 from gaptrace.analyses.launch_fit import launch_points
 from gaptrace.analyses.occupancy import busy_fraction_bins, resolve_device
+from gaptrace.outputs import write_text_atomic
 from gaptrace.trace import Trace, TraceError
 
 from . import charts
@@ -401,22 +401,6 @@ def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *, 
     return page(f"gaptrace: {name}", "\n".join(body), figures, __version__)
 
 
-def _atomic_write(path_out: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path_out))
-    fd, tmp = tempfile.mkstemp(prefix=".gaptrace-report-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path_out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def write_report(path_in: str, path_out: str, window: str | None = None, sidecar_path: str | None = None,
                  device: int | None = None, round_name: str = "round",
                  memory_limit_bytes: int | None = None) -> dict:
@@ -456,5 +440,5 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
                          "gaps to report (`gaptrace analyze` shows its host-side analyses)")
     analysis = run_analysis(trace, window=window, device=device, sidecar=sidecar, round_name=round_name)
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
-    _atomic_write(path_out_real, text)
+    write_text_atomic(path_out_real, text, prefix=".gaptrace-report-")
     return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path}

@@ -1,0 +1,36 @@
+"""The small random models the runtime tests share (CPU, float32): a 4-layer hybrid target (gated delta rule and
+full attention, alternating), a draft that is the target plus noise, and random prompts."""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from gaptrace.runtime.config import ModelConfig
+from gaptrace.runtime.models.model import Transformer
+
+VOCAB = 128
+
+
+def hybrid_target(seed: int = 0) -> Transformer:
+    """4 layers (linear, full, linear, full), hidden 64, vocab 128, random weights from ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=VOCAB,
+                      intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
+    return Transformer(cfg).eval()
+
+
+def near_copy(model: Transformer, scale: float, seed: int = 7) -> Transformer:
+    """A draft that mostly agrees with ``model``: its weights plus Gaussian noise of ``scale`` x each tensor's std."""
+    d = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in d.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp(min=1e-3))
+    return d
+
+
+def random_prompts(lengths, seed: int = 1) -> list[list[int]]:
+    """One prompt of random token ids per length."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
