@@ -100,6 +100,11 @@ def setup_from_options(o: dict):
         texts += read_prompts_file(o["prompts_file"])
     if not texts:
         raise ValueError("no prompt: give --prompt TEXT or --prompts FILE.jsonl")
+    faults = tuple(o.get("faults") or ())
+    if not o.get("tree_budget") and (o.get("tree_topk") is not None or o.get("tree_builder") == "gpu"):
+        raise ValueError("--tree-topk / --tree-builder need tree mode: give --tree-budget N (N > 0)")
+    if o.get("tree_builder") == "gpu" and "cpu-tree-build" in faults:
+        raise ValueError("--tree-builder gpu contradicts --fault cpu-tree-build (= --tree-builder cpu-heapq)")
     setup = build_setup(o["preset"], o["model_dir"], o["draft_dir"], seed=o["seed"], block_size=o["block_size"],
                         page_size=o["page_size"], window=o["window"], batch_size=o["batch_size"],
                         max_seq_len=o["max_seq_len"], prefill_chunk=o["prefill_chunk"], scheduler=o["scheduler"],

@@ -362,3 +362,14 @@ def test_graph_warmup_on_the_initial_trees_keeps_the_decode_exact(pair, builder)
     assert torch.isfinite(st.tgt_lin.pool).all() and torch.isfinite(st.drf_lin.pool).all()
     reqs, _ = eng.generate(prompts, MAX_NEW)
     assert [r.output for r in reqs] == refs
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tree-topk", "4"], "--tree-topk / --tree-builder need tree mode"),
+    (["--tree-builder", "gpu"], "--tree-topk / --tree-builder need tree mode"),
+    (["--tree-budget", "4", "--tree-builder", "gpu", "--fault", "cpu-tree-build"], "contradicts --fault cpu-tree-build"),
+])
+def test_tree_options_that_would_be_ignored_are_refused(args, message):
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "decode", "--preset", "tiny", "--prompt", "def f(",
+                        "--max-new-tokens", "4", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
