@@ -44,6 +44,9 @@ class RoundsReport:
 
     ``table`` columns: round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes
     (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar).
+    With κ: ``launch_inflation_us`` per round, Σ min(κ·N, host time) over its graph launches (the profiler's share
+    of their host time), and ``t_host_less_inflation_us`` = t_host_us − launch_inflation_us.
+    ``host_ranges``: :func:`host_by_range`.
     ``summary``: means of those (they add up), ``verdict`` ("overlapped" | "serialized", from medians), ``bound``
     ("GPU" when median TGPU >= median Thost, else "host"), ``overlap_excess`` ((Tround −
     max(TGPU, Thost)) / Tround), and the profiler check when the sidecar has unprofiled round times:
@@ -53,11 +56,13 @@ class RoundsReport:
 
     table: pd.DataFrame
     summary: dict[str, Any]
+    host_ranges: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     def to_dict(self) -> dict[str, Any]:
         from gaptrace.analyze import to_jsonable
 
-        return to_jsonable({"summary": self.summary, "rounds": self.table.to_dict("records")})
+        return to_jsonable({"summary": self.summary, "rounds": self.table.to_dict("records"),
+                            "host_ranges": self.host_ranges.to_dict("records")})
 
 
 def _round_taus(sidecar: dict | None) -> list[float] | None:
@@ -117,17 +122,17 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         ok &= c["tid"].astype(str).to_numpy() == tid[:-1][np.clip(idx, 0, len(ps) - 1)]
         blocked = np.bincount(idx[ok], weights=c["blocked_us"].to_numpy()[ok], minlength=len(ps))
     t_host = np.maximum((e[:-1] - ps) - blocked, 0.0)
-    # graph nodes launched per round (for κ·ΣN)
+    # graph nodes launched per round (for κ·ΣN), and the profiler's share of those launches' host time
     nodes = np.zeros(len(ps))
-    launches = h[h["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy() & (h["rank"].to_numpy() == key[0])]
-    if len(launches):
-        dev = trace.device
-        cnt = dev[dev["rank"] == key[0]].groupby("correlation").size()
-        n = launches["correlation"].map(cnt).fillna(0).to_numpy()
-        lts = launches["ts_us"].to_numpy()
+    inflation = np.zeros(len(ps))
+    lrows, linfl = _launch_inflation(trace, key, kappa_us_per_node)
+    if len(lrows):
+        n = _launch_nodes(trace, key, lrows)
+        lts = h["ts_us"].to_numpy()[lrows]
         li = np.searchsorted(ps, lts, side="right") - 1
         ok = (li >= 0) & (lts < pe[np.clip(li, 0, len(ps) - 1)])
         nodes = np.bincount(li[ok], weights=n[ok], minlength=len(ps))
+        inflation = np.bincount(li[ok], weights=linfl[ok], minlength=len(ps))
     taus = _round_taus(sidecar)
     tau = np.full(len(ps), np.nan)
     if taus:
@@ -135,7 +140,8 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         tau[:m] = taus[:m]
     table = pd.DataFrame({"round": np.arange(len(ps)), "start_us": ps, "t_round_us": t_round, "t_gpu_us": t_gpu,
                           "t_host_us": t_host, "t_serial_us": t_serial, "blocked_us": blocked,
-                          "launch_nodes": nodes, "tau": tau,
+                          "launch_nodes": nodes, "launch_inflation_us": inflation,
+                          "t_host_less_inflation_us": t_host - inflation, "tau": tau,
                           "tpot_us": np.divide(t_round, tau, out=np.full(len(ps), np.nan), where=tau > 0)})
     # the figures are means (they add up: Tround = TGPU + Tserial); the verdict and the bound use medians, so one
     # warm-up or hiccup round (lazy loading, a JIT compile) cannot decide them
@@ -154,6 +160,9 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         "overlap_excess": excess,
         "verdict": "serialized" if med["blocked_us"] >= SERIAL_BLOCKED_SHARE * med["t_round_us"] else "overlapped",
         "bound": "GPU" if med["t_gpu_us"] >= med["t_host_us"] else "host",
+        "t_host_less_inflation_us": mean["t_host_less_inflation_us"],
+        # which side is longer once the profiler's launch inflation is taken out of the host's time
+        "bound_less_inflation": "GPU" if med["t_gpu_us"] >= med["t_host_less_inflation_us"] else "host",
     }
     unprof = (sidecar or {}).get("unprofiled_round_ms")
     if isinstance(unprof, list):
@@ -167,4 +176,75 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
             summary["kappa_explained_us"] = explained
             summary["kappa_explained_share"] = (explained / summary["profiler_excess_us"]
                                                 if summary["profiler_excess_us"] > 0 else None)
-    return RoundsReport(table=table, summary=summary)
+    ua_rows = np.flatnonzero((h["cat"] == "user_annotation").to_numpy() & (h["rank"].to_numpy() == key[0]))[match]
+    round_rows = ua_rows[np.argsort(h["ts_us"].to_numpy()[ua_rows], kind="stable")][:-1]  # the rounds with a period
+    ranges = host_by_range(trace, key, round_rows, kappa_us_per_node, calls)
+    return RoundsReport(table=table, summary=summary, host_ranges=ranges)
+
+
+def _launch_nodes(trace: Trace, key: tuple[int, int], rows: np.ndarray) -> np.ndarray:
+    """(q,) device activities (CUDA graph nodes) each graph-launch host row launched, joined on correlation id."""
+    dev = trace.device
+    cnt = dev[dev["rank"] == key[0]].groupby("correlation").size()
+    return trace.host["correlation"].iloc[rows].map(cnt).fillna(0).to_numpy(dtype=np.float64)
+
+
+def _launch_inflation(trace: Trace, key: tuple[int, int], kappa_us_per_node: float | None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """(host rows of the rank's graph launches, their profiler inflation µs = min(κ·N, launch host time)); the
+    inflation is 0 without κ (seed 000 "A red herring from the instrument": t(N) = t0 + κN under the profiler)."""
+    h = trace.host
+    rows = np.flatnonzero(h["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy() & (h["rank"].to_numpy() == key[0]))
+    if not len(rows) or kappa_us_per_node is None or not np.isfinite(kappa_us_per_node):
+        return rows, np.zeros(len(rows))
+    dur = (h["end_us"].to_numpy() - h["ts_us"].to_numpy())[rows]
+    kn = max(kappa_us_per_node, 0.0) * _launch_nodes(trace, key, rows)
+    return rows, np.clip(np.minimum(kn, dur), 0.0, None)
+
+
+def host_by_range(trace: Trace, key: tuple[int, int], round_rows: np.ndarray, kappa_us_per_node: float | None,
+                  calls: pd.DataFrame | None) -> pd.DataFrame:
+    """Where the host's round time went, by NVTX / record_function range: columns range, host_us_per_round,
+    share (of the summed range time), sorted by host_us_per_round descending.
+
+    ``round_rows``: host rows of the rounds counted (the round annotations); a range counts when it lies inside
+    one of them. A range's host time is its own time: its length minus its child ranges', minus the time its sync
+    calls blocked (``calls``: :attr:`.syncs.SyncReport.calls`; the host waited, it did not work) and minus the
+    profiler's inflation of the graph launches inside it (min(κ·N, launch time) each): the host work an unprofiled
+    run would still do there. Summed over the rounds and divided by their number."""
+    from .stacks import CAT_CODE, enclosing, host_tree
+
+    cols = ["range", "host_us_per_round", "share"]
+    tree = host_tree(trace)
+    if tree.n == 0 or len(round_rows) == 0:
+        return pd.DataFrame({c: [] for c in cols})
+    ua = tree.cat == CAT_CODE["user_annotation"]
+    is_round = np.zeros(tree.n, dtype=bool)
+    is_round[tree.nodes(round_rows)] = True
+    ranges = np.flatnonzero(ua & ~is_round)
+    ranges = ranges[enclosing(tree, ranges, is_round) >= 0]
+    if not len(ranges):
+        return pd.DataFrame({c: [] for c in cols})
+    inner = ua & ~is_round
+    dur = tree.end_us - tree.start_us
+    own = np.zeros(tree.n)
+    own[ranges] = dur[ranges]
+
+    def take(nodes: np.ndarray, us: np.ndarray) -> None:  # charge to the innermost enclosing range
+        r = enclosing(tree, nodes, inner)
+        ok = r >= 0
+        np.subtract.at(own, r[ok], us[ok])
+
+    take(ranges, dur[ranges])
+    lrows, linfl = _launch_inflation(trace, key, kappa_us_per_node)
+    if len(lrows):
+        take(tree.nodes(lrows), linfl)
+    if calls is not None and not calls.empty and "host_row" in calls.columns:
+        c = calls[calls["rank"].to_numpy() == key[0]]
+        take(tree.nodes(c["host_row"].to_numpy(dtype=np.int64)), c["blocked_us"].to_numpy(dtype=np.float64))
+    names = np.array([str(trace.symbols[k]) for k in tree.name[ranges]], dtype=object)
+    per = pd.Series(np.maximum(own[ranges], 0.0)).groupby(names, sort=False).sum() / len(round_rows)
+    per = per.sort_values(ascending=False, kind="stable")
+    total = float(per.sum())
+    return pd.DataFrame({"range": per.index.to_numpy(dtype=object), "host_us_per_round": per.to_numpy(),
+                         "share": per.to_numpy() / total if total > 0 else 0.0})

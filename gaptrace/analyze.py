@@ -155,7 +155,8 @@ def _fit_reliable(fit: Any) -> bool:
 
 
 def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame, fit: Any,
-             launch_idle_us: float, overhead_idle_us: dict[str, float]) -> list[dict]:
+             launch_idle_us: float, overhead_idle_us: dict[str, float], rounds_report: Any = None,
+             host_wait_us: float | None = None) -> list[dict]:
     """What explains the idle time, as sentences, sorted by idle_share desc (issue 2 "headline findings").
 
     - ``blocking_sync``: a call site whose blocking calls hold or are followed by idle (idle_share = (its
@@ -165,7 +166,12 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
     - ``profiler_inflation``: the part of graph-launch host time that grows with node count (κ·N), charged with the
       idle that sat under graph launches in proportion (seed 000, "A red herring from the instrument");
     - ``profiler_overhead``: idle under the profiler's own buffer flushes and requests;
-    - ``lazy_loading``: idle under CUDA lazy module loading (kernels loaded on first use, mid-run).
+    - ``lazy_loading``: idle under CUDA lazy module loading (kernels loaded on first use, mid-run);
+    - ``host_bound``: overlapped verify rounds (no blocking sync pins them) whose host time exceeds their GPU time
+      even after the profiler's launch inflation is taken out (median Thost − Σ min(κ·N, launch) > median TGPU,
+      :mod:`.analyses.rounds`): the GPU waits for launches, so the host-wait idle (``host_wait_us``: all idle but
+      the device-side bubbles) is the host being late (seed 000: "TGPU ... max(TGPU, Thost) pipelined"), and the
+      NVTX range holding most of the host's own time (:func:`.analyses.rounds.host_by_range`) is what to cut.
     Only findings with idle_share >= FINDING_MIN_SHARE are stated.
     """
     out: list[dict] = []
@@ -208,6 +214,23 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
                         "instrumenting graph nodes, not the driver"),
             "idle_share": share, "kappa_us_per_node": fit.kappa_us_per_node,
         })
+    summary = getattr(rounds_report, "summary", None) or {}
+    if (summary.get("verdict") == "overlapped" and summary.get("bound_less_inflation") == "host"
+            and host_wait_us is not None and host_wait_us > 0):
+        share = min(host_wait_us / idle_total_us, 1.0)
+        if share >= FINDING_MIN_SHARE:
+            top = rounds_report.host_ranges.head(1)
+            rng = str(top["range"].iloc[0]) if len(top) else None
+            where = (f"; the range with the most host time is {rng}: {_ms(float(top['host_us_per_round'].iloc[0]))} "
+                     f"a round ({float(top['share'].iloc[0]):.0%} of the host's own time inside the round's ranges)") if rng else ""
+            out.append({
+                "kind": "host_bound",
+                "summary": (f"{share:.0%} of GPU-idle time ({_ms(host_wait_us)}) is the GPU waiting for a late host: "
+                            f"the rounds are host-bound, Thost {_ms(summary['t_host_less_inflation_us'])} a round "
+                            f"without the profiler's launch inflation ({_ms(summary['t_host_us'])} with it) against "
+                            f"TGPU {_ms(summary['t_gpu_us'])}{where}"),
+                "idle_share": share, "range": rng,
+            })
     texts = {"profiler": ("profiler_overhead", "sat under the profiler's own buffer flushes and requests"),
              "lazy_loading": ("lazy_loading", "sat under CUDA lazy module loading (kernels loaded on first use: "
                                               "warm up every kernel, or CUDA_MODULE_LOADING=EAGER)")}
@@ -308,7 +331,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
                        fit.kappa_us_per_node if fit is not None else None, sync_calls=report.calls)
     out["rounds"] = rr.to_dict() if rr is not None else None
     out["findings"] = to_jsonable(findings(idle_total, dev_sites, sites, fit, launch_idle,
-                                           overhead_idle(trace, tl, key[0])))
+                                           overhead_idle(trace, tl, key[0]), rr, tl.idle_us))
     for d in out["devices"]:
         where = f" of window {window!r}" if window else ""
         out["headline"].append(

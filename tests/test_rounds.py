@@ -50,3 +50,47 @@ def test_round_periods_and_gpu_time_by_hand(trace):
 
 def test_no_rounds_returns_none(trace):
     assert rounds(trace, "no_such_range") is None
+
+
+def test_host_by_range_against_the_raw_events():
+    """Host time by NVTX range on the host-bound glue capture, recomputed from the raw host frame: the glue range
+    has no child range, launch or sync, so its time per round is its mean length over the counted rounds; the
+    draft range's is its length minus its child ranges' minus min(κ·N, launch host time) of its graph launch."""
+    import numpy as np
+
+    import gaptrace
+    from gaptrace.analyze import run_analysis
+    from gaptrace.capture import read_sidecar
+
+    path = "fixtures/traces/h200_faults/h200_tiny_overlap_bs1_B12_eager-commit-glue.json.gz"
+    trace = gaptrace.load_trace(path)
+    res = run_analysis(trace, sidecar=read_sidecar(path))
+    got = {r["range"]: r["host_us_per_round"] for r in res["rounds"]["host_ranges"]}
+    h = trace.host
+    ua = h[h["cat"] == "user_annotation"]
+    rounds_ = ua[ua["name"] == "round"].sort_values("ts_us")
+    s, e = rounds_["ts_us"].to_numpy()[:-1], rounds_["end_us"].to_numpy()[:-1]  # rounds with a period
+    n = len(s)
+
+    def inside(df):
+        t = df["ts_us"].to_numpy()
+        k = np.searchsorted(s, t, side="right") - 1
+        return df[(k >= 0) & (df["end_us"].to_numpy() <= e[np.clip(k, 0, n - 1)])]
+
+    glue = inside(ua[ua["name"] == "eager_commit_glue"])
+    assert len(glue) == n
+    assert abs(got["eager_commit_glue"] - (glue["end_us"] - glue["ts_us"]).sum() / n) < 1e-6
+    kappa = res["launch_fit"]["kappa_us_per_node"]
+    draft = inside(ua[ua["name"] == "draft"])
+    launches = inside(h[h["name"] == "cudaGraphLaunch"])
+    nodes = trace.device.groupby("correlation").size()
+    want = 0.0
+    for d in draft.itertuples():
+        own = d.end_us - d.ts_us
+        kids = ua[(ua["ts_us"] >= d.ts_us) & (ua["end_us"] <= d.end_us) & (ua.index != d.Index)]
+        own -= (kids["end_us"] - kids["ts_us"]).sum()
+        for lg in launches[(launches["ts_us"] >= d.ts_us) & (launches["end_us"] <= d.end_us)].itertuples():
+            own -= min(kappa * nodes.get(lg.correlation, 0), lg.end_us - lg.ts_us)
+        want += max(own, 0.0)
+    assert abs(got["draft"] - want / n) < 1e-6
+    assert max(got, key=got.get) == "eager_commit_glue"
