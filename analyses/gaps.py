@@ -83,16 +83,6 @@ def idle_at(tl: BusyTimeline, t_us: np.ndarray) -> np.ndarray:
     return (t - tl.t0_us) - (c[k] + (np.minimum(t, e[k]) - s[k]))
 
 
-def first_idle(tl: BusyTimeline, t_us: np.ndarray) -> np.ndarray:
-    """(q,) µs: the first moment at or after each t (clipped to t0) that is not inside a busy span: t itself, or
-    the end of the busy span holding it (merged spans never touch, so that end starts a gap or the window end)."""
-    t = np.maximum(np.asarray(t_us, dtype=np.float64), tl.t0_us)
-    j = np.searchsorted(tl.span_start_us, t, side="right") - 1
-    jj = np.maximum(j, 0)
-    busy = (j >= 0) & (tl.span_end_us[jj] > t) if len(tl.span_start_us) else np.zeros(len(t), dtype=bool)
-    return np.where(busy, tl.span_end_us[jj] if len(tl.span_start_us) else t, t)
-
-
 def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray, idle_e: np.ndarray,
               tl: BusyTimeline) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Host-time segments of every selected thread that hold idle, and the innermost open event in each.
@@ -103,7 +93,7 @@ def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray, idle_e
     (``idle_s``/``idle_e``). Events that saw no idle are never open at an idle moment (they would then contain
     idle), so they only add boundaries inside busy time; skipping them leaves every segment's idle and owner
     unchanged and sorts ~10x fewer times on real traces. The owner is the innermost event open at the segment's
-    first idle moment (:func:`first_idle`): the last event starting at or before it (searchsorted), then jumps
+    first idle moment (:meth:`BusyTimeline.next_idle_start`): the last event starting at or before it (searchsorted), then jumps
     along ``open_top`` while the candidate has already ended (every event skipped ended before the candidate
     started, so none is open). Only segments with idle > 0 are kept; a segment may include busy time around its
     idle, which every consumer weighs out through the timeline.
@@ -126,7 +116,7 @@ def _segments(tree: HostTree, nodes_mask: np.ndarray, idle_s: np.ndarray, idle_e
         idle = v[1:] - v[:-1]
         keep = idle > 0
         a = b[:-1][keep]
-        probe = first_idle(tl, a)
+        probe = tl.next_idle_start(a)
         starts.append(a)
         ends.append(b[1:][keep])
         idles.append(idle[keep])

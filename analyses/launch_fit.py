@@ -31,13 +31,14 @@ def launch_points(trace: Trace) -> tuple[pd.DataFrame, int]:
     """(N, host duration) for every graph launch (``GRAPH_LAUNCH_NAMES``) whose correlation id owns device work.
 
     Returns ``(points, skipped)``: ``points`` has columns rank, name, tid, ts_us, dur_us, correlation, nodes
-    (int, > 0), one row per launch, in trace order; ``skipped`` counts launches whose (rank, correlation) owns no
+    (int, > 0), host_row (positional row of ``trace.host``), one row per launch, in trace order; ``skipped`` counts launches whose (rank, correlation) owns no
     device activity (their work is missing from the trace; the loader warns about them too).
     N = number of ``trace.device`` rows (kernel, memcpy, memset) with the launch's rank and correlation id.
     """
     host = trace.host
-    launches = host[host["name"].isin(GRAPH_LAUNCH_NAMES)]
-    cols = ["rank", "name", "tid", "ts_us", "dur_us", "correlation"]
+    is_launch = host["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy()
+    launches = host[is_launch].assign(host_row=np.flatnonzero(is_launch))
+    cols = ["rank", "name", "tid", "ts_us", "dur_us", "correlation", "host_row"]
     if launches.empty:
         return pd.DataFrame({c: [] for c in cols + ["nodes"]}), 0
     dev = trace.device
@@ -51,6 +52,15 @@ def launch_points(trace: Trace) -> tuple[pd.DataFrame, int]:
     pts["name"] = pts["name"].astype(str)
     pts["tid"] = pts["tid"].astype(str)
     return pts, int((~owned).sum())
+
+
+def launch_inflation_us(nodes: np.ndarray, dur_us: np.ndarray, kappa_us_per_node: float | None) -> np.ndarray:
+    """(q,) µs: the profiler's share of each graph launch's host time, κN capped at the launch's own host time (the
+    profiler cannot add more than was measured; seed 000 "A red herring from the instrument"); 0 without κ."""
+    nodes, dur_us = np.asarray(nodes, dtype=np.float64), np.asarray(dur_us, dtype=np.float64)
+    if kappa_us_per_node is None or not np.isfinite(kappa_us_per_node):
+        return np.zeros(len(nodes))
+    return np.clip(np.minimum(max(kappa_us_per_node, 0.0) * nodes, dur_us), 0.0, None)
 
 
 def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
@@ -219,8 +229,7 @@ def launch_fit(trace: Trace, unprofiled_us: Mapping[int, float] | None = None) -
         r2_med = r_squared(sizes, med, t0, kappa, weights=cnt)
         graphs["fit_us"] = t0 + kappa * sizes
         graphs["inflation_us"] = kappa * sizes
-        # κN per launch, capped at the launch's own host time (the profiler cannot add more than was measured)
-        infl_total = float(np.minimum(max(kappa, 0.0) * x, y).sum())
+        infl_total = float(launch_inflation_us(x, y, kappa).sum())
         infl_share = infl_total / float(y.sum()) if y.sum() > 0 else None
     ratio = None
     if unprofiled_us:

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace
+from gaptrace.trace import Trace
 
+from .launch_fit import launch_inflation_us, launch_points
 from .occupancy import busy_timeline, resolve_device
 
 __all__ = ["RoundsReport", "rounds", "SERIAL_BLOCKED_SHARE", "ROUND_NAME"]
@@ -80,12 +81,13 @@ def _round_taus(sidecar: dict | None) -> list[float] | None:
 
 def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] | None = None,
            sidecar: dict | None = None, kappa_us_per_node: float | None = None,
-           sync_calls: pd.DataFrame | None = None) -> RoundsReport | None:
+           sync_calls: pd.DataFrame | None = None, launches: pd.DataFrame | None = None) -> RoundsReport | None:
     """The round table of ``trace`` (module docstring), or None when it has fewer than two ``name`` annotations.
 
     ``sidecar``: the capture sidecar (``rounds``: [{tau, ...}] in trace order, ``unprofiled_round_ms``: float or
     list); ``kappa_us_per_node``: κ from :func:`gaptrace.analyses.launch_fit.launch_fit` for the profiler check;
-    ``sync_calls``: :attr:`.syncs.SyncReport.calls` already computed over a window containing the rounds.
+    ``sync_calls``: :attr:`.syncs.SyncReport.calls` already computed over a window containing the rounds;
+    ``launches``: :func:`.launch_fit.launch_points` already computed (the fit's ``points``).
     Rounds are the host user_annotation ranges named ``name`` (or ``name_<n>``) on the rank of the analysed device, sorted by start.
     """
     from . import syncs
@@ -125,13 +127,15 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     # graph nodes launched per round (for κ·ΣN), and the profiler's share of those launches' host time
     nodes = np.zeros(len(ps))
     inflation = np.zeros(len(ps))
-    lrows, linfl = _launch_inflation(trace, key, kappa_us_per_node)
-    if len(lrows):
-        n = _launch_nodes(trace, key, lrows)
-        lts = h["ts_us"].to_numpy()[lrows]
+    if launches is None:
+        launches = launch_points(trace)[0]
+    launches = launches[launches["rank"].to_numpy() == key[0]]
+    linfl = launch_inflation_us(launches["nodes"], launches["dur_us"], kappa_us_per_node)
+    if len(launches):
+        lts = launches["ts_us"].to_numpy()
         li = np.searchsorted(ps, lts, side="right") - 1
         ok = (li >= 0) & (lts < pe[np.clip(li, 0, len(ps) - 1)])
-        nodes = np.bincount(li[ok], weights=n[ok], minlength=len(ps))
+        nodes = np.bincount(li[ok], weights=launches["nodes"].to_numpy(np.float64)[ok], minlength=len(ps))
         inflation = np.bincount(li[ok], weights=linfl[ok], minlength=len(ps))
     taus = _round_taus(sidecar)
     tau = np.full(len(ps), np.nan)
@@ -178,40 +182,21 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
                                                 if summary["profiler_excess_us"] > 0 else None)
     ua_rows = np.flatnonzero((h["cat"] == "user_annotation").to_numpy() & (h["rank"].to_numpy() == key[0]))[match]
     round_rows = ua_rows[np.argsort(h["ts_us"].to_numpy()[ua_rows], kind="stable")][:-1]  # the rounds with a period
-    ranges = host_by_range(trace, key, round_rows, kappa_us_per_node, calls)
+    ranges = host_by_range(trace, round_rows, launches["host_row"].to_numpy(np.int64), linfl,
+                           calls[calls["rank"].to_numpy() == key[0]] if not calls.empty else calls)
     return RoundsReport(table=table, summary=summary, host_ranges=ranges)
 
 
-def _launch_nodes(trace: Trace, key: tuple[int, int], rows: np.ndarray) -> np.ndarray:
-    """(q,) device activities (CUDA graph nodes) each graph-launch host row launched, joined on correlation id."""
-    dev = trace.device
-    cnt = dev[dev["rank"] == key[0]].groupby("correlation").size()
-    return trace.host["correlation"].iloc[rows].map(cnt).fillna(0).to_numpy(dtype=np.float64)
-
-
-def _launch_inflation(trace: Trace, key: tuple[int, int], kappa_us_per_node: float | None
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(host rows of the rank's graph launches, their profiler inflation µs = min(κ·N, launch host time)); the
-    inflation is 0 without κ (seed 000 "A red herring from the instrument": t(N) = t0 + κN under the profiler)."""
-    h = trace.host
-    rows = np.flatnonzero(h["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy() & (h["rank"].to_numpy() == key[0]))
-    if not len(rows) or kappa_us_per_node is None or not np.isfinite(kappa_us_per_node):
-        return rows, np.zeros(len(rows))
-    dur = (h["end_us"].to_numpy() - h["ts_us"].to_numpy())[rows]
-    kn = max(kappa_us_per_node, 0.0) * _launch_nodes(trace, key, rows)
-    return rows, np.clip(np.minimum(kn, dur), 0.0, None)
-
-
-def host_by_range(trace: Trace, key: tuple[int, int], round_rows: np.ndarray, kappa_us_per_node: float | None,
+def host_by_range(trace: Trace, round_rows: np.ndarray, launch_rows: np.ndarray, launch_inflation: np.ndarray,
                   calls: pd.DataFrame | None) -> pd.DataFrame:
     """Where the host's round time went, by NVTX / record_function range: columns range, host_us_per_round,
     share (of the summed range time), sorted by host_us_per_round descending.
 
     ``round_rows``: host rows of the rounds counted (the round annotations); a range counts when it lies inside
     one of them. A range's host time is its own time: its length minus its child ranges', minus the time its sync
-    calls blocked (``calls``: :attr:`.syncs.SyncReport.calls`; the host waited, it did not work) and minus the
-    profiler's inflation of the graph launches inside it (min(κ·N, launch time) each): the host work an unprofiled
-    run would still do there. Summed over the rounds and divided by their number."""
+    calls blocked (``calls``: :attr:`.syncs.SyncReport.calls` of the rank; the host waited, it did not work) and
+    minus the profiler's inflation of the graph launches inside it (``launch_rows`` with ``launch_inflation`` µs
+    each, :func:`.launch_fit.launch_inflation_us`): the host work an unprofiled run would still do there. Summed over the rounds and divided by their number."""
     from .stacks import CAT_CODE, enclosing, host_tree
 
     cols = ["range", "host_us_per_round", "share"]
@@ -236,12 +221,10 @@ def host_by_range(trace: Trace, key: tuple[int, int], round_rows: np.ndarray, ka
         np.subtract.at(own, r[ok], us[ok])
 
     take(ranges, dur[ranges])
-    lrows, linfl = _launch_inflation(trace, key, kappa_us_per_node)
-    if len(lrows):
-        take(tree.nodes(lrows), linfl)
+    if len(launch_rows):
+        take(tree.nodes(launch_rows), np.asarray(launch_inflation, dtype=np.float64))
     if calls is not None and not calls.empty and "host_row" in calls.columns:
-        c = calls[calls["rank"].to_numpy() == key[0]]
-        take(tree.nodes(c["host_row"].to_numpy(dtype=np.int64)), c["blocked_us"].to_numpy(dtype=np.float64))
+        take(tree.nodes(calls["host_row"].to_numpy(dtype=np.int64)), calls["blocked_us"].to_numpy(dtype=np.float64))
     names = np.array([str(trace.symbols[k]) for k in tree.name[ranges]], dtype=object)
     per = pd.Series(np.maximum(own[ranges], 0.0)).groupby(names, sort=False).sum() / len(round_rows)
     per = per.sort_values(ascending=False, kind="stable")

@@ -121,6 +121,16 @@ class BusyTimeline:
         start_next = np.where(k < m, self.span_start_us[np.minimum(k, m - 1)], self.t1_us)
         return np.where(busy_now, t, np.maximum(start_next, t))
 
+    def next_idle_start(self, t_us: np.ndarray) -> np.ndarray:
+        """For each t (clipped below to t0): t itself if the device is idle at t, else the end of the busy span
+        holding it (spans are merged and never touch, so that end starts a gap, or is the window's end)."""
+        t = np.maximum(np.asarray(t_us, dtype=np.float64), self.t0_us)
+        if len(self.span_start_us) == 0:
+            return t
+        k = np.searchsorted(self.span_start_us, t, side="right") - 1
+        kk = np.maximum(k, 0)
+        return np.where((k >= 0) & (self.span_end_us[kk] > t), self.span_end_us[kk], t)
+
     def next_sustained_start(self, t_us: np.ndarray, window_us: float = 200.0,
                              min_busy_fraction: float = 0.5) -> np.ndarray:
         """For each t: the start of the first busy span at or after t (or the span holding t) from which the device

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import gzip
 import os
 import statistics
 import struct
@@ -84,6 +83,7 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
     import torch
 
     from gaptrace.capture import Capture
+    from gaptrace.runtime.graphs import collect_launch_us
 
     t: dict[int, float] = {}
     launch_us: dict = {}
@@ -93,10 +93,7 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
     def hook(i: int) -> None:
         t[i] = time.perf_counter()
         if warmup < i <= warmup + timed:  # unprofiled host cost of each graph replay (two clock reads, no sync)
-            for key, g in engine.runner.graphs.items():
-                if g.last_launch_us == g.last_launch_us:
-                    launch_us.setdefault(key, []).append(g.last_launch_us)
-                    g.last_launch_us = float("nan")
+            collect_launch_us(engine.runner.graphs, launch_us)
         cap = st["cap"]
         if profiled and i == warmup + timed:
             st["cap_t0"] = time.perf_counter()

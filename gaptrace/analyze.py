@@ -327,8 +327,8 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
         h = trace.host
         lrows = np.flatnonzero(h["name"].isin(GRAPH_LAUNCH_NAMES).to_numpy() & (h["rank"].to_numpy() == key[0]))
         launch_idle = float(ev.inclusive_us[ev.tree.nodes(lrows)].sum()) if len(lrows) else 0.0
-    rr = rounds.rounds(trace, round_name, key, sidecar,
-                       fit.kappa_us_per_node if fit is not None else None, sync_calls=report.calls)
+    rr = rounds.rounds(trace, round_name, key, sidecar, fit.kappa_us_per_node if fit is not None else None,
+                       sync_calls=report.calls, launches=fit.points if fit is not None else None)
     out["rounds"] = rr.to_dict() if rr is not None else None
     out["findings"] = to_jsonable(findings(idle_total, dev_sites, sites, fit, launch_idle,
                                            overhead_idle(trace, tl, key[0]), rr, tl.idle_us))

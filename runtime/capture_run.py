@@ -14,6 +14,7 @@ from typing import Callable
 
 from .session import DecodeSetup, encode_prompts
 from .engine import Engine
+from .graphs import collect_launch_us
 
 
 class _CaptureDone(Exception):
@@ -65,10 +66,7 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
 
     def hook(i: int) -> None:  # i = rounds enqueued so far
         if i <= warmup_rounds:  # unprofiled: keep each graph's host launch cost of this round
-            for key, g in engine.runner.graphs.items():
-                if g.last_launch_us == g.last_launch_us:  # not NaN: replayed at least once
-                    launch_us.setdefault(key, []).append(g.last_launch_us)
-                    g.last_launch_us = float("nan")
+            collect_launch_us(engine.runner.graphs, launch_us)
         if i == shrink_at_round:
             live = [engine.running[s] for s in sorted(engine.running)]
             for r in live[(len(live) + 1) // 2:]:

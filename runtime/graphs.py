@@ -76,3 +76,13 @@ class GraphedCall:
         self.graph.replay()
         self.last_launch_us = (time.perf_counter() - t0) * 1e6
         return self.outputs
+
+
+def collect_launch_us(graphs: dict, into: dict) -> None:
+    """Append each graph's host launch cost since the last call (``GraphedCall.last_launch_us``, µs) to
+    ``into[key]`` and reset it; graphs not replayed since (NaN) are skipped. Called once per round, unprofiled: the
+    baseline the launch fit compares profiled launches with."""
+    for key, g in graphs.items():
+        if g.last_launch_us == g.last_launch_us:  # not NaN: replayed since the last call
+            into.setdefault(key, []).append(g.last_launch_us)
+            g.last_launch_us = float("nan")

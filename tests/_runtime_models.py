@@ -34,3 +34,12 @@ def random_prompts(lengths, seed: int = 1) -> list[list[int]]:
     """One prompt of random token ids per length."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def greedy_refs(target: Transformer, prompts: list[list[int]], max_new: int, chunk: int, eos_at: int):
+    """(eos, refs): eos = the ``eos_at``-th token of the target's greedy continuation of ``prompts[0]`` (so that
+    request stops early), refs = every prompt's greedy continuation with that eos (runtime/spec/reference.py)."""
+    from gaptrace.runtime.spec.reference import greedy_reference
+
+    eos = greedy_reference(target, prompts[0], max_new, None, chunk, "cpu").tokens[eos_at]
+    return eos, [greedy_reference(target, p, max_new, eos, chunk, "cpu").tokens for p in prompts]

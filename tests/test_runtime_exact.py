@@ -13,9 +13,8 @@ torch = pytest.importorskip("torch")
 from gaptrace.runtime.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.models.model import Transformer  # noqa: E402
-from gaptrace.runtime.spec.reference import greedy_reference  # noqa: E402
 
-from _runtime_models import hybrid_target, near_copy, random_prompts  # noqa: E402
+from _runtime_models import greedy_refs, hybrid_target, near_copy, random_prompts  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW, W, P, CHUNK = 28, 16, 4, 16
@@ -30,9 +29,8 @@ _near_copy = near_copy  # a hybrid draft: exercises the draft's own linear-state
 def setup():
     target = _target()
     prompts = random_prompts(LENGTHS)
-    plain = greedy_reference(target, prompts[0], MAX_NEW, None, CHUNK, "cpu").tokens
-    eos = plain[10]  # the first request stops at its 11th token (or earlier if eos came sooner)
-    refs = [greedy_reference(target, p, MAX_NEW, eos, CHUNK, "cpu").tokens for p in prompts]
+    # the first request stops at its 11th token (or earlier if eos came sooner)
+    eos, refs = greedy_refs(target, prompts, MAX_NEW, CHUNK, eos_at=10)
     assert any(len(r) < MAX_NEW for r in refs) and any(len(r) == MAX_NEW for r in refs)
     return target, _near_copy(target, 0.3), prompts, refs, eos
 
