@@ -46,13 +46,17 @@ class RoundsReport:
     ``table`` columns: round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes
     (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar).
     With κ: ``launch_inflation_us`` per round, Σ min(κ·N, host time) over its graph launches (the profiler's share
-    of their host time), and ``t_host_less_inflation_us`` = t_host_us − launch_inflation_us.
+    of their host time), ``exposed_inflation_us``, Σ min(that, device idle during the launch's host call) (the part
+    the device waited through: what the inflation can have added to the round; inflation under queued device work
+    adds nothing), and ``t_host_less_inflation_us`` = t_host_us − launch_inflation_us.
     ``host_ranges``: :func:`host_by_range`.
     ``summary``: means of those (they add up), ``verdict`` ("overlapped" | "serialized", from medians), ``bound``
     ("GPU" when median TGPU >= median Thost, else "host"), ``overlap_excess`` ((Tround −
     max(TGPU, Thost)) / Tround), and the profiler check when the sidecar has unprofiled round times:
     ``unprofiled_round_us``, ``profiler_excess_us`` (profiled − unprofiled Tround) and ``kappa_explained_us``
-    (κ · mean Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``.
+    (κ · mean Σ N per round, the launch fit's estimate of the profiler's share) with ``kappa_explained_share``, and
+    ``kappa_exposed_us`` (mean ``exposed_inflation_us``: the κ·N the device waited through, the inflation's
+    critical-path share) with ``kappa_exposed_share`` (of ``profiler_excess_us``).
     """
 
     table: pd.DataFrame
@@ -127,6 +131,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     # graph nodes launched per round (for κ·ΣN), and the profiler's share of those launches' host time
     nodes = np.zeros(len(ps))
     inflation = np.zeros(len(ps))
+    exposed = np.zeros(len(ps))
     if launches is None:
         launches = launch_points(trace)[0]
     launches = launches[launches["rank"].to_numpy() == key[0]]
@@ -137,6 +142,14 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         ok = (li >= 0) & (lts < pe[np.clip(li, 0, len(ps) - 1)])
         nodes = np.bincount(li[ok], weights=launches["nodes"].to_numpy(np.float64)[ok], minlength=len(ps))
         inflation = np.bincount(li[ok], weights=linfl[ok], minlength=len(ps))
+        # the part of each launch's inflation the device waited through: it idled for want of launched work during
+        # the launch's host call (host-wait idle: device-side bubbles between queued kernels do not count), so a
+        # launch shorter by kN would have started the graph up to that much sooner (a critical-path bound);
+        # inflation hidden behind queued device work costs the round nothing
+        lend = lts + launches["dur_us"].to_numpy(np.float64)
+        wait_tl = busy_timeline(trace, key, (float(s[0]), float(s[-1])), host_wait_only=True)
+        waited = wait_tl.idle_between(lts[ok], np.minimum(lend[ok], pe[li[ok]]))
+        exposed = np.bincount(li[ok], weights=np.minimum(linfl[ok], waited), minlength=len(ps))
     taus = _round_taus(sidecar)
     tau = np.full(len(ps), np.nan)
     if taus:
@@ -145,6 +158,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     table = pd.DataFrame({"round": np.arange(len(ps)), "start_us": ps, "t_round_us": t_round, "t_gpu_us": t_gpu,
                           "t_host_us": t_host, "t_serial_us": t_serial, "blocked_us": blocked,
                           "launch_nodes": nodes, "launch_inflation_us": inflation,
+                          "exposed_inflation_us": exposed,
                           "t_host_less_inflation_us": t_host - inflation, "tau": tau,
                           "tpot_us": np.divide(t_round, tau, out=np.full(len(ps), np.nan), where=tau > 0)})
     # the figures are means (they add up: Tround = TGPU + Tserial); the verdict and the bound use medians, so one
@@ -180,6 +194,9 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
             summary["kappa_explained_us"] = explained
             summary["kappa_explained_share"] = (explained / summary["profiler_excess_us"]
                                                 if summary["profiler_excess_us"] > 0 else None)
+            summary["kappa_exposed_us"] = mean["exposed_inflation_us"]
+            summary["kappa_exposed_share"] = (mean["exposed_inflation_us"] / summary["profiler_excess_us"]
+                                              if summary["profiler_excess_us"] > 0 else None)
     ua_rows = np.flatnonzero((h["cat"] == "user_annotation").to_numpy() & (h["rank"].to_numpy() == key[0]))[match]
     round_rows = ua_rows[np.argsort(h["ts_us"].to_numpy()[ua_rows], kind="stable")][:-1]  # the rounds with a period
     ranges = host_by_range(trace, round_rows, launches["host_row"].to_numpy(np.int64), linfl,

@@ -165,7 +165,8 @@ def analyse_capture(path: str) -> dict:
                t_serial_ms=ms("t_serial_us"), blocked_ms=ms("blocked_us"), verdict=s.get("verdict"),
                bound=s.get("bound"), overlap_excess=s.get("overlap_excess"), tau=s.get("tau"),
                unprofiled_round_ms=ms("unprofiled_round_us"), profiler_excess_ms=ms("profiler_excess_us"),
-               kappa_explained_ms=ms("kappa_explained_us"), kappa_explained_share=s.get("kappa_explained_share"))
+               kappa_explained_ms=ms("kappa_explained_us"), kappa_explained_share=s.get("kappa_explained_share"),
+               kappa_exposed_ms=ms("kappa_exposed_us"), kappa_exposed_share=s.get("kappa_exposed_share"))
     nodes = [r.get("launch_nodes") for r in rr.get("rounds") or [] if isinstance(r.get("launch_nodes"), (int, float))]
     out["launch_nodes_per_round"] = sum(nodes) / len(nodes) if nodes else None
     tg, th = out["t_gpu_ms"], out["t_host_ms"]
@@ -192,8 +193,9 @@ def _cleanup() -> None:
 
 
 def run_cell(setup, texts: list[str], kind: str, scheduler: str, bs: int, B: int, a, trace_path: str | None,
-             profiled: int, timed: int | None = None, keep_trace: bool = False) -> dict:
-    """One measured cell: ``kind`` "spec" (block-speculative, Engine) or "plain" (PlainEngine, B = 1)."""
+             profiled: int, timed: int | None = None, keep_trace: bool = False, kernels: str = "auto") -> dict:
+    """One measured cell: ``kind`` "spec" (block-speculative, Engine) or "plain" (PlainEngine, B = 1);
+    ``kernels`` as RuntimeConfig.kernels (auto | fused | eager)."""
     from gaptrace.capture import sidecar_path
     from gaptrace.runtime.capture_run import fill_batch
     from gaptrace.runtime.engine import Engine
@@ -202,7 +204,8 @@ def run_cell(setup, texts: list[str], kind: str, scheduler: str, bs: int, B: int
 
     timed = a.timed_rounds if timed is None else timed
     B_eff = 1 if kind == "plain" else B
-    rc = setup.rcfg.replace(scheduler=scheduler, batch_size=bs, block_size=B_eff)
+    rc = setup.rcfg.replace(scheduler=scheduler, batch_size=bs, block_size=B_eff, kernels=kernels)
+    kernels = "fused" if rc.fused_kernels else "eager"
     cs = dataclasses.replace(setup, rcfg=rc)
     W = a.warmup_rounds
     max_new = (W + timed + 1 + profiled + 3) * B_eff
@@ -217,9 +220,11 @@ def run_cell(setup, texts: list[str], kind: str, scheduler: str, bs: int, B: int
               "dtype": rc.dtype, "batch_size": bs, "block_size": B_eff, "page_size": rc.page_size,
               "window": rc.window, "max_seq_len": rc.max_seq_len, "max_new_tokens": max_new, "kind": kind,
               "warmup_rounds": W + timed, "rounds": profiled, "cuda_graphs": bool(engine.graph_nodes),
+              "kernels": kernels,
               "simulated_acceptance": rc.sim_accept_rate if cs.simulated else None}
     run = steady_decode(engine, ids, max_new, W, timed, profiled, trace_path, config)
     rec = {"kind": kind, "scheduler": scheduler, "batch_size": bs, "block_size": B_eff, "build_s": build_s,
+           "kernels": kernels,
            "graph_nodes": {f"{p}_bs{nb}": g.num_nodes for (p, nb), g in sorted(engine.runner.graphs.items())},
            **timing_summary(run, bs)}
     rec["unprofiled_launch_us"] = {f"{p}_bs{nb}": statistics.median(v) for (p, nb), v in sorted(run["launch_us"].items())}
@@ -249,16 +254,18 @@ def run_cell(setup, texts: list[str], kind: str, scheduler: str, bs: int, B: int
     return rec
 
 
-def cell_key(kind: str, scheduler: str, bs: int, B: int) -> str:
-    return f"{kind}/{scheduler}/bs{bs}/B{B}"
+def cell_key(kind: str, scheduler: str, bs: int, B: int, kernels: str = "auto") -> str:
+    return f"{kind}/{scheduler}/bs{bs}/B{B}/{kernels}"
 
 
 def render(data: dict) -> str:
     """The markdown tables of everything measured so far."""
     cells = [c for c in data["cells"].values() if "error" not in c]
     spec = sorted((c for c in cells if c["kind"] == "spec"),
-                  key=lambda c: (c["batch_size"], c["block_size"], c["scheduler"] != "overlap"))
-    plain = {c["batch_size"]: c for c in cells if c["kind"] == "plain"}
+                  key=lambda c: (c["batch_size"], -c["block_size"], c.get("kernels", "eager") != "fused",
+                                 c["scheduler"] != "overlap"))
+    plain = {(c["batch_size"], c.get("kernels", "eager")): c for c in cells if c["kind"] == "plain"}
+    kern = lambda c: c.get("kernels", "eager")  # noqa: E731  (results before the switch ran the eager ops)
     m = data["machine"]
     cfg = data["config"]
     parts = [f"# gaptrace runtime benchmark ({cfg['preset']} preset, {cfg['dtype']}, {m.get('gpu') or 'CPU'})",
@@ -271,50 +278,69 @@ def render(data: dict) -> str:
     rows = []
     for c in spec:
         k = c.get("capture") or {}
-        floor = plain.get(c["batch_size"])
-        rows.append([c["scheduler"], c["batch_size"], c["block_size"], fmt(c["tround_ms"]), fmt(c["tau"]),
+        floor = plain.get((c["batch_size"], kern(c)))
+        rows.append([kern(c), c["scheduler"], c["batch_size"], c["block_size"], fmt(c["tround_ms"]), fmt(c["tau"]),
                      fmt(c["tpot_ms"], 3), fmt(c["tokens_per_s"], 0), pct(k.get("occupancy")), fmt(k.get("t_round_ms")),
                      fmt(k.get("t_gpu_ms")), fmt(k.get("t_host_ms")), fmt(k.get("ratio_round_to_bound"), 3),
                      k.get("verdict") or "–",
                      fmt(floor["tpot_ms"] / c["tpot_ms"]) + "×" if floor else "–"])
-    parts.append(md_table(["scheduler", "bs", "B", "Tround ms", "τ", "TPOT ms", "tok/s", "occupancy",
+    parts.append(md_table(["kernels", "scheduler", "bs", "B", "Tround ms", "τ", "TPOT ms", "tok/s", "occupancy",
                            "Tround ms (profiled)", "TGPU ms", "Thost ms", "Tround / max(TGPU, Thost)", "verdict",
                            "speed-up vs plain"], rows))
     if plain:
         parts += ["", "## Floor: the target's plain greedy decoding in the runtime (one-token graphed step, no draft)",
                   ""]
-        parts.append(md_table(["bs", "Tround = TPOT ms", "tok/s", "graph replay µs (unprofiled)"],
-                              [[bs, fmt(p["tround_ms"], 3), fmt(p["tokens_per_s"], 0),
+        parts.append(md_table(["kernels", "bs", "Tround = TPOT ms", "tok/s", "graph replay µs (unprofiled)"],
+                              [[k, bs, fmt(p["tround_ms"], 3), fmt(p["tokens_per_s"], 0),
                                 fmt(next(iter(p["unprofiled_launch_us"].values()), None), 1)]
-                               for bs, p in sorted(plain.items())]))
+                               for (bs, k), p in sorted(plain.items())]))
         rows = []
         for c in spec:
-            floor = plain.get(c["batch_size"])
+            floor = plain.get((c["batch_size"], kern(c)))
             if floor:
                 sp = floor["tpot_ms"] / c["tpot_ms"]
-                rows.append([c["scheduler"], c["batch_size"], c["block_size"], fmt(c["tau"]), fmt(sp) + "×",
+                rows.append([kern(c), c["scheduler"], c["batch_size"], c["block_size"], fmt(c["tau"]), fmt(sp) + "×",
                              pct(sp / c["tau"]), fmt(c["tround_ms"] / floor["tround_ms"])])
         parts += ["", "Speculative speed-up against τ (speed-up / τ = Tround_plain / Tround_spec: the share of the "
                       "ideal τ× that the longer round leaves):", ""]
-        parts.append(md_table(["scheduler", "bs", "B", "τ", "speed-up (TPOT)", "speed-up / τ",
+        parts.append(md_table(["kernels", "scheduler", "bs", "B", "τ", "speed-up (TPOT)", "speed-up / τ",
                                "Tround_spec / Tround_plain"], rows))
     caps = [c for c in spec if c.get("capture", {}).get("profiler_excess_ms") is not None]
     if caps:
         parts += ["", "## Profiler cost: unprofiled vs profiled round, and how much κ·ΣN explains", ""]
         parts.append(md_table(
-            ["scheduler", "bs", "B", "Tround unprofiled ms", "Tround profiled ms", "difference ms", "ΣN per round",
-             "κ µs/node", "κ·ΣN ms", "κ·ΣN / difference", "overlap-model difference ms",
+            ["kernels", "scheduler", "bs", "B", "Tround unprofiled ms", "Tround profiled ms", "difference ms",
+             "ΣN per round",
+             "κ µs/node", "κ·ΣN ms", "κ·ΣN / difference", "κ·ΣN the device waited through ms",
+             "waited-through / difference", "overlap-model difference ms",
              "Tround unprofiled / max(TGPU, Thost − κ·ΣN)"],
-            [[c["scheduler"], c["batch_size"], c["block_size"], fmt(c["capture"]["unprofiled_round_ms"]),
+            [[kern(c), c["scheduler"], c["batch_size"], c["block_size"], fmt(c["capture"]["unprofiled_round_ms"]),
               fmt(c["capture"]["t_round_ms"]), fmt(c["capture"]["profiler_excess_ms"]),
               fmt(c["capture"]["launch_nodes_per_round"], 0), fmt(c["capture"]["kappa_us_per_node"]),
               fmt(c["capture"]["kappa_explained_ms"]), pct(c["capture"]["kappa_explained_share"]),
+              fmt(c["capture"].get("kappa_exposed_ms")), pct(c["capture"].get("kappa_exposed_share")),
               fmt(c["capture"].get("overlap_model_excess_ms")) if c["capture"].get("verdict") != "serialized"
               else "n/a (serialized)", fmt(c["capture"].get("ratio_unprofiled_est"), 3)]
              for c in caps]))
         parts += ["", "κ·ΣN is the host time the profiler adds to the round's graph launches (gaptrace's launch fit); "
                       "the round grows by it only where the host is on the critical path. The overlap-model difference "
-                      "= max(TGPU, Thost) − max(TGPU, Thost − κ·ΣN): what κ·ΣN should add to an overlapped round."]
+                      "= max(TGPU, Thost) − max(TGPU, Thost − κ·ΣN): what κ·ΣN should add to an overlapped round. Waited through: "
+                      "per launch min(κ·N, host-wait idle of the device during the launch call), summed per round "
+                      "(analyses/rounds.py): the inflation on the critical path."]
+    pairs = [(c, f) for c in spec if kern(c) == "eager"
+             for f in spec if kern(f) == "fused" and all(f[k] == c[k] for k in ("scheduler", "batch_size", "block_size"))]
+    if pairs:
+        parts += ["", "## Fused kernels against eager ops (same cell, same run)", ""]
+        parts.append(md_table(
+            ["scheduler", "bs", "B", "Tround fused / eager", "graph nodes per round eager → fused",
+             "occupancy eager → fused", "TGPU ms eager → fused", "Thost ms eager → fused"],
+            [[c["scheduler"], c["batch_size"], c["block_size"], fmt(f["tround_ms"] / c["tround_ms"], 3),
+              f"{fmt((c.get('capture') or {}).get('launch_nodes_per_round'), 0)} → "
+              f"{fmt((f.get('capture') or {}).get('launch_nodes_per_round'), 0)}",
+              f"{pct((c.get('capture') or {}).get('occupancy'))} → {pct((f.get('capture') or {}).get('occupancy'))}",
+              f"{fmt((c.get('capture') or {}).get('t_gpu_ms'))} → {fmt((f.get('capture') or {}).get('t_gpu_ms'))}",
+              f"{fmt((c.get('capture') or {}).get('t_host_ms'))} → {fmt((f.get('capture') or {}).get('t_host_ms'))}"]
+             for c, f in pairs]))
     cr = data.get("capture_report")
     if cr and "error" not in cr:
         parts += ["", "## Capture to report", ""]
@@ -345,6 +371,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-seq-len", type=int, default=None)
     p.add_argument("--prompts", default=os.path.join(REPO, "fixtures", "prompts", "heldout.jsonl"))
     p.add_argument("--schedulers", default="overlap,sync")
+    p.add_argument("--kernels", default="auto", help="comma list of RuntimeConfig.kernels to run each cell with "
+                                                     "(auto | fused | eager), e.g. fused,eager side by side")
     p.add_argument("--batch-sizes", default="1,8,32", help="in the order to run them")
     p.add_argument("--blocks", default="12,8,4", help="block sizes B, in the order to run them")
     p.add_argument("--warmup-rounds", type=int, default=5)
@@ -376,6 +404,7 @@ def main(argv=None) -> int:
     if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)
     schedulers, sizes, blocks = a.schedulers.split(","), ints(a.batch_sizes), ints(a.blocks)
+    kernel_list = a.kernels.split(",")
     texts = read_prompts_file(a.prompts)
     setup = build_setup(a.preset, seed=a.seed, device=device, dtype=a.dtype, max_seq_len=a.max_seq_len,
                         batch_size=max(sizes + [ints(a.capture_report_cell.split(",", 1)[1])[0]]))
@@ -402,12 +431,12 @@ def main(argv=None) -> int:
     plan = []
     if not a.no_grid:
         for bs in sizes:
-            plan += [("spec", s, bs, B) for B in blocks for s in schedulers]
+            plan += [("spec", s, bs, B, k) for B in blocks for k in kernel_list for s in schedulers]
             if not a.no_floor:
-                plan.append(("plain", "overlap", bs, 1))
+                plan += [("plain", "overlap", bs, 1, k) for k in kernel_list]
     durations: list[float] = []
-    for kind, sched, bs, B in plan:
-        key = cell_key(kind, sched, bs, B)
+    for kind, sched, bs, B, kernels in plan:
+        key = cell_key(kind, sched, bs, B, kernels)
         if key in data["cells"]:
             continue
         elapsed = time.perf_counter() - start
@@ -419,9 +448,9 @@ def main(argv=None) -> int:
         trace = os.path.join(work, key.replace("/", "_") + ".json")  # not gzipped: analysed, then deleted
         try:
             data["cells"][key] = run_cell(setup, texts, kind, sched, bs, B, a, trace,
-                                          a.profiled_rounds if kind == "spec" else 0)
+                                          a.profiled_rounds if kind == "spec" else 0, kernels=kernels)
         except Exception as e:  # one bad cell (e.g. out of memory) must not lose the others
-            data["cells"][key] = {"kind": kind, "scheduler": sched, "batch_size": bs, "block_size": B,
+            data["cells"][key] = {"kind": kind, "scheduler": sched, "batch_size": bs, "block_size": B, "kernels": kernels,
                                   "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
             _cleanup()
         durations.append(time.perf_counter() - t0)
@@ -436,7 +465,7 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
         try:
             rec = run_cell(setup, texts, "spec", sched, int(bs), int(B), a, trace, a.capture_report_rounds,
-                           timed=min(a.timed_rounds, 5), keep_trace=True)
+                           timed=min(a.timed_rounds, 5), keep_trace=True, kernels=kernel_list[0])
             cap = rec["capture"]
             data["capture_report"] = cr = {
                 "scheduler": sched, "batch_size": int(bs), "block_size": int(B),

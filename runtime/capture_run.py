@@ -30,8 +30,12 @@ def fill_batch(texts: list[str], batch_size: int) -> list[str]:
 
 def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
                    max_new_tokens: int | None = None, on_round: Callable[[int], None] | None = None,
-                   shrink_at_round: int | None = None) -> dict:
+                   shrink_at_round: int | None = None, queue: bool = False) -> dict:
     """Run the decode, write the trace to ``path`` and its sidecar; return the sidecar dict.
+
+    ``queue``: keep every prompt when there are more than the batch size: the rest wait and are admitted (prefilled)
+    as requests finish, so admission lands inside the profiled rounds (give a ``max_new_tokens`` small enough for
+    requests to finish); otherwise exactly one full batch (``fill_batch``).
 
     ``shrink_at_round`` = N: right after round N is enqueued, the last floor(n/2) running requests (by slot) get
     max_new_tokens = their output so far + 1, so they finish at the next read of their results (round N's, read
@@ -47,7 +51,8 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
     need = warmup_rounds + 1 + rounds + 2
     if max_new_tokens is None:
         max_new_tokens = need * B
-    texts = fill_batch(texts, setup.rcfg.batch_size)
+    if not (queue and len(texts) >= setup.rcfg.batch_size):
+        texts = fill_batch(texts, setup.rcfg.batch_size)
     ids = encode_prompts(setup, texts, max_new_tokens)
     engine = Engine(setup.target, setup.draft, setup.rcfg, setup.eos_token_id)
     rc = setup.rcfg
@@ -56,6 +61,7 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
               "page_size": rc.page_size, "window": rc.window, "max_seq_len": rc.max_seq_len,
               "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
               "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes), "faults": list(rc.faults),
+              "kernels": "fused" if rc.fused_kernels else "eager", "queue": queue,
               "shrink_at_round": shrink_at_round, "tree_budget": rc.tree_budget,
               "tree_topk": rc.tree_topk if rc.tree else None,
               "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,

@@ -74,6 +74,9 @@ def decode_options(f):
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
         click.option("--dtype", help="float32 | bfloat16 (default: the preset's)."),
         click.option("--no-graphs", is_flag=True, help="Run the draft block and verify eagerly on CUDA."),
+        click.option("--kernels", type=click.Choice(["auto", "fused", "eager"]), default="auto", show_default=True,
+                     help="fused: RMSNorm, q/k norm + RoPE and the gated-delta-rule chain as Triton kernels "
+                          "(CUDA; fewer graph nodes); eager: PyTorch ops; auto: fused where it can run."),
         click.option("--seed", type=int, default=0, show_default=True),
         click.option("--fault", "faults", multiple=True, metavar="NAME",
                      help="Switch a pathology on (repeatable): lengths-copy | dd-gather | eager-commit-glue | "
@@ -110,7 +113,8 @@ def setup_from_options(o: dict):
                         max_seq_len=o["max_seq_len"], prefill_chunk=o["prefill_chunk"], scheduler=o["scheduler"],
                         device=o["device"], dtype=o["dtype"], cuda_graphs=False if o["no_graphs"] else None,
                         faults=tuple(o.get("faults") or ()) or None, tree_budget=o.get("tree_budget"),
-                        tree_topk=o.get("tree_topk"), tree_builder=o.get("tree_builder"))
+                        tree_topk=o.get("tree_topk"), tree_builder=o.get("tree_builder"),
+                        kernels=o.get("kernels"))
     return setup, texts
 
 
@@ -170,14 +174,18 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
               help="After round N, cut the last half of the running requests (floor(n/2) of them, by slot): they "
                    "finish at their next read, so the batch shrinks into a smaller bucket two rounds later (a new "
                    "batch shape inside the profiled rounds, e.g. for --fault jit-new-shape).")
+@click.option("--queue", is_flag=True,
+              help="Keep every prompt when there are more than --batch-size: the rest wait and are admitted "
+                   "(prefilled) as requests finish, inside the profiled rounds (with a small --max-new-tokens).")
 @click.option("-o", "--output", required=True, metavar="TRACE.json.gz",
               help="The Kineto trace to write; the sidecar TRACE.gaptrace.json goes next to it.")
-def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None, output: str, **o) -> None:
+def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None, queue: bool, output: str,
+            **o) -> None:
     """Capture a torch.profiler trace of the runtime's steady decode (Python stacks, CUDA sync events where
     supported), plus a sidecar with the config, τ per round, graph node counts and unprofiled timings.
 
     --max-new-tokens defaults to enough tokens for every request to outlive the capture; fewer prompts than
-    --batch-size are repeated to fill the batch."""
+    --batch-size are repeated to fill the batch, more are cut to one batch unless --queue."""
     import os
 
     import torch
@@ -206,7 +214,7 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
                     f"B={setup.rcfg.block_size}{note}")
     try:
         side = capture_decode(setup, texts, output, warmup_rounds, active_rounds, explicit_tokens,
-                              shrink_at_round=shrink_at_round,
+                              shrink_at_round=shrink_at_round, queue=queue,
                               on_round=lambda i: bar.update(1) if i <= warmup_rounds + 1 + active_rounds else None)
     except ValueError as e:
         bar.close()

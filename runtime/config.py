@@ -18,6 +18,7 @@ FAULT_NAMES = ("lengths-copy", "dd-gather", "eager-commit-glue", "jit-new-shape"
                "cpu-tree-build")
 TREE_FAULTS = ("cpu-tree-build",)  # faults of the draft-tree round only (they need tree mode: tree_budget > 0)
 TREE_BUILDERS = ("gpu", "cpu-heapq")
+KERNELS = ("auto", "fused", "eager")
 REPO = Path(__file__).resolve().parents[1]
 MODELS_DIR = REPO / "fixtures" / "models"
 
@@ -168,7 +169,11 @@ class RuntimeConfig:
     the chain's B), built from the draft's top-``tree_topk`` tokens at each of the B - 1 draft positions (so tree
     depth <= B - 1 and tau <= B, as in the chain). ``tree_builder``: ``gpu`` (batched, fixed shapes, no host sync)
     or ``cpu-heapq`` (per request on the host, Python heapq; the seeds' pathology, the same as the fault
-    ``cpu-tree-build``). Both build the same tree (runtime/spec/tree.py)."""
+    ``cpu-tree-build``). Both build the same tree (runtime/spec/tree.py).
+
+    ``kernels``: ``fused`` runs the cached forward's RMSNorms, q/k norm + RoPE and gated-delta-rule chain as the
+    Triton kernels of runtime/models/fused.py (CUDA + Triton only: fewer, larger CUDA-graph nodes, issue 6);
+    ``eager`` as chains of PyTorch ops; ``auto`` (default) = fused where it can run, eager otherwise."""
 
     block_size: int = 8
     page_size: int = 16
@@ -186,6 +191,7 @@ class RuntimeConfig:
     tree_budget: int = 0
     tree_topk: int = 4
     tree_builder: str = "gpu"
+    kernels: str = "auto"
 
     def __post_init__(self):
         self.faults = tuple(dict.fromkeys(self.faults))  # repeated names switch a fault on once
@@ -221,12 +227,20 @@ class RuntimeConfig:
              f"unknown tree builder {self.tree_builder!r} ({' | '.join(TREE_BUILDERS)})")
         need(not self.tree_budget or self.sim_accept_rate is None,
              "tree mode needs real acceptance: sim_accept_rate (the bench preset's simulated acceptance) is set")
+        need(self.kernels in KERNELS, f"unknown kernels {self.kernels!r} ({' | '.join(KERNELS)})")
+        need(self.kernels != "fused" or (self.device == "cuda" and triton_available()),
+             "--kernels fused needs --device cuda and Triton installed (use auto or eager)")
         for f in self.faults:
             need(f in FAULT_NAMES, f"unknown fault {f!r} (known: {', '.join(FAULT_NAMES)})")
             need(self.scheduler == "overlap" or f not in ("lengths-copy", "dd-gather"),
                  f"fault {f!r} needs --scheduler overlap (the sync scheduler already does it)")
             need(self.tree_budget > 0 or f not in TREE_FAULTS,
                  f"fault {f!r} (--tree-builder cpu-heapq) needs tree mode (--tree-budget N): a chain builds no tree")
+
+    @property
+    def fused_kernels(self) -> bool:
+        """Whether the cached forward runs the fused kernels: ``kernels`` resolved (auto = CUDA with Triton)."""
+        return self.kernels == "fused" or (self.kernels == "auto" and self.device == "cuda" and triton_available())
 
     @property
     def tree(self) -> bool:
@@ -253,6 +267,12 @@ class RuntimeConfig:
     def replace(self, **kw) -> "RuntimeConfig":
         """A validated copy with some fields changed."""
         return dataclasses.replace(self, **kw)
+
+
+def triton_available() -> bool:
+    """True when Triton can be imported (it ships with CUDA builds of torch; absent from CPU machines)."""
+    import importlib.util
+    return importlib.util.find_spec("triton") is not None
 
 
 @dataclass(frozen=True)

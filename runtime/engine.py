@@ -152,7 +152,7 @@ class Engine:
             self.runner.blocks.ensure(slot, len(r.prompt) + self.rcfg.round_span)
             self.runner.upload_page_tables()
             with annotate("prefill"):
-                first = self.runner.prefill(slot, r.prompt)
+                first = self.runner.prefill(slot, r.prompt, r)
             pending.append(("prefill", r, Readback({"tok": first})))
             running[slot] = r
         return n
@@ -210,8 +210,6 @@ class Engine:
             if done:
                 self._retire(r, running, free)
         round_tau.append(taus)
-        if "token-list-rebuild" in self.rcfg.faults:
-            F.token_list_rebuild(what.requests)
 
     def _retire(self, r: Request, running: dict, free: list) -> None:
         running.pop(r.slot, None)

@@ -19,8 +19,9 @@ None changes a generated token (tests/test_runtime_faults.py decodes with each a
 |                      |                      | next_power_of_2(nb) and the lengths' int width,| (``prewarm_window_lengths``) |
 |                      |                      | warmed for one shape only: a new batch bucket  | or no kernel at all          |
 |                      |                      | compiles mid-decode                            |                              |
-| ``token-list-rebuild``| ``token_list_rebuild``| every live request's full token list        | nothing rebuilt              |
-|                      |                      | (prompt + output) rebuilt in Python per round  |                              |
+| ``token-list-rebuild``| ``token_list_rebuild``| every prefill chunk rebuilds the request's    | the prompt uploaded once,    |
+|                      |                      | full token list (prompt + output) in Python and| chunks sliced on the device  |
+|                      |                      | uploads all of it, then slices the chunk       |                              |
 | ``cpu-tree-build``   | ``cpu_tree_build``   | (tree mode) the draft tree built per request   | ``build_tree_torch``: all    |
 |                      |                      | on the host: top-k copied to the host, Python  | rows at once on the device,  |
 |                      |                      | heapq per request, arrays uploaded (seeds      | fixed shapes, no sync        |
@@ -147,17 +148,17 @@ def jit_new_shape(runner, buf) -> None:
         window_lengths(st.lengths, buf.rows, buf.rect_len, st.window, st.page_size)
 
 
-def token_list_rebuild(requests) -> int:
-    """Fault ``token-list-rebuild`` (seed 000: the scheduler rebuilt a request's full token list, origin + output,
-    a pure Python list concatenation, on every chunk): rebuild ``prompt + output`` of every live request, every
-    round. Returns the total length rebuilt (tokens)."""
+def token_list_rebuild(runner, request, a: int, b: int) -> torch.Tensor:
+    """Fault ``token-list-rebuild`` (seed 000, "Closing the previous article's onion": the scheduler rebuilt the
+    request's full token list, origin + output, a pure Python list concatenation of up to 64k elements, on every
+    16k-token prefill chunk, while the output half was still empty): for prefill chunk [a, b), rebuild
+    ``prompt + output`` as a new Python list, convert the whole list to an array and upload it, and slice the chunk
+    from it. O(context) host work per chunk, O(n^2 / chunk) per prompt, on the path that feeds the GPU the next
+    chunk. The fix: the prompt uploaded once per request, chunks sliced on the device (``ModelRunner.prefill``).
+    Returns the chunk's token ids [b - a] long on the device (the same ids)."""
     with annotate("token_list_rebuild"):
-        total = 0
-        for r in requests:
-            if r is not None and not r.finished:
-                full = r.prompt + r.output
-                total += len(full)
-    return total
+        full = request.prompt + request.output
+        return runner.to_device(np.array(full, dtype=np.int64))[a:b]
 
 
 def cpu_tree_build(runner, out, logp: torch.Tensor, ids: torch.Tensor, budget: int) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from .cache.paged import BlockManager
 from .config import RuntimeConfig
-from .faults import eager_commit_glue
+from .faults import eager_commit_glue, token_list_rebuild
 from .graphs import GraphedCall, batch_buckets
 from .models.model import Transformer
 from .spec.accept import greedy_accept, simulated_accept
@@ -124,10 +124,15 @@ class ModelRunner:
         buf.rect_len.copy_(c)
 
     # ---------------------------------------------------------------------------------------- phases
-    def prefill(self, slot: int, prompt: list[int]) -> torch.Tensor:
-        """Prefill one request into ``slot`` (its pages must be allocated and uploaded); first token [1]."""
+    def prefill(self, slot: int, prompt: list[int], request=None) -> torch.Tensor:
+        """Prefill one request into ``slot`` (its pages must be allocated and uploaded); first token [1]. The prompt
+        is uploaded once and each chunk sliced on the device; under the fault ``token-list-rebuild`` each chunk's
+        ids come from rebuilding ``request``'s whole token list instead (runtime/faults.py)."""
+        chunk_ids = None
+        if request is not None and "token-list-rebuild" in self.rcfg.faults:
+            chunk_ids = lambda a, b: token_list_rebuild(self, request, a, b)  # noqa: E731
         ids = self.to_device(np.array(prompt, dtype=np.int64))
-        return prefill_request(self.target, self.draft, self.state, slot, ids, self.rcfg.prefill_chunk)
+        return prefill_request(self.target, self.draft, self.state, slot, ids, self.rcfg.prefill_chunk, chunk_ids)
 
     def _draft_fn(self, nb: int):
         buf = self.buffers[nb]

@@ -141,7 +141,7 @@ def run_decode(setup: DecodeSetup, texts: list[str], max_new_tokens: int, check_
                "finish_reason": r.finish_reason, "tau": r.accepted / r.rounds if r.rounds else None}
         if check_exact and not setup.simulated:
             ref = greedy_reference(setup.target, r.prompt, max_new_tokens, setup.eos_token_id,
-                                   setup.rcfg.prefill_chunk, engine.runner.device)
+                                   setup.rcfg.prefill_chunk, engine.runner.device, setup.rcfg.fused_kernels)
             div = next((i for i, (a, b) in enumerate(zip(r.output, ref.tokens)) if a != b), None)
             if div is None and len(r.output) != len(ref.tokens):
                 div = min(len(r.output), len(ref.tokens))
@@ -155,6 +155,7 @@ def run_decode(setup: DecodeSetup, texts: list[str], max_new_tokens: int, check_
         "preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler, "device": rc.device,
         "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": rc.block_size, "page_size": rc.page_size,
         "window": rc.window, "max_seq_len": rc.max_seq_len, "cuda_graphs": bool(engine.graph_nodes),
+        "kernels": "fused" if rc.fused_kernels else "eager",
         "tree_budget": rc.tree_budget, "tree_topk": rc.tree_topk if rc.tree else None,
         "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
         "verify_width": rc.verify_width, "faults": list(rc.faults),

@@ -44,31 +44,7 @@ printf '| step | exit | seconds | limit s |\n| --- | --- | --- | --- |\n' > "$ST
 PLAIN_TARGET=${PLAIN_TARGET:-fixtures/models/tiny-target-plain}
 PLAIN_DRAFT=${PLAIN_DRAFT:-fixtures/models/tiny-draft-plain}
 
-left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
-
-# step NAME MAX_S CMD...: run CMD under `timeout` for min(MAX_S, time left - RESERVE) seconds, output to
-# logs/NAME.log; @BUDGET@ in CMD becomes that limit minus 15 s (for scripts that stop starting work in time).
-step() {
-  local name=$1 max=$2; shift 2
-  local lim=$(( $(left) - RESERVE ))
-  (( lim > max )) && lim=$max
-  if (( lim < 20 )); then
-    echo "| $name | not run (no time left) | 0 | $lim |" >> "$STEPS_MD"
-    echo "[$(date +%T)] $name: not run (no time left)" >&2
-    return 0
-  fi
-  local args=() x
-  for x in "$@"; do args+=("${x//@BUDGET@/$(( lim - 15 ))}"); done
-  local s=$(date +%s) rc
-  echo "[$(date +%T)] $name (limit $lim s): ${args[*]}" >&2
-  timeout -k 5 "$lim" "${args[@]}" > "$LOGS/$name.log" 2>&1
-  rc=$?
-  local why=""
-  (( rc == 124 || rc == 137 )) && why=" (timeout)"
-  echo "| $name | $rc$why | $(( $(date +%s) - s )) | $lim |" >> "$STEPS_MD"
-  echo "[$(date +%T)] $name: exit $rc$why after $(( $(date +%s) - s )) s" >&2
-  return 0
-}
+source scripts/_steps.sh  # left, step
 
 if [[ $SMOKE == 1 ]]; then
   RT=(--preset tiny --device cpu --warmup-rounds 2 --timed-rounds 3 --profiled-rounds 2 --out "$RES" --work "$WORK/traces")

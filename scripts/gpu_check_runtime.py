@@ -148,7 +148,8 @@ def exactness(dtype: str, use_fla: bool, n_prompts=16, max_new=64):
         startup = time.perf_counter() - t0
         res = run_both(engine, ids, max_new)
         outs = res["overlap"][0]
-        refs = [greedy_reference(setup.target, p, max_new, setup.eos_token_id, setup.rcfg.prefill_chunk, DEVICE)
+        refs = [greedy_reference(setup.target, p, max_new, setup.eos_token_id, setup.rcfg.prefill_chunk, DEVICE,
+                                 setup.rcfg.fused_kernels)
                 for p in ids]
     finally:
         gdn._fla_chunk = saved

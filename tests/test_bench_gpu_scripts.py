@@ -56,16 +56,16 @@ def test_bench_runtime_smoke(tmp_path):
                  "--capture-report-rounds", "2", "--capture-report-cell", "overlap,2,4", "--out", str(out))
     data = json.loads((out / "runtime.json").read_text())
     cells = data["cells"]
-    assert set(cells) == {"spec/overlap/bs2/B4", "spec/sync/bs2/B4", "plain/overlap/bs2/B1"}
+    assert set(cells) == {"spec/overlap/bs2/B4/auto", "spec/sync/bs2/B4/auto", "plain/overlap/bs2/B1/auto"}
     for c in cells.values():
         assert "error" not in c and c["timed_rounds"] == 3
         # tokens/s = bs·τ/Tround, TPOT = Tround/τ, the median lies between p10 and p90
         assert c["tokens_per_s"] == pytest.approx(c["batch_size"] * c["tau"] / c["tround_ms"] * 1e3)
         assert c["tpot_ms"] == pytest.approx(c["tround_ms"] / c["tau"])
         assert c["tround_p10_ms"] <= c["tround_ms"] <= c["tround_p90_ms"]
-    assert cells["plain/overlap/bs2/B1"]["tau"] == 1.0 and "capture" not in cells["plain/overlap/bs2/B1"]
+    assert cells["plain/overlap/bs2/B1/auto"]["tau"] == 1.0 and "capture" not in cells["plain/overlap/bs2/B1/auto"]
     for s in ("overlap", "sync"):
-        c = cells[f"spec/{s}/bs2/B4"]
+        c = cells[f"spec/{s}/bs2/B4/auto"]
         assert 1 <= c["tau"] <= 4
         assert c["capture"]["profiled_rounds"] == 2 and c["capture"]["trace_bytes"] > 0
         assert c["capture"]["occupancy"] is None  # a CPU trace has no device activity
@@ -80,8 +80,8 @@ def test_bench_runtime_smoke(tmp_path):
         "--resume", "--time-budget-s", "0.001", "--profiled-rounds", "0")
     data2 = json.loads((out / "runtime.json").read_text())
     assert {k: data2["cells"][k]["tround_ms"] for k in cells} == {k: c["tround_ms"] for k, c in cells.items()}
-    assert "spec/overlap/bs3/B4" in data2["cells"]
-    assert set(data2["skipped"]) == {"spec/sync/bs3/B4", "plain/overlap/bs3/B1"}
+    assert "spec/overlap/bs3/B4/auto" in data2["cells"]
+    assert set(data2["skipped"]) == {"spec/sync/bs3/B4/auto", "plain/overlap/bs3/B1/auto"}
     assert data2["capture_report"] == cr
 
 
@@ -193,4 +193,4 @@ def test_bench_h200_driver_smoke(tmp_path):
         assert f"| {step} | 0 |" in summary, summary[:2000]
     assert "## Rounds: overlap vs sync" in summary and "same tokens as hf_plain_bs1" in summary
     cells = json.loads((out / "runtime.json").read_text())["cells"]
-    assert {"spec/overlap/bs2/B4", "spec/sync/bs2/B4", "spec/overlap/bs1/B4"} <= set(cells)
+    assert {"spec/overlap/bs2/B4/auto", "spec/sync/bs2/B4/auto", "spec/overlap/bs1/B4/auto"} <= set(cells)

@@ -96,13 +96,37 @@ def capture_all(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("fault", CHAIN_FAULTS)
+def test_token_list_rebuild_runs_per_prefill_chunk(pair, monkeypatch):
+    """token-list-rebuild feeds every prefill chunk [a, b) from the whole rebuilt token list (seed 000: per chunk,
+    O(context) each), inside its own range; the chunk ids equal the prompt's."""
+    import gaptrace.runtime.model_runner as mr
+    from torch.profiler import ProfilerActivity, profile
+
+    calls = []
+    real = mr.token_list_rebuild
+
+    def spy(runner, request, a, b):
+        out = real(runner, request, a, b)
+        assert out.tolist() == request.prompt[a:b]
+        calls.append((request.rid, a, b))
+        return out
+
+    monkeypatch.setattr(mr, "token_list_rebuild", spy)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _decode(pair, ("token-list-rebuild",))
+    chunks = [(i, a, min(a + 16, n)) for i, n in enumerate(LENGTHS) for a in range(0, n, 16)]
+    assert sorted(calls) == chunks  # every chunk of every prompt, none twice (prefill_chunk 16)
+    names = [e.name for e in prof.events() if e.name == "token_list_rebuild"]
+    assert len(names) == len(chunks)
+
+
+@pytest.mark.parametrize("fault", [f for f in CHAIN_FAULTS if f != "token-list-rebuild"])
 def test_fault_range_in_trace(capture_all, fault):
     evs = _events(capture_all)
     rounds = [e for e in evs if e.get("cat") == "user_annotation" and e["name"] == "round"]
     assert len(rounds) == 4
     outers, ops = _inside(evs, function_name(fault))
-    assert len(outers) >= 4  # once per profiled round (token_list_rebuild: per round read; the first is earlier)
+    assert len(outers) >= 4  # once per profiled round (token-list-rebuild runs per prefill chunk: test above)
     # the range sits in the Python frame of the fault's function (with_stack): the trace names the function too
     name = function_name(fault)
     frames = [e for e in evs if e.get("cat") == "python_function" and "faults.py" in e["name"]

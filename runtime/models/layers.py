@@ -77,6 +77,19 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return o.permute(0, 3, 1, 2, 4).reshape(bs, T, H * D)
 
 
+def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``attend`` as one ``F.scaled_dot_product_attention`` call (the fused path: a memory-efficient attention
+    kernel takes the boolean mask; one graph node instead of ~9). Same shapes and scale. The G = H / Hkv query heads
+    of a KV head ride as extra query rows ([bs, Hkv, G*T, D]), so K and V are read once per KV head, unexpanded."""
+    bs, T, H, D = q.shape
+    Hkv = k.shape[2]
+    G = H // Hkv
+    qg = q.view(bs, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, G * T, D)
+    m = mask[:, None, None].expand(bs, 1, G, T, mask.shape[-1]).reshape(bs, 1, G * T, mask.shape[-1])
+    o = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=m)
+    return o.view(bs, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(bs, T, H * D)
+
+
 class Attention(nn.Module):
     """Qwen3 self-attention: q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, GQA."""
 
@@ -92,16 +105,24 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: KVView | None) -> torch.Tensor:
-        """x [bs, T, hidden] -> [bs, T, hidden]. Without ``kv``: plain causal attention over x itself."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: KVView | None, rope=None) -> torch.Tensor:
+        """x [bs, T, hidden] -> [bs, T, hidden]. Without ``kv``: plain causal attention over x itself. ``rope``:
+        the (cos, sin) tables of models.fused.rope_tables for these positions: q/k norm + RoPE as one fused kernel
+        each (same values)."""
         cfg = self.cfg
         bs, T, _ = x.shape
         q = self.q_proj(x).view(bs, T, cfg.num_attention_heads, cfg.head_dim)
         k = self.k_proj(x).view(bs, T, cfg.num_key_value_heads, cfg.head_dim)
         v = self.v_proj(x).view(bs, T, cfg.num_key_value_heads, cfg.head_dim)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
+        if rope is not None:
+            from .fused import norm_rope
+            qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
+            q = norm_rope(q, rope, qn.weight if qn else None, cfg.rms_norm_eps)
+            k = norm_rope(k, rope, kn.weight if kn else None, cfg.rms_norm_eps)
+        else:
+            if cfg.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
         if kv is None:
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True, enable_gqa=True)
@@ -111,7 +132,8 @@ class Attention(nn.Module):
         kv.v_pool.index_copy_(0, slots, v.reshape(-1, *v.shape[2:]).to(kv.v_pool.dtype))
         keys = kv.k_pool[kv.read_slots]                                   # bs, S, Hkv, D
         vals = kv.v_pool[kv.read_slots]
-        return self.o_proj(attend(q, keys.to(q.dtype), vals.to(q.dtype), kv.read_mask))
+        att = attend_sdpa if rope is not None else attend
+        return self.o_proj(att(q, keys.to(q.dtype), vals.to(q.dtype), kv.read_mask))
 
 
 class MLP(nn.Module):

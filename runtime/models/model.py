@@ -29,6 +29,8 @@ class CacheView:
     parents: the T tokens form a tree (draft-tree verify): token t's parent index (< t; -1 = the root, continuing
     from ``lin_state``); linear layers then run ``gdn.gated_delta_rule_tree`` and return every token's state.
     Full-attention layers get the tree through ``read_mask`` (ancestor-only) and ``positions`` (depth).
+    fused: run the norms, q/k norm + RoPE and the chain recurrence as the fused kernels of ``models.fused`` (one
+    CUDA-graph node each instead of a chain of ops; same arithmetic). Needs CUDA tensors and Triton.
     """
 
     k_pools: list
@@ -39,6 +41,15 @@ class CacheView:
     lin_state: torch.Tensor | None = None
     all_states: bool = False
     parents: torch.Tensor | None = None  # [bs, T] long: a token tree (issue 8); linear layers return every state
+    fused: bool = False  # the fused Triton kernels of models/fused.py (RuntimeConfig.kernels; CUDA + Triton only)
+
+
+def norm(mod: RMSNorm, x: torch.Tensor, fused: bool) -> torch.Tensor:
+    """``mod(x)``, or the same RMSNorm as one fused kernel (models.fused.rms_norm)."""
+    if not fused:
+        return mod(x)
+    from .fused import rms_norm
+    return rms_norm(x, mod.weight, mod.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -82,9 +93,9 @@ class Transformer(nn.Module):
                     or name.endswith("gates.weight") or name.endswith("lm_head.weight"):
                 nn.init.normal_(p, std=0.02)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """Final norm and LM head: h [bs, T, hidden] -> [bs, T, vocab]."""
-        h = self.model.norm(h)
+        h = norm(self.model.norm, h, fused)
         w = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         return torch.nn.functional.linear(h, w)
 
@@ -100,26 +111,31 @@ class Transformer(nn.Module):
         bs, T = tokens.shape
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(bs, T)
+        fused = cache is not None and cache.fused
+        rope = None
+        if fused and self.full_layers:  # cos/sin once per forward, for every full-attention layer
+            from .fused import rope_tables
+            rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
         h = self.model.embed_tokens(tokens)
         new_states, full_i, lin_i = [], 0, 0
         for layer in self.model.layers:
-            x = layer.input_layernorm(h)
+            x = norm(layer.input_layernorm, h, fused)
             if layer.layer_type == FULL:
                 kv = None
                 if cache is not None:
                     kv = KVView(cache.k_pools[full_i], cache.v_pools[full_i], cache.write_slots, cache.read_slots,
                                 cache.read_mask)
-                h = h + layer.self_attn(x, positions, kv)
+                h = h + layer.self_attn(x, positions, kv, rope)
                 full_i += 1
             else:
                 state = None if cache is None or cache.lin_state is None else cache.lin_state[lin_i]
                 out, st = layer.linear_attn(x, state, cache is not None and cache.all_states,
-                                            None if cache is None else cache.parents)
+                                            None if cache is None else cache.parents, fused)
                 h = h + out
                 new_states.append(st)
                 lin_i += 1
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = self.logits(h)
+            h = h + layer.mlp(norm(layer.post_attention_layernorm, h, fused))
+        logits = self.logits(h, fused)
         if cache is None:
             return logits
         return logits, (torch.stack(new_states) if new_states else None)

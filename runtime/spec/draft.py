@@ -31,7 +31,7 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
     tokens, states, tops = [], [], []
     for j in range(B):
         mask = torch.cat([wmask, (ar <= j).expand(nb, B)], 1)[:, None, :]
-        cache = CacheView(st.drf_k, st.drf_v, blk_slots[:, j:j + 1], read, mask, state)
+        cache = CacheView(st.drf_k, st.drf_v, blk_slots[:, j:j + 1], read, mask, state, fused=st.fused)
         logits, state = model(tok[:, None], (L + j)[:, None], cache)
         tok = logits[:, -1].argmax(-1)
         tokens.append(tok)

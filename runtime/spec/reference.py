@@ -24,9 +24,10 @@ class ReferenceOutput:
 
 @torch.no_grad()
 def greedy_reference(model: Transformer, prompt: list[int], max_new_tokens: int, eos_token_id: int | None,
-                     chunk: int, device) -> ReferenceOutput:
+                     chunk: int, device, fused: bool = False) -> ReferenceOutput:
     """Greedy decoding of one prompt: prefill in chunks of ``chunk``, then one token per forward until
-    ``max_new_tokens`` tokens or EOS (included)."""
+    ``max_new_tokens`` tokens or EOS (included). ``fused``: the same kernels as a runtime with
+    ``RuntimeConfig.fused_kernels`` (CUDA)."""
     n = len(prompt)
     cap = n + max_new_tokens
     k_pools, v_pools = make_kv_pools(model.config, cap, device, next(model.parameters()).dtype)
@@ -36,7 +37,7 @@ def greedy_reference(model: Transformer, prompt: list[int], max_new_tokens: int,
     for a in range(0, n, chunk):
         pos = torch.arange(a, min(n, a + chunk), device=device)[None]
         cache = CacheView(k_pools, v_pools, slots[:, a:a + pos.shape[1]], slots, slots[:, None, :] <= pos[..., None],
-                          state)
+                          state, fused=fused)
         logits, state = model(ids[:, a:a + pos.shape[1]], pos, cache)
     tokens, gaps = [], []
     for i in range(max_new_tokens):
@@ -48,6 +49,6 @@ def greedy_reference(model: Transformer, prompt: list[int], max_new_tokens: int,
         if tok == eos_token_id or i + 1 == max_new_tokens:
             break
         pos = torch.tensor([[n + i]], device=device)
-        cache = CacheView(k_pools, v_pools, pos, slots, slots[:, None, :] <= pos[..., None], state)
+        cache = CacheView(k_pools, v_pools, pos, slots, slots[:, None, :] <= pos[..., None], state, fused=fused)
         logits, state = model(torch.tensor([[tok]], device=device), pos, cache)
     return ReferenceOutput(tokens, gaps)

@@ -32,6 +32,7 @@ class DecodeState:
     block_size: int
     max_len: int
     scratch: int
+    fused: bool = False  # cached forwards run models/fused.py's kernels (RuntimeConfig.fused_kernels)
 
     @classmethod
     def allocate(cls, target_cfg, draft_cfg, rcfg, num_pages: int, device, dtype) -> "DecodeState":
@@ -43,7 +44,7 @@ class DecodeState:
         z = lambda: torch.zeros(slots, dtype=torch.long, device=device)  # noqa: E731
         return cls(torch.zeros(slots, max_pages, dtype=torch.long, device=device), z(), z(), tk, tv, dk, dv,
                    LinearStatePool(target_cfg, slots, device), LinearStatePool(draft_cfg, slots, device),
-                   rcfg.page_size, rcfg.window, rcfg.block_size, rcfg.max_seq_len, slots - 1)
+                   rcfg.page_size, rcfg.window, rcfg.block_size, rcfg.max_seq_len, slots - 1, rcfg.fused_kernels)
 
     @staticmethod
     def nbytes(target_cfg, draft_cfg, rcfg, dtype_bytes: int) -> int:

@@ -191,7 +191,7 @@ def tree_verify(model: Transformer, st: DecodeState, rows: torch.Tensor, tree: T
     anc_cols = tree.anc.gather(2, rel.clamp(0, N - 1)[:, None, :].expand(nb, N, st.max_len))
     mask = (rel < 0)[:, None, :] | (anc_cols & in_region[:, None, :])
     cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, st.tgt_lin.gather(rows), all_states=True,
-                      parents=tree.parent)
+                      parents=tree.parent, fused=st.fused)
     logits, states = model(tokens, pos, cache)
     return logits.argmax(-1), states
 
@@ -249,6 +249,7 @@ def draft_refeed(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: 
     read = torch.cat([rect, blk], 1)
     mask = torch.cat([window_mask(rect_len, st.rect_width)[:, None, :].expand(nb, B, st.rect_width),
                       (ar[None, :] <= ar[:, None]).expand(nb, B, B)], 2)
-    cache = CacheView(st.drf_k, st.drf_v, blk, read, mask, st.drf_lin.gather(rows), all_states=True)
+    cache = CacheView(st.drf_k, st.drf_v, blk, read, mask, st.drf_lin.gather(rows), all_states=True,
+                      fused=st.fused)
     _, states = model(tokens, pos, cache)
     return states

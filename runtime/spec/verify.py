@@ -21,6 +21,7 @@ def verify_block(model: Transformer, st: DecodeState, rows: torch.Tensor, draft_
     tmap = st.token_map(rows)
     write = tmap.gather(1, pos.clamp(max=st.max_len - 1))
     mask = torch.arange(st.max_len, device=rows.device)[None, None, :] <= pos[:, :, None]
-    cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, st.tgt_lin.gather(rows), all_states=True)
+    cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, st.tgt_lin.gather(rows), all_states=True,
+                      fused=st.fused)
     logits, states = model(tokens, pos, cache)
     return logits.argmax(-1), states

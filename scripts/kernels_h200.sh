@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Session 3's H200 call: the fused kernels (runtime/models/fused.py) and the long-context token-list-rebuild capture.
+#
+#   bash scripts/kernels_h200.sh [STEP ...]      # default: every step below, in order; OUT (default ./kernels_out)
+#
+#   env            GPU, torch, Triton, fla
+#   kernels_check  tests/test_fused_kernels.py compiled on the GPU (fused vs eager, float32 and bfloat16)
+#   exact          tiny preset, float32, held-out prompts, bs 8, B 8: speculative (fused) vs plain greedy (fused)
+#   bench          benchmarks/bench_runtime.py: bs 8, B 12, overlap + sync, kernels fused and eager side by side
+#                  (bench preset); the fused bs-8 B-12 traces come back (tar under OUT)
+#   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
+#                  fused kernels (resumes the bench step's runtime.json)
+#   tlr            tiny preset, 16 prompts of ~16k tokens, bs 8, --queue, --max-new-tokens 24, prefill chunk 512,
+#                  context 32768: capture with --fault token-list-rebuild and without, gaptrace analyze both and
+#                  gaptrace diff clean -> fault (the traces are ~60 MB each: only the text comes back)
+#
+# Returned under $OUT: summary.md (steps, exits, seconds, the logs' tails), runtime.json/.md, traces*.tar.gz(.part*).
+set -u
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+OUT=${OUT:-$PWD/kernels_out}
+BUDGET_S=${BUDGET_S:-560}
+RESERVE=15
+T0=$(date +%s)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gaptrace_kernels.XXXXXX")
+LOGS=$WORK/logs
+TR=$WORK/traces
+mkdir -p "$OUT" "$LOGS" "$TR"
+export PYTHONUNBUFFERED=1
+STEPS_MD=$WORK/steps.md
+printf '| step | exit | seconds | limit s |\n| --- | --- | --- | --- |\n' > "$STEPS_MD"
+source scripts/_steps.sh  # left, step
+G=("$PY" -m gaptrace.cli)
+
+for s in ${*:-env exact bench tlr grid kernels_check}; do
+  case $s in
+    env)
+      step env 30 bash -c "nvidia-smi -L; \"$PY\" -c 'import torch, triton, fla; print(torch.__version__, torch.version.cuda, triton.__version__, fla.__version__)'; git log -1 --oneline" ;;
+    kernels_check)
+      step kernels_check 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_kernels.py -k gpu -rs ;;
+    exact)
+      step exact 120 "${G[@]}" decode --preset tiny --device cuda --dtype float32 --batch-size 8 -B 8 \
+        --prompts fixtures/prompts/heldout.jsonl --max-new-tokens 64 --check-exact ;;
+    bench)
+      step bench 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8 --blocks 12 \
+        --kernels fused,eager --no-floor --out "$OUT" --work "$TR/bench" --keep-traces --time-budget-s @BUDGET@ ;;
+    grid)
+      step grid 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8,1,32 \
+        --blocks 12,8,4 --kernels fused --out "$OUT" --work "$WORK/grid" --resume --time-budget-s @BUDGET@ ;;
+    tlr)
+      "$PY" scripts/long_prompts.py --tokens 16000 --count 16 -o "$WORK/long.jsonl" 2> "$LOGS/long_prompts.log"
+      common=(--preset tiny --device cuda --batch-size 8 --prompts "$WORK/long.jsonl" --queue --max-new-tokens 24
+              --prefill-chunk 512 --max-seq-len 32768 --warmup-rounds 4 --rounds 14)
+      step tlr_fault 150 "${G[@]}" capture "${common[@]}" --fault token-list-rebuild \
+        -o "$TR/h200_tiny_overlap_bs8_B8_long16k_token-list-rebuild.json.gz"
+      step tlr_clean 120 "${G[@]}" capture "${common[@]}" -o "$TR/h200_tiny_overlap_bs8_B8_long16k.json.gz"
+      for f in "$TR"/h200_tiny_overlap_bs8_B8_long16k*.json.gz; do
+        [[ -f $f ]] && step "analyze_$(basename "$f" .json.gz)" 90 "${G[@]}" analyze "$f"
+      done
+      step tlr_diff 90 "${G[@]}" diff "$TR/h200_tiny_overlap_bs8_B8_long16k.json.gz" \
+        "$TR/h200_tiny_overlap_bs8_B8_long16k_token-list-rebuild.json.gz"
+      rm -f "$TR"/h200_tiny_overlap_bs8_B8_long16k* ;;
+    *) echo "| $s | unknown step | 0 | 0 |" >> "$STEPS_MD" ;;
+  esac
+done
+
+{
+  echo "# kernels_h200 ($(date '+%Y-%m-%d %H:%M'), $(( $(date +%s) - T0 )) s)"; echo; cat "$STEPS_MD"; echo
+  grep -h "exact [0-9]" "$LOGS"/exact.log 2>/dev/null | tr '\r' '\n' | tail -n 2
+  for l in "$LOGS"/*.log; do echo "## $(basename "$l")"; echo '```'; tr '\r' '\n' < "$l" | grep -v '^\s*$' | tail -n 60; echo '```'; done
+} > "$OUT/summary.md"
+# traces back (the fused bs-8 B-12 bench cells): gzip, one tar, split under the tool's 16 MiB per file
+find "$TR" -name '*.json' ! -name '*.gaptrace.json' -exec gzip -f {} \;
+(cd "$TR/bench" 2>/dev/null && tar -czf "$WORK/traces.tar.gz" ./*bs8_B12_fused* ) && \
+  split -b 15M -d "$WORK/traces.tar.gz" "$OUT/traces.tar.gz.part"
+ls -la "$OUT"
+cat "$OUT/summary.md" | head -150

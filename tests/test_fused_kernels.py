@@ -1,0 +1,179 @@
+"""The fused Triton kernels (runtime/models/fused.py) against the PyTorch references they replace, run by Triton's
+CPU interpreter (TRITON_INTERPRET=1, in a subprocess: the variable must be set before Triton is imported). Skipped
+where Triton is not installed. scripts/gpu_check_runtime.py runs the same comparison compiled on the GPU."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHECK = r"""
+import copy
+import torch
+from gaptrace.runtime.config import ModelConfig
+from gaptrace.runtime.models import fused
+from gaptrace.runtime.models.gdn import GatedDeltaNet, gated_delta_rule_ref
+from gaptrace.runtime.models.layers import RMSNorm, apply_rope
+from gaptrace.runtime.models.model import CacheView, Transformer
+from gaptrace.runtime.cache.paged import make_kv_pools
+
+import os
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+DEV = "cpu" if INTERPRET else "cuda"
+torch.set_default_device(DEV)
+# Triton's CPU interpreter rounds float32 -> bfloat16 toward zero (the GPU rounds to nearest even), which roughly
+# doubles the bf16 error of every cast in the kernels; compiled on the GPU the fused error must stay within 1.25x
+# the eager path's
+BF16_FACTOR = 3.0 if INTERPRET else 1.25
+torch.manual_seed(0)
+TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+
+
+def close(a, b, dt):
+    # float32: element by element. bfloat16: one rounding flip of a normalised q/k element moves a whole head's
+    # recurrence by ~1 bf16 ulp, so the bound is on the relative Frobenius error of the tensor (1%; 2% with the
+    # interpreter's truncating casts)
+    if dt == torch.float32:
+        torch.testing.assert_close(a, b, **TOL[dt])
+    else:
+        rel = float((a.float() - b.float()).norm() / b.float().norm())
+        assert rel < (2e-2 if INTERPRET else 1e-2), rel
+
+# RMSNorm, with and without the per-row sigmoid gate
+for dt in (torch.float32, torch.bfloat16):
+    x = (torch.randn(3, 5, 48) * 3).to(dt)
+    m = RMSNorm(48, 1e-6)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(48))
+    torch.testing.assert_close(fused.rms_norm(x, m.weight, m.eps), m(x), **TOL[dt])
+    z = torch.randn(3, 5)
+    ref = m(x) * z.sigmoid()[..., None].to(dt)
+    torch.testing.assert_close(fused.rms_norm(x, m.weight, m.eps, gate=z), ref, **TOL[dt])
+    bad = fused.rms_norm(x, m.weight, m.eps, gate=-z)
+    assert not torch.allclose(bad.float(), ref.float(), atol=1e-2)
+
+# q/k RMSNorm + RoPE, positions up to 4k (large angles), with and without the norm
+for dt in (torch.float32, torch.bfloat16):
+    bs, T, H, D = 2, 3, 4, 32
+    x = torch.randn(bs, T, H, D).to(dt)
+    pos = torch.randint(0, 4096, (bs, T))
+    m = RMSNorm(D, 1e-6)
+    with torch.no_grad():
+        m.weight.copy_(torch.rand(D) + 0.5)
+    tables = fused.rope_tables(pos, D, 1e6)
+    torch.testing.assert_close(fused.norm_rope(x, tables, m.weight, 1e-6), apply_rope(m(x), pos, 1e6), **TOL[dt])
+    torch.testing.assert_close(fused.norm_rope(x, tables, None, 1e-6), apply_rope(x, pos, 1e6), **TOL[dt])
+    shifted = fused.rope_tables(pos + 1, D, 1e6)
+    assert not torch.allclose(fused.norm_rope(x, shifted, None, 1e-6).float(), apply_rope(x, pos, 1e6).float(),
+                              atol=1e-2)
+
+# the gated delta rule chain from the raw projections: grouped value heads, with / without a start state,
+# the final state or every state
+cfg = ModelConfig(num_layers=1, num_heads=4, num_kv_heads=2, hidden_size=32, head_dim=16, vocab_size=64,
+                  intermediate_size=64, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                  linear_value_head_dim=32, layer_types=["linear_attention"])
+layer = GatedDeltaNet(cfg).to(DEV)
+with torch.no_grad():
+    layer.in_proj_qkv.weight.normal_(std=0.3)
+    layer.in_proj_gates.weight.normal_(std=0.5)
+for dt in (torch.float32, torch.bfloat16):
+    lay = layer.to(dt)
+    for T, with_state, every in ((1, True, False), (5, True, True), (5, False, False), (4, False, True)):
+        x = torch.randn(2, T, 32).to(dt)
+        s0 = torch.randn(2, 4, 16, 32) * 0.1 if with_state else None
+        with torch.no_grad():
+            q, k, v, g, beta, z = lay.project(x)
+            o_ref, s_ref = gated_delta_rule_ref(q, k, v, g, beta, s0, every)
+            o, s = fused.gdn_chain(lay.in_proj_qkv(x), lay.in_proj_gates(x), lay.A_log, lay.dt_bias, 2, 4, 16, 32,
+                                   s0, every)
+        close(o, o_ref, dt)
+        close(s, s_ref, dt)
+        # the whole layer (gated output norm included): fused against eager; in bfloat16 both against the same
+        # layer in float32 (bf16 weights and inputs upcast): the fused error is no larger than the eager one's
+        with torch.no_grad():
+            out_ref, _ = lay(x, s0, every)
+            out, _ = lay(x, s0, every, None, True)
+            if dt == torch.float32:
+                close(out, out_ref, dt)
+            else:
+                truth = copy.deepcopy(lay).float()(x.float(), s0, every)[0]
+                err = lambda a: float((a.float() - truth).norm() / truth.norm())  # noqa: E731
+                assert err(out) <= BF16_FACTOR * err(out_ref) + 1e-3, (err(out), err(out_ref))
+            if s0 is not None:  # the start state is read
+                assert not torch.allclose(out.float(), lay(x, s0 + 1, every, None, True)[0].float())
+
+# a token's result does not depend on the chain length: T tokens at once == T one-token steps, bit for bit
+with torch.no_grad():
+    lay = layer.float()
+    x = torch.randn(3, 6, 32)
+    qkv, gates = lay.in_proj_qkv(x), lay.in_proj_gates(x)
+    o_all, s_all = fused.gdn_chain(qkv, gates, lay.A_log, lay.dt_bias, 2, 4, 16, 32, None, True)
+    s = None
+    for t in range(6):
+        o_t, s = fused.gdn_chain(qkv[:, t:t + 1], gates[:, t:t + 1], lay.A_log, lay.dt_bias, 2, 4, 16, 32, s)
+        assert torch.equal(o_t[:, 0], o_all[:, t]) and torch.equal(s, s_all[:, t]), t
+
+# a whole cached forward of a hybrid model: fused against eager (logits and every linear state)
+mc = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=128,
+                 intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
+torch.manual_seed(3)
+model = Transformer(mc).eval().to(DEV)
+kp, vp = make_kv_pools(mc, 64, DEV, torch.float32)
+slots = torch.arange(64)[None].expand(2, 64)
+pos = torch.arange(7)[None].expand(2, 7) + torch.tensor([[0], [9]])
+toks = torch.randint(0, 128, (2, 7))
+mask = slots[:, None, :] <= pos[..., None]
+outs = []
+for fz in (False, True):
+    kp2, vp2 = [p.clone() for p in kp], [p.clone() for p in vp]
+    with torch.no_grad():
+        outs.append(model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=True, fused=fz)))
+torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
+torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+print("ok")
+"""
+
+
+def _run(interpret: bool):
+    env = {**os.environ, "TRITON_INTERPRET": "1" if interpret else "0"}
+    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-2000:], r.stderr[-4000:])
+
+
+def test_fused_kernels_match_references_in_triton_interpreter():
+    """RMSNorm (+ gate), q/k norm + RoPE and the gated-delta-rule chain, fused against eager: float32 to 2e-5,
+    bfloat16 within 1% (relative Frobenius) and the fused layer's error against float32 at most 3x the eager
+    layer's (the interpreter's bf16 casts truncate); the chain is independent of T bit for bit; a whole hybrid
+    cached forward agrees to 1e-4."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton not installed")
+    _run(interpret=True)
+
+
+def test_fused_kernels_match_references_on_gpu():
+    """The same checks compiled on a CUDA GPU, with the bf16 bound at 1.25x the eager layer's error."""
+    torch = pytest.importorskip("torch")
+    if importlib.util.find_spec("triton") is None or not torch.cuda.is_available():
+        pytest.skip("needs CUDA and triton")
+    _run(interpret=False)
+
+
+def test_attend_sdpa_equals_attend():
+    """The fused path's attention (one scaled_dot_product_attention call, query heads of a KV head as extra rows)
+    against the eager ``attend``: float32, GQA and MHA, random masks with one open column per row."""
+    torch = pytest.importorskip("torch")
+    from gaptrace.runtime.models.layers import attend, attend_sdpa
+
+    g = torch.Generator().manual_seed(0)
+    for bs, T, H, Hkv, S, D in [(2, 3, 6, 2, 17, 16), (1, 1, 4, 4, 9, 8), (3, 5, 8, 2, 30, 32)]:
+        q, k, v = (torch.randn(*s, generator=g) for s in ((bs, T, H, D), (bs, S, Hkv, D), (bs, S, Hkv, D)))
+        m = torch.rand(bs, T, S, generator=g) < 0.5
+        m[..., 0] = True
+        ref = attend(q, k, v, m)
+        torch.testing.assert_close(attend_sdpa(q, k, v, m), ref, rtol=1e-5, atol=1e-5)
+        m2 = m.clone()
+        m2[..., 1:] = ~m2[..., 1:]
+        assert not torch.allclose(attend_sdpa(q, k, v, m2), ref, atol=1e-3)  # the mask is read
