@@ -37,7 +37,7 @@ for s in ${*:-env exact bench tlr grid kernels_check}; do
     env)
       step env 30 bash -c "nvidia-smi -L; \"$PY\" -c 'import torch, triton, fla; print(torch.__version__, torch.version.cuda, triton.__version__, fla.__version__)'; git log -1 --oneline" ;;
     kernels_check)
-      step kernels_check 120 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_kernels.py -k gpu -rs ;;
+      step kernels_check 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_kernels.py -k gpu -rs ;;
     exact)
       step exact 120 "${G[@]}" decode --preset tiny --device cuda --dtype float32 --batch-size 8 -B 8 \
         --prompts fixtures/prompts/heldout.jsonl --max-new-tokens 64 --check-exact ;;

@@ -55,6 +55,21 @@ for dt in (torch.float32, torch.bfloat16):
     bad = fused.rms_norm(x, m.weight, m.eps, gate=-z)
     assert not torch.allclose(bad.float(), ref.float(), atol=1e-2)
 
+# the residual add fused into RMSNorm, and SwiGLU's silu(gate) * up from the merged projection
+for dt in (torch.float32, torch.bfloat16):
+    h, r = (torch.randn(4, 3, 40) * 2).to(dt), torch.randn(4, 3, 40).to(dt)
+    m = RMSNorm(40, 1e-6)
+    with torch.no_grad():
+        m.weight.copy_(torch.randn(40))
+    h2, y = fused.add_rms_norm(h, r, m.weight, m.eps)
+    if dt == torch.float32 or not INTERPRET:  # the residual stream rounds exactly as h + r (the interpreter truncates)
+        assert torch.equal(h2, h + r)
+    torch.testing.assert_close(h2, h + r, **TOL[dt])
+    torch.testing.assert_close(y, m(h + r), **TOL[dt])
+    gu = torch.randn(5, 2, 2 * 1100).to(dt)  # I = 1100: two column blocks, the second partial
+    ref = torch.nn.functional.silu(gu[..., :1100]) * gu[..., 1100:]
+    torch.testing.assert_close(fused.silu_mul(gu), ref, **TOL[dt])
+
 # q/k RMSNorm + RoPE, positions up to 4k (large angles), with and without the norm
 for dt in (torch.float32, torch.bfloat16):
     bs, T, H, D = 2, 3, 4, 32
@@ -66,6 +81,10 @@ for dt in (torch.float32, torch.bfloat16):
     tables = fused.rope_tables(pos, D, 1e6)
     torch.testing.assert_close(fused.norm_rope(x, tables, m.weight, 1e-6), apply_rope(m(x), pos, 1e6), **TOL[dt])
     torch.testing.assert_close(fused.norm_rope(x, tables, None, 1e-6), apply_rope(x, pos, 1e6), **TOL[dt])
+    wide = torch.randn(bs, T, 3 * H * D).to(dt)  # q as a slice of a merged q|k|v row, read in place
+    xs = wide[..., H * D:2 * H * D].view(bs, T, H, D)
+    torch.testing.assert_close(fused.norm_rope(xs, tables, m.weight, 1e-6), apply_rope(m(xs.contiguous()), pos, 1e6),
+                               **TOL[dt])
     shifted = fused.rope_tables(pos + 1, D, 1e6)
     assert not torch.allclose(fused.norm_rope(x, shifted, None, 1e-6).float(), apply_rope(x, pos, 1e6).float(),
                               atol=1e-2)
@@ -126,6 +145,7 @@ slots = torch.arange(64)[None].expand(2, 64)
 pos = torch.arange(7)[None].expand(2, 7) + torch.tensor([[0], [9]])
 toks = torch.randint(0, 128, (2, 7))
 mask = slots[:, None, :] <= pos[..., None]
+sd_before = {k: v.clone() for k, v in model.state_dict().items()}
 outs = []
 for fz in (False, True):
     kp2, vp2 = [p.clone() for p in kp], [p.clone() for p in vp]
@@ -133,6 +153,9 @@ for fz in (False, True):
         outs.append(model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=True, fused=fz)))
 torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
 torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+# the merged q|k|v and gate|up weights re-point the layers' own weights: same names, same values, no new entries
+sd = model.state_dict()
+assert sd.keys() == sd_before.keys() and all(torch.equal(sd[k], sd_before[k]) for k in sd)
 print("ok")
 """
 
@@ -165,7 +188,7 @@ def test_attend_sdpa_equals_attend():
     """The fused path's attention (one scaled_dot_product_attention call, query heads of a KV head as extra rows)
     against the eager ``attend``: float32, GQA and MHA, random masks with one open column per row."""
     torch = pytest.importorskip("torch")
-    from gaptrace.runtime.models.layers import attend, attend_sdpa
+    from gaptrace.runtime.models.layers import attend, attend_sdpa, sdpa_bias
 
     g = torch.Generator().manual_seed(0)
     for bs, T, H, Hkv, S, D in [(2, 3, 6, 2, 17, 16), (1, 1, 4, 4, 9, 8), (3, 5, 8, 2, 30, 32)]:
@@ -173,7 +196,7 @@ def test_attend_sdpa_equals_attend():
         m = torch.rand(bs, T, S, generator=g) < 0.5
         m[..., 0] = True
         ref = attend(q, k, v, m)
-        torch.testing.assert_close(attend_sdpa(q, k, v, m), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(attend_sdpa(q, k, v, sdpa_bias(m, H // Hkv, q.dtype)), ref, rtol=1e-5, atol=1e-5)
         m2 = m.clone()
         m2[..., 1:] = ~m2[..., 1:]
-        assert not torch.allclose(attend_sdpa(q, k, v, m2), ref, atol=1e-3)  # the mask is read
+        assert not torch.allclose(attend_sdpa(q, k, v, sdpa_bias(m2, H // Hkv, q.dtype)), ref, atol=1e-3)

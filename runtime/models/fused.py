@@ -6,7 +6,8 @@ building blocks of layers.py / gdn.py a bs-8 verify round was ~6,600 nodes, 92% 
 (issue 6). Each kernel here replaces a chain of PyTorch ops with one node and the same arithmetic:
 
 - ``rms_norm``: RMSNorm (layers.RMSNorm) of every row, optionally times sigmoid(gate) per row (the gated output
-  norm of the linear-attention layer): one node instead of 7-9.
+  norm of the linear-attention layer): one node instead of 7-9; ``add_rms_norm``: the residual add fused into it.
+- ``silu_mul``: SwiGLU's silu(gate) * up from the merged gate|up projection.
 - ``norm_rope``: the per-head q/k RMSNorm (Qwen3) and the rotary embedding (layers.apply_rope) of q or k in one
   node; cos/sin come from ``rope_tables``, computed once per forward for all layers.
 - ``gdn_chain``: the gated delta rule over a chain of T tokens (gdn.gated_delta_rule_ref), with the L2
@@ -61,13 +62,65 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tens
 
 
 @triton.jit
-def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, n_heads, eps, HALF: tl.constexpr,
+def _add_rms_norm_kernel(h_ptr, r_ptr, w_ptr, hout_ptr, y_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n_cols
+    h = tl.load(h_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+    s = (h + r).to(hout_ptr.dtype.element_ty)          # the residual stream, rounded as ``h + r`` rounds it
+    tl.store(hout_ptr + row * n_cols + cols, s, mask=m)
+    x = s.to(tl.float32)
+    rs = 1.0 / tl.sqrt(tl.sum(x * x, 0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * n_cols + cols, (x * rs * w).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms_norm(h: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h + residual, RMSNorm(h + residual)) in one node: the residual add of a pre-norm block fused into the next
+    norm (the sum rounded to h's dtype first, exactly as ``h = h + residual`` then ``norm(h)``). h, residual
+    [..., N] of one dtype; weight [N]. Returns two tensors of h's shape and dtype."""
+    n = h.shape[-1]
+    h2, r2 = h.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
+    hout, y = torch.empty_like(h2), torch.empty_like(h2)
+    if h2.shape[0]:
+        _add_rms_norm_kernel[(h2.shape[0],)](h2, r2, weight, hout, y, n, eps, BLOCK=triton.next_power_of_2(n))
+    return hout.view(h.shape), y.view(h.shape)
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < n_cols
+    g = tl.load(gu_ptr + row * 2 * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * n_cols + n_cols + cols, mask=m, other=0.0).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(y_ptr.dtype.element_ty).to(tl.float32)   # F.silu, rounded like its output
+    tl.store(y_ptr + row * n_cols + cols, (s * u).to(y_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's silu(gate) * up from the merged projection gate_up [..., 2I] (gate | up): one node instead of two
+    (``F.silu(gate) * up`` of layers.MLP, the same roundings). Returns [..., I] in gate_up's dtype."""
+    n = gate_up.shape[-1] // 2
+    gu = gate_up.reshape(-1, 2 * n).contiguous()
+    y = torch.empty(gu.shape[0], n, device=gu.device, dtype=gu.dtype)
+    block = min(triton.next_power_of_2(n), 1024)
+    if gu.shape[0]:
+        _silu_mul_kernel[(gu.shape[0], triton.cdiv(n, block))](gu, y, n, BLOCK=block)
+    return y.view(*gate_up.shape[:-1], n)
+
+
+@triton.jit
+def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, n_heads, s_tok, eps, HALF: tl.constexpr,
                       HAS_NORM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)          # one (token, head) row of D = 2 * HALF
     tok = row // n_heads
+    src = x_ptr + tok * s_tok + (row % n_heads) * 2 * HALF
     c = tl.arange(0, HALF)
-    x1 = tl.load(x_ptr + row * 2 * HALF + c).to(tl.float32)
-    x2 = tl.load(x_ptr + row * 2 * HALF + HALF + c).to(tl.float32)
+    x1 = tl.load(src + c).to(tl.float32)
+    x2 = tl.load(src + HALF + c).to(tl.float32)
     if HAS_NORM:  # layers.RMSNorm, then the cast to the activation dtype that apply_rope's .float() undoes
         r = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
         x1 = (x1 * r * tl.load(w_ptr + c).to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
@@ -96,11 +149,12 @@ def norm_rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], weight
     HF ``apply_rotary_pos_emb``). x [bs, T, H, D] (D even, a power of two); tables from ``rope_tables`` for the
     same [bs, T]. Returns x's shape and dtype. Equals ``apply_rope(norm(x))`` of layers.py."""
     bs, T, H, D = x.shape
-    x2 = x.contiguous()
-    y = torch.empty_like(x2)
+    # a token's H x D block may sit inside a wider row (q, k, v split from one merged projection): read it in place
+    x2 = x if (x.stride(3) == 1 and x.stride(2) == D and x.stride(0) == T * x.stride(1)) else x.contiguous()
+    y = torch.empty(bs, T, H, D, device=x.device, dtype=x.dtype)
     if x2.numel():
-        _norm_rope_kernel[(bs * T * H,)](x2, weight if weight is not None else x2, tables[0], tables[1], y, H, eps,
-                                         HALF=D // 2, HAS_NORM=weight is not None)
+        _norm_rope_kernel[(bs * T * H,)](x2, weight if weight is not None else x2, tables[0], tables[1], y, H,
+                                         x2.stride(1), eps, HALF=D // 2, HAS_NORM=weight is not None)
     return y
 
 

@@ -61,6 +61,7 @@ class KVView:
     write_slots: torch.Tensor
     read_slots: torch.Tensor
     read_mask: torch.Tensor
+    bias: torch.Tensor | None = None  # the fused path: read_mask as sdpa_bias, once per forward
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -77,17 +78,48 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return o.permute(0, 3, 1, 2, 4).reshape(bs, T, H * D)
 
 
-def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``attend`` as one ``F.scaled_dot_product_attention`` call (the fused path: a memory-efficient attention
-    kernel takes the boolean mask; one graph node instead of ~9). Same shapes and scale. The G = H / Hkv query heads
-    of a KV head ride as extra query rows ([bs, Hkv, G*T, D]), so K and V are read once per KV head, unexpanded."""
+def sdpa_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention bias ``attend_sdpa`` takes: mask [bs, T, S] bool -> [bs, 1, G*T, S] in ``dtype``, 0
+    where a query may look and -inf where not, rows laid out as attend_sdpa's query rows (g*T + t). Built once per
+    forward and shared by every full-attention layer (SDPA would otherwise convert the boolean mask per call)."""
+    bs, T, S = mask.shape
+    m = mask[:, None, None].expand(bs, 1, groups, T, S).reshape(bs, 1, groups * T, S)
+    return torch.zeros(m.shape, dtype=dtype, device=mask.device).masked_fill_(~m, float("-inf"))
+
+
+def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``attend`` as one ``F.scaled_dot_product_attention`` call (the fused path: one fused attention kernel instead
+    of ~9 nodes). Same shapes and scale; ``bias`` from ``sdpa_bias`` (the mask as an additive bias). The G = H / Hkv
+    query heads of a KV head ride as extra query rows ([bs, Hkv, G*T, D]), so K and V are read once per KV head,
+    unexpanded; at T = 1 (a draft step) the regrouping is a view both ways."""
     bs, T, H, D = q.shape
     Hkv = k.shape[2]
     G = H // Hkv
     qg = q.view(bs, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, G * T, D)
-    m = mask[:, None, None].expand(bs, 1, G, T, mask.shape[-1]).reshape(bs, 1, G * T, mask.shape[-1])
-    o = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=m)
+    o = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
     return o.view(bs, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(bs, T, H * D)
+
+
+def merged_weight(module: nn.Module, name: str, parts: list) -> torch.Tensor:
+    """One weight [sum of out features, in] for several bias-free Linear layers that read the same input (q|k|v,
+    gate|up), so the fused path runs one GEMM instead of several. Made once and cached on ``module`` under
+    ``name``; the layers' own weights are re-pointed at slices of it (no second copy; a checkpoint load into them
+    writes the merged tensor)."""
+    w = getattr(module, name, None)
+    if w is None or any(p.weight.data_ptr() != w[o:].data_ptr() for p, o in zip(parts, _offsets(parts))):
+        w = torch.cat([p.weight.detach() for p in parts])
+        for p, o in zip(parts, _offsets(parts)):
+            p.weight.data = w[o:o + p.weight.shape[0]]
+        object.__setattr__(module, name, w)  # a plain attribute: not a parameter, not in state_dict
+    return w
+
+
+def _offsets(parts: list) -> list:
+    out, o = [], 0
+    for p in parts:
+        out.append(o)
+        o += p.weight.shape[0]
+    return out
 
 
 class Attention(nn.Module):
@@ -107,13 +139,19 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: KVView | None, rope=None) -> torch.Tensor:
         """x [bs, T, hidden] -> [bs, T, hidden]. Without ``kv``: plain causal attention over x itself. ``rope``:
-        the (cos, sin) tables of models.fused.rope_tables for these positions: q/k norm + RoPE as one fused kernel
-        each (same values)."""
+        the (cos, sin) tables of models.fused.rope_tables for these positions (the fused path, with ``kv.bias``):
+        one q|k|v GEMM, q/k norm + RoPE as one fused kernel each, attention as one SDPA call (same values)."""
         cfg = self.cfg
         bs, T, _ = x.shape
-        q = self.q_proj(x).view(bs, T, cfg.num_attention_heads, cfg.head_dim)
-        k = self.k_proj(x).view(bs, T, cfg.num_key_value_heads, cfg.head_dim)
-        v = self.v_proj(x).view(bs, T, cfg.num_key_value_heads, cfg.head_dim)
+        H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        if rope is not None:
+            qkv = F.linear(x, merged_weight(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj]))
+            q, k, v = (qkv[..., :H * D].view(bs, T, H, D), qkv[..., H * D:(H + Hkv) * D].view(bs, T, Hkv, D),
+                       qkv[..., (H + Hkv) * D:].view(bs, T, Hkv, D))
+        else:
+            q = self.q_proj(x).view(bs, T, H, D)
+            k = self.k_proj(x).view(bs, T, Hkv, D)
+            v = self.v_proj(x).view(bs, T, Hkv, D)
         if rope is not None:
             from .fused import norm_rope
             qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
@@ -132,8 +170,9 @@ class Attention(nn.Module):
         kv.v_pool.index_copy_(0, slots, v.reshape(-1, *v.shape[2:]).to(kv.v_pool.dtype))
         keys = kv.k_pool[kv.read_slots]                                   # bs, S, Hkv, D
         vals = kv.v_pool[kv.read_slots]
-        att = attend_sdpa if rope is not None else attend
-        return self.o_proj(att(q, keys.to(q.dtype), vals.to(q.dtype), kv.read_mask))
+        if rope is not None and kv.bias is not None:
+            return self.o_proj(attend_sdpa(q, keys.to(q.dtype), vals.to(q.dtype), kv.bias))
+        return self.o_proj(attend(q, keys.to(q.dtype), vals.to(q.dtype), kv.read_mask))
 
 
 class MLP(nn.Module):
@@ -145,7 +184,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """x [..., hidden] -> [..., hidden]. ``fused``: one gate|up GEMM and models.fused.silu_mul (same values)."""
+        if fused:
+            from .fused import silu_mul
+            return self.down_proj(silu_mul(F.linear(x, merged_weight(self, "_gate_up", [self.gate_proj, self.up_proj]))))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -160,7 +203,8 @@ class MoE(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """x [..., hidden] -> [..., hidden]; ``fused`` is accepted and ignored (the experts run eager)."""
         probs = self.gate(x).float().softmax(-1)
         top_w, top_i = probs.topk(self.k, dim=-1)
         if self.norm_topk:

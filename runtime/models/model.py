@@ -52,6 +52,18 @@ def norm(mod: RMSNorm, x: torch.Tensor, fused: bool) -> torch.Tensor:
     return rms_norm(x, mod.weight, mod.eps)
 
 
+def add_norm(mod: RMSNorm, h: torch.Tensor, residual: torch.Tensor | None, fused: bool):
+    """(h + residual, mod(h + residual)) of a pre-norm block (no add when ``residual`` is None); fused: one kernel
+    (models.fused.add_rms_norm, same roundings)."""
+    if residual is None:
+        return h, norm(mod, h, fused)
+    if not fused:
+        h = h + residual
+        return h, mod(h)
+    from .fused import add_rms_norm
+    return add_rms_norm(h, residual, mod.weight, mod.eps)
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + mixer(norm(x)), then x + mlp(norm(x)); mixer = self_attn or linear_attn."""
 
@@ -93,9 +105,9 @@ class Transformer(nn.Module):
                     or name.endswith("gates.weight") or name.endswith("lm_head.weight"):
                 nn.init.normal_(p, std=0.02)
 
-    def logits(self, h: torch.Tensor, fused: bool = False) -> torch.Tensor:
-        """Final norm and LM head: h [bs, T, hidden] -> [bs, T, vocab]."""
-        h = norm(self.model.norm, h, fused)
+    def logits(self, h: torch.Tensor, fused: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """Final norm and LM head: h [bs, T, hidden] (plus a pending ``residual``) -> [bs, T, vocab]."""
+        _, h = add_norm(self.model.norm, h, residual, fused)
         w = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         return torch.nn.functional.linear(h, w)
 
@@ -112,30 +124,35 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(bs, T)
         fused = cache is not None and cache.fused
-        rope = None
-        if fused and self.full_layers:  # cos/sin once per forward, for every full-attention layer
+        rope = bias = None
+        if fused and self.full_layers:  # once per forward, for every full-attention layer: cos/sin and the mask bias
             from .fused import rope_tables
-            rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+            from .layers import sdpa_bias
+            cfg = self.config
+            rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+            bias = sdpa_bias(cache.read_mask, cfg.num_attention_heads // cfg.num_key_value_heads,
+                             self.model.embed_tokens.weight.dtype)
         h = self.model.embed_tokens(tokens)
         new_states, full_i, lin_i = [], 0, 0
+        res = None  # the block output not yet added to the residual stream h (added inside the next norm)
         for layer in self.model.layers:
-            x = norm(layer.input_layernorm, h, fused)
+            h, x = add_norm(layer.input_layernorm, h, res, fused)
             if layer.layer_type == FULL:
                 kv = None
                 if cache is not None:
                     kv = KVView(cache.k_pools[full_i], cache.v_pools[full_i], cache.write_slots, cache.read_slots,
-                                cache.read_mask)
-                h = h + layer.self_attn(x, positions, kv, rope)
+                                cache.read_mask, bias)
+                res = layer.self_attn(x, positions, kv, rope)
                 full_i += 1
             else:
                 state = None if cache is None or cache.lin_state is None else cache.lin_state[lin_i]
-                out, st = layer.linear_attn(x, state, cache is not None and cache.all_states,
+                res, st = layer.linear_attn(x, state, cache is not None and cache.all_states,
                                             None if cache is None else cache.parents, fused)
-                h = h + out
                 new_states.append(st)
                 lin_i += 1
-            h = h + layer.mlp(norm(layer.post_attention_layernorm, h, fused))
-        logits = self.logits(h, fused)
+            h, x = add_norm(layer.post_attention_layernorm, h, res, fused)
+            res = layer.mlp(x, fused)
+        logits = self.logits(h, fused, res)
         if cache is None:
             return logits
         return logits, (torch.stack(new_states) if new_states else None)
