@@ -19,7 +19,9 @@ building blocks of layers.py / gdn.py a bs-8 verify round was ~6,600 nodes, 92% 
 
 Arithmetic follows the references op for op (float32 math, the same casts to the activation dtype between ops), so
 results agree with them to float32 rounding (reduction order differs); the speculative path and the greedy
-reference use the same kernels, so a token's result still does not depend on the block length or the batch.
+reference use the same kernels. ``gdn_chain`` is one compiled kernel whatever T, start state or stores, so a token's
+recurrence does not depend on the block length (tested bit for bit); the GEMMs and attention around it are cuBLAS /
+SDPA kernels chosen per shape, equal to rounding.
 Imported only where Triton is installed (CUDA machines); tests/test_fused_kernels.py runs them in Triton's CPU
 interpreter against the references.
 """
@@ -158,11 +160,13 @@ def norm_rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], weight
     return y
 
 
-@triton.jit(do_not_specialize=["T"])  # T == 1 must run the same code as T > 1 (a token's result is T-independent)
+# One compiled kernel for every call of a shape: T, the start state and the per-token stores are runtime arguments,
+# not specialisations (a T == 1 decode step and a T == B verify must run the same machine code, or the compiler's
+# contractions could make a token's result depend on the block length)
+@triton.jit(do_not_specialize=["T", "use_h0", "store_all"])
 def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_ptr, o_ptr, hs_ptr, T,
-                      s_qb, s_qt, s_vb, s_vt, s_ab, s_at, scale,
-                      HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                      USE_H0: tl.constexpr, STORE_ALL: tl.constexpr):
+                      s_qb, s_qt, s_vb, s_vt, s_ab, s_at, scale, use_h0, store_all,
+                      HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b = i_bh // HV
@@ -171,7 +175,7 @@ def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_p
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     h = tl.zeros([K, BV], dtype=tl.float32)
-    if USE_H0:
+    if use_h0 != 0:
         h += tl.load(h0_ptr + i_bh * K * V + o_k[:, None] * V + o_v[None, :])
     neg_a = -tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32))
     dtb = tl.load(dtb_ptr + i_hv).to(tl.float32)
@@ -191,9 +195,9 @@ def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_p
         h = h + k[:, None] * u[None, :]
         o = tl.sum(h * q[:, None], 0)
         tl.store(o_ptr + ((i_b * T + t) * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
-        if STORE_ALL:
+        if store_all != 0:
             tl.store(hs_ptr + ((i_b * T + t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :], h)
-    if not STORE_ALL:
+    if store_all == 0:
         tl.store(hs_ptr + i_bh * K * V + o_k[:, None] * V + o_v[None, :], h)
 
 
@@ -217,8 +221,7 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
         _gdn_chain_kernel[(dv // bv, bs * hv)](
             qkv, qkv[..., nq:], qkv[..., 2 * nq:], gates[..., hv:], gates, A_log, dt_bias, h0, o, hs, T,
             qkv.stride(0), qkv.stride(1), qkv.stride(0), qkv.stride(1), gates.stride(0), gates.stride(1),
-            dk ** -0.5, HK=hk, HV=hv, K=dk, V=dv, BV=bv, USE_H0=state is not None, STORE_ALL=return_all,
-            num_warps=4)
+            dk ** -0.5, int(state is not None), int(return_all), HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=4)
     elif state is not None and not return_all:
         hs.copy_(state)
     return o, hs
