@@ -2,8 +2,10 @@
 
 A graph replays its nodes back to back, but the H200 still leaves ~0.42 µs between two nodes (measured on
 fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12: 56,762 same-launch gaps, median 0.42 µs); with the eager
-building blocks of layers.py / gdn.py a bs-8 verify round was ~6,600 nodes, 92% of its idle time those bubbles
-(issue 6). Each kernel here replaces a chain of PyTorch ops with one node and the same arithmetic:
+building blocks of layers.py / gdn.py a bs-8 B-12 round was 6,616 nodes, 92% of its idle time those bubbles
+(issue 6). With these kernels, the merged GEMMs and SDPA attention (layers.py) it is 1,066 nodes and 0.27x the
+round time (benchmarks/results/h200_2026-11-30_s3/runtime.md). Each kernel here replaces a chain of PyTorch ops
+with one node and the same arithmetic:
 
 - ``rms_norm``: RMSNorm (layers.RMSNorm) of every row, optionally times sigmoid(gate) per row (the gated output
   norm of the linear-attention layer): one node instead of 7-9; ``add_rms_norm``: the residual add fused into it.
