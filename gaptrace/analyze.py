@@ -172,7 +172,9 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
       :mod:`.analyses.rounds`): the GPU waits for launches, so the host-wait idle (``host_wait_us``: all idle but
       the device-side bubbles) is the host being late (seed 000: "TGPU ... max(TGPU, Thost) pipelined"), and the
       NVTX range holding most of the host's own time (:func:`.analyses.rounds.host_by_range`) is what to cut.
-    Only findings with idle_share >= FINDING_MIN_SHARE are stated.
+    Only findings with idle_share >= FINDING_MIN_SHARE are stated, except ``profiler_inflation``: it is stated whenever
+    the launch fit is reliable, whatever its share, because it qualifies every graph-launch time in the trace (it is
+    the instrument's own cost, listed last when its share is small).
     """
     out: list[dict] = []
     if idle_total_us <= 0:
