@@ -208,6 +208,12 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
         setup, texts = setup_from_options(o)
     except ValueError as e:
         fail(str(e))
+    if queue and len(texts) <= setup.rcfg.batch_size:
+        fail(f"--queue needs more prompts than --batch-size {setup.rcfg.batch_size} (got {len(texts)}): the ones "
+             "beyond the batch are the queue")
+    if queue and explicit_tokens is None:
+        fail("--queue needs --max-new-tokens small enough for requests to finish inside the capture (the default "
+             "outlives it, so no request would be admitted)")
     note = " [acceptance simulated]" if setup.simulated else ""
     bar = tqdm(total=warmup_rounds + 1 + active_rounds, unit="round", file=sys.stderr,
                desc=f"capture {setup.preset.name} {setup.rcfg.scheduler} bs={setup.rcfg.batch_size} "
