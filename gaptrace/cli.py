@@ -42,6 +42,26 @@ class LazyGroup(click.Group):
 
             return unavailable
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """click's entry point, with usage errors (a bad option value, an unknown option or command, a missing
+        argument) as one ``gaptrace: error:`` line and exit 2, like every other bad input."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:  # bare `gaptrace` (click >= 8.2): the help
+            e.show()
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            fail(" ".join(e.format_message().split()))
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="gaptrace")

@@ -61,3 +61,16 @@ def test_capture_queue_refusals(tmp_path, extra, needle):
              "-o", str(out))
     assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["decode", "--kernels", "nope", "--prompt", "a"], "Invalid value for '--kernels'"),
+    (["nosuch"], "No such command 'nosuch'"),
+    (["analyze"], "Missing argument 'TRACE'"),
+    (["capture", "--preset", "tiny", "--bogus", "-o", "x.json.gz"], "No such option"),
+])
+def test_cli_usage_errors_are_one_line(tmp_path, args, needle):
+    """click's usage errors (bad choice, unknown command or option, missing argument): one line, exit 2."""
+    r = _run("-m", "gaptrace.cli", *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("gaptrace: error: ") and needle in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and os.listdir(tmp_path) == []
