@@ -28,14 +28,26 @@ def fill_batch(texts: list[str], batch_size: int) -> list[str]:
     return [texts[i % len(texts)] for i in range(batch_size)]
 
 
+def check_queue(batch_size: int, prompts: int, max_new_tokens: int | None, queue: bool) -> None:
+    """ValueError (one line) unless a ``queue`` capture can admit inside its rounds: more prompts than the batch,
+    and an explicit ``max_new_tokens`` (the default outlives the capture)."""
+    if queue and prompts <= batch_size:
+        raise ValueError(f"--queue needs more prompts than --batch-size {batch_size} (got {prompts}): the ones "
+                         "beyond the batch are the queue")
+    if queue and max_new_tokens is None:
+        raise ValueError("--queue needs --max-new-tokens small enough for requests to finish inside the capture "
+                         "(the default outlives it, so no request would be admitted)")
+
+
 def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
                    max_new_tokens: int | None = None, on_round: Callable[[int], None] | None = None,
                    shrink_at_round: int | None = None, queue: bool = False) -> dict:
     """Run the decode, write the trace to ``path`` and its sidecar; return the sidecar dict.
 
     ``queue``: keep every prompt when there are more than the batch size: the rest wait and are admitted (prefilled)
-    as requests finish, so admission lands inside the profiled rounds (give a ``max_new_tokens`` small enough for
-    requests to finish); otherwise exactly one full batch (``fill_batch``).
+    as requests finish, so admission lands inside the profiled rounds; it needs more prompts than the batch size and
+    a ``max_new_tokens`` small enough for requests to finish (ValueError otherwise); without it exactly one full
+    batch (``fill_batch``).
 
     ``shrink_at_round`` = N: right after round N is enqueued, the last floor(n/2) running requests (by slot) get
     max_new_tokens = their output so far + 1, so they finish at the next read of their results (round N's, read
@@ -49,9 +61,10 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
 
     B = setup.rcfg.block_size
     need = warmup_rounds + 1 + rounds + 2
+    check_queue(setup.rcfg.batch_size, len(texts), max_new_tokens, queue)
     if max_new_tokens is None:
         max_new_tokens = need * B
-    if not (queue and len(texts) >= setup.rcfg.batch_size):
+    if not queue:
         texts = fill_batch(texts, setup.rcfg.batch_size)
     ids = encode_prompts(setup, texts, max_new_tokens)
     engine = Engine(setup.target, setup.draft, setup.rcfg, setup.eos_token_id)

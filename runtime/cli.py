@@ -191,7 +191,7 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
     import torch
     from tqdm import tqdm
 
-    from .capture_run import capture_decode
+    from .capture_run import capture_decode, check_queue
 
     from gaptrace.outputs import resolve_output
 
@@ -206,14 +206,9 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
     explicit_tokens = o["max_new_tokens"] if "--max-new-tokens" in sys.argv else None
     try:
         setup, texts = setup_from_options(o)
+        check_queue(setup.rcfg.batch_size, len(texts), explicit_tokens, queue)  # before the progress bar
     except ValueError as e:
         fail(str(e))
-    if queue and len(texts) <= setup.rcfg.batch_size:
-        fail(f"--queue needs more prompts than --batch-size {setup.rcfg.batch_size} (got {len(texts)}): the ones "
-             "beyond the batch are the queue")
-    if queue and explicit_tokens is None:
-        fail("--queue needs --max-new-tokens small enough for requests to finish inside the capture (the default "
-             "outlives it, so no request would be admitted)")
     note = " [acceptance simulated]" if setup.simulated else ""
     bar = tqdm(total=warmup_rounds + 1 + active_rounds, unit="round", file=sys.stderr,
                desc=f"capture {setup.preset.name} {setup.rcfg.scheduler} bs={setup.rcfg.batch_size} "

@@ -1,8 +1,20 @@
 # Shared by the H200 driver scripts (sourced): run steps under `timeout` within one time budget, logs kept.
-#   source scripts/_steps.sh   # needs BUDGET_S, RESERVE, T0, LOGS and STEPS_MD set by the caller
+#   source scripts/_steps.sh   # then:
+#   steps_init NAME            # T0 (now), WORK (a new temporary directory), LOGS, STEPS_MD (the table header); makes
+#                              # $OUT and $LOGS; the caller sets OUT, BUDGET_S and RESERVE first
 #   step NAME MAX_S CMD...     # runs CMD for min(MAX_S, time left - RESERVE) s, output to $LOGS/NAME.log, a row
 #                              # in $STEPS_MD; @BUDGET@ in CMD becomes that limit minus 15 s (for scripts that stop
 #                              # starting work in time); a failing step does not stop the others
+
+steps_init() {
+  T0=$(date +%s)
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/gaptrace_$1.XXXXXX")
+  LOGS=$WORK/logs
+  STEPS_MD=$WORK/steps.md
+  mkdir -p "$OUT" "$LOGS"
+  export PYTHONUNBUFFERED=1
+  printf '| step | exit | seconds | limit s |\n| --- | --- | --- | --- |\n' > "$STEPS_MD"
+}
 
 left() { echo $(( BUDGET_S - ($(date +%s) - T0) )); }
 

@@ -31,20 +31,14 @@ OUT=${OUT:-$PWD/bench_out}
 BUDGET_S=${BUDGET_S:-510}
 SMOKE=${SMOKE:-0}
 RESERVE=12
-T0=$(date +%s)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gaptrace_bench.XXXXXX")
+source scripts/_steps.sh  # steps_init, left, step
+steps_init bench
 RES=$WORK/results
-LOGS=$WORK/logs
-mkdir -p "$OUT" "$RES" "$LOGS"
-export PYTHONUNBUFFERED=1
-STEPS_MD=$WORK/steps.md
-printf '| step | exit | seconds | limit s |\n| --- | --- | --- | --- |\n' > "$STEPS_MD"
+mkdir -p "$RES"
 # a runtime.json from an earlier call (copied into the working tree): its cells are kept, only the rest run
 [[ -n ${RESUME_FROM:-} && -f ${RESUME_FROM:-} ]] && cp "$RESUME_FROM" "$RES/runtime.json"
 PLAIN_TARGET=${PLAIN_TARGET:-fixtures/models/tiny-target-plain}
 PLAIN_DRAFT=${PLAIN_DRAFT:-fixtures/models/tiny-draft-plain}
-
-source scripts/_steps.sh  # left, step
 
 if [[ $SMOKE == 1 ]]; then
   RT=(--preset tiny --device cpu --warmup-rounds 2 --timed-rounds 3 --profiled-rounds 2 --out "$RES" --work "$WORK/traces")

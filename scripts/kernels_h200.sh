@@ -21,15 +21,10 @@ PY=${PY:-python3}
 OUT=${OUT:-$PWD/kernels_out}
 BUDGET_S=${BUDGET_S:-560}
 RESERVE=15
-T0=$(date +%s)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gaptrace_kernels.XXXXXX")
-LOGS=$WORK/logs
+source scripts/_steps.sh  # steps_init, left, step
+steps_init kernels
 TR=$WORK/traces
-mkdir -p "$OUT" "$LOGS" "$TR"
-export PYTHONUNBUFFERED=1
-STEPS_MD=$WORK/steps.md
-printf '| step | exit | seconds | limit s |\n| --- | --- | --- | --- |\n' > "$STEPS_MD"
-source scripts/_steps.sh  # left, step
+mkdir -p "$TR"
 G=("$PY" -m gaptrace.cli)
 
 for s in ${*:-env exact bench tlr grid kernels_check}; do

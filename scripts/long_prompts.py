@@ -36,10 +36,12 @@ def main(argv=None) -> int:
 
     try:
         out = resolve_output(a.output, (a.source,))
+    except ValueError as e:
+        return fail(str(e))
+    try:
         texts = [json.loads(line)["prompt"] for line in open(a.source) if line.strip()]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        return fail(str(e) if isinstance(e, ValueError) and not isinstance(e, json.JSONDecodeError)
-                    else f"{a.source}: {type(e).__name__}: {e}")
+        return fail(f"{a.source}: {type(e).__name__}: {e}")
     preset = get_preset("tiny")
     tok = load_tokenizer(preset.tokenizer, vocab_size=preset.target.vocab_size)
     per = [len(tok.encode(t)) for t in texts]

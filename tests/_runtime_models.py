@@ -36,6 +36,15 @@ def random_prompts(lengths, seed: int = 1) -> list[list[int]]:
     return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
+def greedy_setup(lengths, max_new: int, chunk: int, eos_at: int):
+    """(target, prompts, eos, refs) of the runtime tests: ``hybrid_target()``, one random prompt per length, and
+    ``greedy_refs`` with the first request stopping at its ``eos_at``-th token."""
+    target = hybrid_target()
+    prompts = random_prompts(lengths)
+    eos, refs = greedy_refs(target, prompts, max_new, chunk, eos_at)
+    return target, prompts, eos, refs
+
+
 def greedy_refs(target: Transformer, prompts: list[list[int]], max_new: int, chunk: int, eos_at: int):
     """(eos, refs): eos = the ``eos_at``-th token of the target's greedy continuation of ``prompts[0]`` (so that
     request stops early), refs = every prompt's greedy continuation with that eos (runtime/spec/reference.py)."""

@@ -14,23 +14,20 @@ from gaptrace.runtime.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.models.model import Transformer  # noqa: E402
 
-from _runtime_models import greedy_refs, hybrid_target, near_copy, random_prompts  # noqa: E402
+from _runtime_models import greedy_setup, near_copy  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW, W, P, CHUNK = 28, 16, 4, 16
 LENGTHS = (5, 23, 40, 1, 31, 17, 9, 44, 12)
 
 
-_target = hybrid_target
 _near_copy = near_copy  # a hybrid draft: exercises the draft's own linear-state commit
 
 
 @pytest.fixture(scope="module")
 def setup():
-    target = _target()
-    prompts = random_prompts(LENGTHS)
     # the first request stops at its 11th token (or earlier if eos came sooner)
-    eos, refs = greedy_refs(target, prompts, MAX_NEW, CHUNK, eos_at=10)
+    target, prompts, eos, refs = greedy_setup(LENGTHS, MAX_NEW, CHUNK, eos_at=10)
     assert any(len(r) < MAX_NEW for r in refs) and any(len(r) == MAX_NEW for r in refs)
     return target, _near_copy(target, 0.3), prompts, refs, eos
 

@@ -11,7 +11,7 @@ from gaptrace.runtime.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.models.model import Transformer  # noqa: E402
 from gaptrace.runtime.plain import PlainEngine  # noqa: E402
 
-from _runtime_models import greedy_refs, hybrid_target, random_prompts  # noqa: E402
+from _runtime_models import greedy_setup  # noqa: E402
 
 torch.set_num_threads(1)
 MAX_NEW, P, CHUNK = 24, 4, 16
@@ -20,9 +20,7 @@ LENGTHS = (5, 23, 40, 1, 17)
 
 @pytest.fixture(scope="module")
 def setup():
-    target = hybrid_target()
-    prompts = random_prompts(LENGTHS)
-    eos, refs = greedy_refs(target, prompts, MAX_NEW, CHUNK, eos_at=7)
+    target, prompts, eos, refs = greedy_setup(LENGTHS, MAX_NEW, CHUNK, eos_at=7)
     assert any(len(r) < MAX_NEW for r in refs) and any(len(r) == MAX_NEW for r in refs)
     return target, prompts, refs, eos
 

@@ -29,7 +29,7 @@ from gaptrace.runtime.sequence import Request  # noqa: E402
 from gaptrace.runtime.spec.reference import greedy_reference  # noqa: E402
 from gaptrace.runtime.spec.tree import Tree, build_tree_heapq, build_tree_torch  # noqa: E402
 
-from _runtime_models import greedy_refs, hybrid_target, near_copy, random_prompts  # noqa: E402
+from _runtime_models import greedy_setup, near_copy  # noqa: E402
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -122,9 +122,7 @@ def test_gdn_tree_recurrence_equals_chain_along_each_path():
 @pytest.fixture(scope="module")
 def pair():
     """A random hybrid target (linear + full attention), a hybrid near-copy draft, prompts, greedy references."""
-    target = hybrid_target()
-    prompts = random_prompts(LENGTHS)
-    eos, refs = greedy_refs(target, prompts, MAX_NEW, CHUNK, eos_at=9)
+    target, prompts, eos, refs = greedy_setup(LENGTHS, MAX_NEW, CHUNK, eos_at=9)
     return target, near_copy(target, 0.3), prompts, refs, eos
 
 

@@ -140,10 +140,11 @@ def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, n_heads, s_tok, eps
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [bs * T, head_dim / 2] float32 of positions [bs, T] (long): the angles of layers.apply_rope
-    (inv_freq = 1 / theta^(2i / D), computed by the same torch ops), once per forward for every layer."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
-    ang = (positions.to(torch.float32)[..., None] * inv_freq).reshape(-1, head_dim // 2)
+    """cos, sin [bs * T, head_dim / 2] float32 of positions [bs, T] (long): layers.rope_angles, the angles
+    layers.apply_rope uses, once per forward for every layer."""
+    from .layers import rope_angles
+
+    ang = rope_angles(positions, head_dim, theta).reshape(-1, head_dim // 2)
     return ang.cos(), ang.sin()
 
 

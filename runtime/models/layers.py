@@ -30,6 +30,13 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """positions [bs, T] (long) -> the rotary angles [bs, T, head_dim / 2] float32: position x inv_freq with
+    inv_freq = 1 / theta^(2i / D) (Su et al. 2021; HF ``_compute_default_rope_parameters``)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    return positions.to(torch.float32)[..., None] * inv_freq
+
+
 def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding, HF "rotate_half" layout. x [bs, T, H, D], positions [bs, T] (long) -> same shape as x.
 
@@ -37,8 +44,7 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.
     HF ``apply_rotary_pos_emb``.
     """
     d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    ang = positions.to(torch.float32)[..., None] * inv_freq  # [bs, T, D/2]
+    ang = rope_angles(positions, d, theta)  # [bs, T, D/2]
     cos = torch.cat([ang.cos(), ang.cos()], -1)[:, :, None]
     sin = torch.cat([ang.sin(), ang.sin()], -1)[:, :, None]
     xf = x.float()
@@ -106,20 +112,17 @@ def merged_weight(module: nn.Module, name: str, parts: list) -> torch.Tensor:
     ``name``; the layers' own weights are re-pointed at slices of it (no second copy; a checkpoint load into them
     writes the merged tensor)."""
     w = getattr(module, name, None)
-    if w is None or any(p.weight.data_ptr() != w[o:].data_ptr() for p, o in zip(parts, _offsets(parts))):
+    # rebuilt only when the weights moved (``module.to(...)`` gives the first one new storage); a checkpoint load
+    # copies into the slices in place and keeps the merged tensor valid
+    if w is None or parts[0].weight.data_ptr() != w.data_ptr():
         w = torch.cat([p.weight.detach() for p in parts])
-        for p, o in zip(parts, _offsets(parts)):
-            p.weight.data = w[o:o + p.weight.shape[0]]
+        o = 0
+        for p in parts:
+            n = p.weight.shape[0]
+            p.weight.data = w[o:o + n]
+            o += n
         object.__setattr__(module, name, w)  # a plain attribute: not a parameter, not in state_dict
     return w
-
-
-def _offsets(parts: list) -> list:
-    out, o = [], 0
-    for p in parts:
-        out.append(o)
-        o += p.weight.shape[0]
-    return out
 
 
 class Attention(nn.Module):
@@ -145,19 +148,17 @@ class Attention(nn.Module):
         bs, T, _ = x.shape
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if rope is not None:
+            from .fused import norm_rope
             qkv = F.linear(x, merged_weight(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj]))
             q, k, v = (qkv[..., :H * D].view(bs, T, H, D), qkv[..., H * D:(H + Hkv) * D].view(bs, T, Hkv, D),
                        qkv[..., (H + Hkv) * D:].view(bs, T, Hkv, D))
-        else:
-            q = self.q_proj(x).view(bs, T, H, D)
-            k = self.k_proj(x).view(bs, T, Hkv, D)
-            v = self.v_proj(x).view(bs, T, Hkv, D)
-        if rope is not None:
-            from .fused import norm_rope
             qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
             q = norm_rope(q, rope, qn.weight if qn else None, cfg.rms_norm_eps)
             k = norm_rope(k, rope, kn.weight if kn else None, cfg.rms_norm_eps)
         else:
+            q = self.q_proj(x).view(bs, T, H, D)
+            k = self.k_proj(x).view(bs, T, Hkv, D)
+            v = self.v_proj(x).view(bs, T, Hkv, D)
             if cfg.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
@@ -170,7 +171,7 @@ class Attention(nn.Module):
         kv.v_pool.index_copy_(0, slots, v.reshape(-1, *v.shape[2:]).to(kv.v_pool.dtype))
         keys = kv.k_pool[kv.read_slots]                                   # bs, S, Hkv, D
         vals = kv.v_pool[kv.read_slots]
-        if rope is not None and kv.bias is not None:
+        if kv.bias is not None:  # the fused path (Transformer.forward builds the bias with the rope tables)
             return self.o_proj(attend_sdpa(q, keys.to(q.dtype), vals.to(q.dtype), kv.bias))
         return self.o_proj(attend(q, keys.to(q.dtype), vals.to(q.dtype), kv.read_mask))
 

@@ -29,8 +29,10 @@ class CacheView:
     parents: the T tokens form a tree (draft-tree verify): token t's parent index (< t; -1 = the root, continuing
     from ``lin_state``); linear layers then run ``gdn.gated_delta_rule_tree`` and return every token's state.
     Full-attention layers get the tree through ``read_mask`` (ancestor-only) and ``positions`` (depth).
-    fused: run the norms, q/k norm + RoPE and the chain recurrence as the fused kernels of ``models.fused`` (one
-    CUDA-graph node each instead of a chain of ops; same arithmetic). Needs CUDA tensors and Triton.
+    fused: the fused path (``RuntimeConfig.kernels``): the kernels of ``models.fused`` (RMSNorm with the residual add
+    or the output gate, q/k norm + RoPE, the gated-delta-rule chain, SwiGLU), merged q|k|v and gate|up GEMMs and
+    SDPA attention (layers.py): one CUDA-graph node where eager runs a chain of ops; same arithmetic. Needs CUDA
+    tensors and Triton.
     """
 
     k_pools: list
