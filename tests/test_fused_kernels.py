@@ -70,24 +70,67 @@ for dt in (torch.float32, torch.bfloat16):
     ref = torch.nn.functional.silu(gu[..., :1100]) * gu[..., 1100:]
     torch.testing.assert_close(fused.silu_mul(gu), ref, **TOL[dt])
 
-# q/k RMSNorm + RoPE, positions up to 4k (large angles), with and without the norm
+# the attention prologue: q/k RMSNorm + RoPE from the merged q|k|v row (read in place), positions up to 4k (large
+# angles), with and without the norm, k and v written into the pools at the write slots; T = 1 (a draft step, whose
+# q|k|v view has a meaningless token stride) and T = 3, the tables as slices of a wider block's (a draft step's)
+from gaptrace.runtime.models.layers import RMSNorm as _N
 for dt in (torch.float32, torch.bfloat16):
-    bs, T, H, D = 2, 3, 4, 32
-    x = torch.randn(bs, T, H, D).to(dt)
-    pos = torch.randint(0, 4096, (bs, T))
-    m = RMSNorm(D, 1e-6)
-    with torch.no_grad():
-        m.weight.copy_(torch.rand(D) + 0.5)
-    tables = fused.rope_tables(pos, D, 1e6)
-    torch.testing.assert_close(fused.norm_rope(x, tables, m.weight, 1e-6), apply_rope(m(x), pos, 1e6), **TOL[dt])
-    torch.testing.assert_close(fused.norm_rope(x, tables, None, 1e-6), apply_rope(x, pos, 1e6), **TOL[dt])
-    wide = torch.randn(bs, T, 3 * H * D).to(dt)  # q as a slice of a merged q|k|v row, read in place
-    xs = wide[..., H * D:2 * H * D].view(bs, T, H, D)
-    torch.testing.assert_close(fused.norm_rope(xs, tables, m.weight, 1e-6), apply_rope(m(xs.contiguous()), pos, 1e6),
-                               **TOL[dt])
-    shifted = fused.rope_tables(pos + 1, D, 1e6)
-    assert not torch.allclose(fused.norm_rope(x, shifted, None, 1e-6).float(), apply_rope(x, pos, 1e6).float(),
-                              atol=1e-2)
+    for T in (1, 3):
+        bs, H, Hkv, D = 2, 4, 2, 32
+        qkv = torch.randn(bs, T, (H + 2 * Hkv) * D).to(dt)
+        pos = torch.randint(0, 4096, (bs, T + 2))
+        qn, kn = _N(D, 1e-6), _N(D, 1e-6)
+        with torch.no_grad():
+            qn.weight.copy_(torch.rand(D) + 0.5)
+            kn.weight.copy_(torch.rand(D) + 0.5)
+        cos, sin = fused.rope_tables(pos, D, 1e6)
+        tables = (cos[:, 1:T + 1], sin[:, 1:T + 1])
+        p = pos[:, 1:T + 1]
+        slots = torch.randperm(40)[: bs * T].view(bs, T)
+        q, k, v = (qkv[..., :H * D].reshape(bs, T, H, D), qkv[..., H * D:(H + Hkv) * D].reshape(bs, T, Hkv, D),
+                   qkv[..., (H + Hkv) * D:].reshape(bs, T, Hkv, D))
+        for norm in (True, False):
+            kp, vp = torch.zeros(40, Hkv, D, dtype=dt), torch.zeros(40, Hkv, D, dtype=dt)
+            with torch.no_grad():
+                qo = fused.qkv_rope_write(qkv, H, Hkv, tables, qn.weight if norm else None, kn.weight if norm else None,
+                                          1e-6, kp, vp, slots)
+                qr = apply_rope(qn(q) if norm else q, p, 1e6)
+                kr = apply_rope(kn(k) if norm else k, p, 1e6)
+            torch.testing.assert_close(qo, qr, **TOL[dt])
+            torch.testing.assert_close(kp[slots.reshape(-1)], kr.reshape(-1, Hkv, D), **TOL[dt])
+            assert torch.equal(vp[slots.reshape(-1)], v.reshape(-1, Hkv, D))
+            untouched = torch.ones(40, dtype=torch.bool)
+            untouched[slots.reshape(-1)] = False
+            assert not kp[untouched].any() and not vp[untouched].any()
+        shifted = (cos[:, 2:T + 2], sin[:, 2:T + 2])
+        qs = fused.qkv_rope_write(qkv, H, Hkv, shifted, None, None, 1e-6, kp, vp, slots)
+        assert not torch.allclose(qs.float(), apply_rope(q, p, 1e6).float(), atol=1e-2)
+
+# attention straight from the paged pools against layers.attend over the gathered columns: GQA and MHA, random
+# masks (strided views, like a draft step's slice of its block's masks) with whole 64-column blocks closed, more
+# than one block; bfloat16 against the eager path's own error; and a query's result does not depend on T, bit for bit
+from gaptrace.runtime.models.layers import attend
+for dt in (torch.float32, torch.bfloat16):
+    for bs, T, H, Hkv, S, D in ((2, 3, 6, 2, 150, 16), (1, 1, 4, 4, 9, 8), (3, 5, 8, 2, 200, 32)):
+        kp, vp = torch.randn(300, Hkv, D).to(dt), torch.randn(300, Hkv, D).to(dt)
+        read = torch.stack([torch.randperm(300)[:S] for _ in range(bs)])
+        q = torch.randn(bs, T, H, D).to(dt)
+        wide = torch.rand(bs, T + 1, S) < 0.5
+        wide[..., 64:128] = False
+        wide[..., 0] = True
+        m = wide[:, 1:]
+        o = fused.paged_attention(q, kp, vp, read, m)
+        if dt == torch.float32:
+            torch.testing.assert_close(o, attend(q, kp[read], vp[read], m), rtol=1e-5, atol=1e-5)
+        else:
+            truth = attend(q.float(), kp[read].float(), vp[read].float(), m)
+            err = lambda a: float((a.float() - truth).norm() / truth.norm())  # noqa: E731
+            assert err(o) <= BF16_FACTOR * err(attend(q, kp[read], vp[read], m)) + 1e-3
+        m2 = m.clone()
+        m2[..., 1:] = ~m2[..., 1:]
+        assert not torch.allclose(fused.paged_attention(q, kp, vp, read, m2).float(), o.float(), atol=1e-3)
+        for t in range(T):
+            assert torch.equal(fused.paged_attention(q[:, t:t + 1], kp, vp, read, m[:, t:t + 1])[:, 0], o[:, t])
 
 # the gated delta rule chain from the raw projections: grouped value heads, with / without a start state,
 # the final state or every state
@@ -153,6 +196,13 @@ for fz in (False, True):
         outs.append(model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=True, fused=fz)))
 torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
 torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+# a caller's RoPE tables (a draft block's, sliced per step) give the same forward as the model's own, bit for bit
+cos, sin = fused.rope_tables(torch.cat([pos, pos + 7], 1), 16, mc.rope_theta)
+with torch.no_grad():
+    kp2, vp2 = [p.clone() for p in kp], [p.clone() for p in vp]
+    given = model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=True, fused=True,
+                                       rope=(cos[:, :7], sin[:, :7])))
+assert torch.equal(given[0], outs[1][0]) and torch.equal(given[1], outs[1][1])
 # the merged q|k|v and gate|up weights re-point the layers' own weights: same names, same values, no new entries
 sd = model.state_dict()
 assert sd.keys() == sd_before.keys() and all(torch.equal(sd[k], sd_before[k]) for k in sd)
@@ -167,7 +217,8 @@ def _run(interpret: bool):
 
 
 def test_fused_kernels_match_references_in_triton_interpreter():
-    """RMSNorm (+ gate), q/k norm + RoPE and the gated-delta-rule chain, fused against eager: float32 to 2e-5,
+    """RMSNorm (+ gate), q/k norm + RoPE with the pool writes, paged attention and the gated-delta-rule chain, fused
+    against eager: float32 to 2e-5,
     bfloat16 within 1% (relative Frobenius) and the fused layer's error against float32 at most 3x the eager
     layer's (the interpreter's bf16 casts truncate); the chain is independent of T bit for bit; a whole hybrid
     cached forward agrees to 1e-4."""
@@ -182,21 +233,3 @@ def test_fused_kernels_match_references_on_gpu():
     if importlib.util.find_spec("triton") is None or not torch.cuda.is_available():
         pytest.skip("needs CUDA and triton")
     _run(interpret=False)
-
-
-def test_attend_sdpa_equals_attend():
-    """The fused path's attention (one scaled_dot_product_attention call, query heads of a KV head as extra rows)
-    against the eager ``attend``: float32, GQA and MHA, random masks with one open column per row."""
-    torch = pytest.importorskip("torch")
-    from gaptrace.runtime.models.layers import attend, attend_sdpa, sdpa_bias
-
-    g = torch.Generator().manual_seed(0)
-    for bs, T, H, Hkv, S, D in [(2, 3, 6, 2, 17, 16), (1, 1, 4, 4, 9, 8), (3, 5, 8, 2, 30, 32)]:
-        q, k, v = (torch.randn(*s, generator=g) for s in ((bs, T, H, D), (bs, S, Hkv, D), (bs, S, Hkv, D)))
-        m = torch.rand(bs, T, S, generator=g) < 0.5
-        m[..., 0] = True
-        ref = attend(q, k, v, m)
-        torch.testing.assert_close(attend_sdpa(q, k, v, sdpa_bias(m, H // Hkv, q.dtype)), ref, rtol=1e-5, atol=1e-5)
-        m2 = m.clone()
-        m2[..., 1:] = ~m2[..., 1:]
-        assert not torch.allclose(attend_sdpa(q, k, v, sdpa_bias(m2, H // Hkv, q.dtype)), ref, atol=1e-3)

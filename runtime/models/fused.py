@@ -35,7 +35,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, z_ptr, y_ptr, n_cols, eps, HAS_GATE: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, z_ptr, y_ptr, n_cols, eps, z_group, s_z, HAS_GATE: tl.constexpr,
+                     BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -44,7 +45,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, z_ptr, y_ptr, n_cols, eps, HAS_GATE: tl.const
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
     y = (x * r * w).to(y_ptr.dtype.element_ty)
     if HAS_GATE:
-        z = tl.load(z_ptr + row).to(tl.float32)
+        z = tl.load(z_ptr + (row // z_group) * s_z + row % z_group).to(tl.float32)
         s = (1.0 / (1.0 + tl.exp(-z))).to(y_ptr.dtype.element_ty)
         y = (y.to(tl.float32) * s.to(tl.float32)).to(y_ptr.dtype.element_ty)
     tl.store(y_ptr + row * n_cols + cols, y, mask=m)
@@ -53,14 +54,19 @@ def _rms_norm_kernel(x_ptr, w_ptr, z_ptr, y_ptr, n_cols, eps, HAS_GATE: tl.const
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """RMSNorm over the last dim: y = x / sqrt(mean(x^2) + eps) * weight in float32, cast to x's dtype (layers.RMSNorm;
     Zhang & Sennrich 2019). x [..., N]; weight [N]; gate [...] (x's leading shape, one value per row) or None: with a
-    gate, y * sigmoid(gate) (the reference's ``norm(o) * z.sigmoid()[..., None].to(o.dtype)``). Returns x's shape
-    and dtype."""
+    gate, y * sigmoid(gate) (the reference's ``norm(o) * z.sigmoid()[..., None].to(o.dtype)``); the gate may be a
+    slice of a wider projection (read in place). Returns x's shape and dtype."""
     n = x.shape[-1]
     x2 = x.reshape(-1, n).contiguous()
     y = torch.empty_like(x2)
-    z = gate.reshape(-1).contiguous() if gate is not None else x2
+    z = x2
+    if gate is not None:  # [rows / G, G] with unit inner stride: the gate columns of the merged b | a | z rows
+        z = gate.reshape(-1, gate.shape[-1]) if gate.dim() else gate.reshape(1, 1)
+        if z.stride(-1) != 1:
+            z = z.contiguous()
     if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, z, y, n, eps, HAS_GATE=gate is not None,
+        _rms_norm_kernel[(x2.shape[0],)](x2, weight, z, y, n, eps, z.shape[-1] if gate is not None else 1,
+                                         z.stride(0) if gate is not None else 0, HAS_GATE=gate is not None,
                                          BLOCK=triton.next_power_of_2(n))
     return y.view(x.shape)
 
@@ -117,50 +123,133 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _norm_rope_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr, n_heads, s_tok, eps, HALF: tl.constexpr,
-                      HAS_NORM: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)          # one (token, head) row of D = 2 * HALF
-    tok = row // n_heads
-    src = x_ptr + tok * s_tok + (row % n_heads) * 2 * HALF
+def _qkv_rope_write_kernel(x_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, kp_ptr, vp_ptr, slot_ptr, T, H, HKV,
+                           s_xb, s_xt, s_cb, s_ct, s_sb, s_st, s_kp, s_vp, eps, HALF: tl.constexpr,
+                           HAS_NORM: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)          # one token (b, t) ...
+    h = tl.program_id(1)                          # ... and one head of q | k | v (H + 2 HKV rows of D = 2 HALF)
+    b = tok // T
+    t = tok % T
     c = tl.arange(0, HALF)
+    src = x_ptr + b * s_xb + t * s_xt + h * 2 * HALF
     x1 = tl.load(src + c).to(tl.float32)
     x2 = tl.load(src + HALF + c).to(tl.float32)
-    if HAS_NORM:  # layers.RMSNorm, then the cast to the activation dtype that apply_rope's .float() undoes
-        r = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
-        x1 = (x1 * r * tl.load(w_ptr + c).to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
-        x2 = (x2 * r * tl.load(w_ptr + HALF + c).to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
-    cs = tl.load(cos_ptr + tok * HALF + c)
-    sn = tl.load(sin_ptr + tok * HALF + c)
-    a1 = x1 * cs
-    b1 = -x2 * sn
-    a2 = x2 * cs
-    b2 = x1 * sn
-    tl.store(y_ptr + row * 2 * HALF + c, (a1 + b1).to(y_ptr.dtype.element_ty))
-    tl.store(y_ptr + row * 2 * HALF + HALF + c, (a2 + b2).to(y_ptr.dtype.element_ty))
+    slot = tl.load(slot_ptr + b * s_sb + t * s_st).to(tl.int64)
+    if h < H + HKV:  # q or k: per-head RMSNorm (Qwen3), then RoPE
+        if HAS_NORM:  # layers.RMSNorm, then the cast to the activation dtype that apply_rope's .float() undoes
+            wsel = h < H
+            w1 = tl.where(wsel, tl.load(wq_ptr + c), tl.load(wk_ptr + c)).to(tl.float32)
+            w2 = tl.where(wsel, tl.load(wq_ptr + HALF + c), tl.load(wk_ptr + HALF + c)).to(tl.float32)
+            r = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+            x1 = (x1 * r * w1).to(q_ptr.dtype.element_ty).to(tl.float32)
+            x2 = (x2 * r * w2).to(q_ptr.dtype.element_ty).to(tl.float32)
+        cs = tl.load(cos_ptr + b * s_cb + t * s_ct + c)
+        sn = tl.load(sin_ptr + b * s_cb + t * s_ct + c)
+        y1 = (x1 * cs + -x2 * sn).to(q_ptr.dtype.element_ty)
+        y2 = (x2 * cs + x1 * sn).to(q_ptr.dtype.element_ty)
+        if h < H:
+            tl.store(q_ptr + (tok * H + h) * 2 * HALF + c, y1)
+            tl.store(q_ptr + (tok * H + h) * 2 * HALF + HALF + c, y2)
+        else:  # k, rounded to the activation dtype, then to the pool's (``k.to(k_pool.dtype)``)
+            dst = kp_ptr + slot * s_kp + (h - H) * 2 * HALF
+            tl.store(dst + c, y1.to(kp_ptr.dtype.element_ty))
+            tl.store(dst + HALF + c, y2.to(kp_ptr.dtype.element_ty))
+    else:  # v: copied into the pool as it is
+        dst = vp_ptr + slot * s_vp + (h - H - HKV) * 2 * HALF
+        tl.store(dst + c, x1.to(vp_ptr.dtype.element_ty))
+        tl.store(dst + HALF + c, x2.to(vp_ptr.dtype.element_ty))
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [bs * T, head_dim / 2] float32 of positions [bs, T] (long): layers.rope_angles, the angles
-    layers.apply_rope uses, once per forward for every layer."""
+    """cos, sin [bs, T, head_dim / 2] float32 of positions [bs, T] (long): layers.rope_angles, the angles
+    layers.apply_rope uses, once per forward for every layer (or once per draft block for all its steps: a
+    [:, j:j + 1] slice of a block's tables is step j's)."""
     from .layers import rope_angles
 
-    ang = rope_angles(positions, head_dim, theta).reshape(-1, head_dim // 2)
+    ang = rope_angles(positions, head_dim, theta)
     return ang.cos(), ang.sin()
 
 
-def norm_rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], weight: torch.Tensor | None,
-              eps: float) -> torch.Tensor:
-    """Per-head RMSNorm (when ``weight`` is given) then the rotary embedding, "rotate_half" layout (Su et al. 2021;
-    HF ``apply_rotary_pos_emb``). x [bs, T, H, D] (D even, a power of two); tables from ``rope_tables`` for the
-    same [bs, T]. Returns x's shape and dtype. Equals ``apply_rope(norm(x))`` of layers.py."""
-    bs, T, H, D = x.shape
-    # a token's H x D block may sit inside a wider row (q, k, v split from one merged projection): read it in place
-    x2 = x if (x.stride(3) == 1 and x.stride(2) == D and x.stride(0) == T * x.stride(1)) else x.contiguous()
-    y = torch.empty(bs, T, H, D, device=x.device, dtype=x.dtype)
-    if x2.numel():
-        _norm_rope_kernel[(bs * T * H,)](x2, weight if weight is not None else x2, tables[0], tables[1], y, H,
-                                         x2.stride(1), eps, HALF=D // 2, HAS_NORM=weight is not None)
-    return y
+def qkv_rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, tables: tuple[torch.Tensor, torch.Tensor],
+                   q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, k_pool: torch.Tensor,
+                   v_pool: torch.Tensor, write_slots: torch.Tensor) -> torch.Tensor:
+    """The attention prologue in one node: from the merged projection qkv [bs, T, (H + 2 Hkv) * D] (q | k | v,
+    read in place), the per-head RMSNorm of q and k (when the weights [D] are given; Qwen3), the rotary embedding
+    ("rotate_half" layout, Su et al. 2021; HF ``apply_rotary_pos_emb``) with ``tables`` from ``rope_tables`` ([bs, T,
+    D / 2] each, any strides), and the writes of k and v into the pools [num_token_slots, Hkv, D] at write_slots
+    [bs, T] (layers.Attention's ``index_copy_``). Returns q [bs, T, H, D] in qkv's dtype. Equals
+    ``apply_rope(norm(q))`` and the eager path's pool writes (tests/test_fused_kernels.py). D a power of two."""
+    bs, T, width = qkv.shape
+    D = width // (heads + 2 * kv_heads)
+    q = torch.empty(bs, T, heads, D, device=qkv.device, dtype=qkv.dtype)
+    if qkv.stride(2) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = tables
+    if bs and T:
+        w = q_weight if q_weight is not None else qkv
+        _qkv_rope_write_kernel[(bs * T, heads + 2 * kv_heads)](
+            qkv, w, k_weight if k_weight is not None else w, cos, sin, q, k_pool, v_pool, write_slots, T, heads,
+            kv_heads, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), write_slots.stride(0),
+            write_slots.stride(1), k_pool.stride(0), v_pool.stride(0), eps, HALF=D // 2,
+            HAS_NORM=q_weight is not None)
+    return q
+
+
+@triton.jit
+def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, T, S, H, G, s_qb, s_qt, s_sb, s_mb,
+                            s_mt, s_ms, s_kp, s_vp, scale, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    bt = tl.program_id(0).to(tl.int64)           # one query token (b, t) ...
+    h = tl.program_id(1)                          # ... and one query head, over KV head h // G
+    b = bt // T
+    t = bt % T
+    hk = h // G
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * s_qb + t * s_qt + h * D + d).to(tl.float32)
+    m_i = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
+    l_i = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
+    acc = tl.zeros([D], tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        cols = s0 + tl.arange(0, BLOCK_S)
+        ok = tl.load(m_ptr + b * s_mb + t * s_mt + cols * s_ms, mask=cols < S, other=0) != 0
+        # a block with no open column is skipped: it would leave m, l and acc exactly as they are, so skipping
+        # it changes no bit (and a query's result does not depend on how many closed columns follow)
+        if tl.max(ok.to(tl.int32), 0) > 0:
+            slot = tl.load(slot_ptr + b * s_sb + cols, mask=ok, other=0).to(tl.int64)
+            k = tl.load(kp_ptr + slot[:, None] * s_kp + hk * D + d[None, :], mask=ok[:, None], other=0.0)
+            s = tl.where(ok, tl.sum(k.to(tl.float32) * q[None, :], 1) * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new)
+            v = tl.load(vp_ptr + slot[:, None] * s_vp + hk * D + d[None, :], mask=ok[:, None], other=0.0)
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+            m_i = m_new
+    tl.store(o_ptr + (bt * H + h) * D + d, (acc / l_i).to(o_ptr.dtype.element_ty))
+
+
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, read_slots: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+    """Masked grouped-query attention straight from the paged pools (layers.attend over ``pool[read_slots]``, in one
+    node: no gathered copy of K and V, no mask bias). q [bs, T, H, D] (D a power of two); k_pool, v_pool
+    [num_token_slots, Hkv, D]; read_slots [bs, S] long; mask [bs, T, S] bool, any strides (a draft step's slice of
+    its block's masks), every query row with one True. Returns [bs, T, H * D] in q's dtype. Softmax in float32
+    with scale 1/sqrt(D) (Vaswani et al. 2017), one pass with the running max and sum (Milakov & Gimelshein 2018,
+    the flash-attention recurrence), 64 columns at a time; each (query, head) is its own program, so a query's
+    result does not depend on T or on the other rows (the verify block and a one-token step agree bit for bit)."""
+    bs, T, H, D = q.shape
+    S = read_slots.shape[1]
+    o = torch.empty(bs, T, H * D, device=q.device, dtype=q.dtype)
+    if q.stride(3) != 1 or q.stride(2) != D:
+        q = q.contiguous()
+    if read_slots.stride(1) != 1:
+        read_slots = read_slots.contiguous()
+    m8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    if bs and T:
+        _paged_attention_kernel[(bs * T, H)](
+            q, k_pool, v_pool, read_slots, m8, o, T, S, H, H // k_pool.shape[1], q.stride(0), q.stride(1),
+            read_slots.stride(0), m8.stride(0), m8.stride(1), m8.stride(2), k_pool.stride(0), v_pool.stride(0),
+            D ** -0.5, D=D, BLOCK_S=64, num_warps=4)
+    return o
 
 
 # One compiled kernel for every call of a shape: T, the start state and the per-token stores are runtime arguments,
@@ -205,19 +294,25 @@ def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_p
 
 
 def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, hv: int,
-              dk: int, dv: int, state: torch.Tensor | None = None, return_all: bool = False):
+              dk: int, dv: int, state: torch.Tensor | None = None, return_all: bool = False,
+              state_out: torch.Tensor | None = None):
     """The gated delta rule over a chain of tokens, from the layer's raw projections (gdn.GatedDeltaNet.project +
     gdn.gated_delta_rule_ref in one node; Yang, Kautz, Hatamizadeh 2024).
 
     qkv [bs, T, 2*hk*dk + hv*dv] (in_proj_qkv's output: q | k | v); gates [bs, T, 3*hv] (in_proj_gates' output:
     b | a | z; z is not read); A_log, dt_bias [hv]; state [bs, hv, dk, dv] float32 or None (zeros). Value head h
     reads key head h // (hv / hk). dk and dv powers of two. Returns (o [bs, T, hv, dv] in qkv's dtype, the final
-    state [bs, hv, dk, dv] float32, or with ``return_all`` the state after every token [bs, T, hv, dk, dv])."""
+    state [bs, hv, dk, dv] float32, or with ``return_all`` the state after every token [bs, T, hv, dk, dv]).
+    ``state_out``: a contiguous float32 tensor of that shape to write the state(s) into (a layer's slice of the
+    model's stacked states: no stacking copy afterwards)."""
     bs, T, _ = qkv.shape
     qkv, gates = qkv.contiguous(), gates.contiguous()
     nq = hk * dk
     o = torch.empty(bs, T, hv, dv, device=qkv.device, dtype=qkv.dtype)
-    hs = torch.empty((bs, T, hv, dk, dv) if return_all else (bs, hv, dk, dv), device=qkv.device, dtype=torch.float32)
+    shape = (bs, T, hv, dk, dv) if return_all else (bs, hv, dk, dv)
+    hs = state_out if state_out is not None else torch.empty(shape, device=qkv.device, dtype=torch.float32)
+    if tuple(hs.shape) != shape or hs.dtype != torch.float32 or not hs.is_contiguous():
+        raise ValueError(f"state_out must be a contiguous float32 {shape}, got {tuple(hs.shape)} {hs.dtype}")
     h0 = state.float().contiguous() if state is not None else hs
     bv = min(dv, 32)
     if bs and T:

@@ -143,17 +143,19 @@ class GatedDeltaNet(nn.Module):
         return q, k, v, g, b.sigmoid(), z
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, return_all: bool = False,
-                parents: torch.Tensor | None = None, fused: bool = False):
+                parents: torch.Tensor | None = None, fused: bool = False, state_out: torch.Tensor | None = None):
         """x [bs, T, hidden], state [bs, Hv, dk, dv] float32 or None -> (out [bs, T, hidden], state(s) as
         ``gated_delta_rule`` returns them). With ``parents`` [bs, T] (a token tree): ``gated_delta_rule_tree``,
         the state after every token. ``fused``: the chain (decode, verify, draft) as models.fused.gdn_chain and the
-        gated output norm as one kernel; a long prefill (T > 1, one final state) keeps fla's chunked kernel."""
+        gated output norm as one kernel; a long prefill (T > 1, one final state) keeps fla's chunked kernel.
+        ``state_out``: where to put the returned state(s) (a slice of the model's stacked states; written by the
+        kernel on the fused chain, copied otherwise)."""
         bs, T, _ = x.shape
         if fused and parents is None and (return_all or T == 1 or _fla_chunk is None):
             from .fused import gdn_chain, rms_norm
             gates = self.in_proj_gates(x)
             o, new_state = gdn_chain(self.in_proj_qkv(x), gates, self.A_log, self.dt_bias, self.hk, self.hv,
-                                     self.dk, self.dv, state, return_all)
+                                     self.dk, self.dv, state, return_all, state_out)
             o = rms_norm(o, self.norm.weight, self.norm.eps, gate=gates[..., 2 * self.hv:])
             return self.out_proj(o.reshape(bs, T, self.hv * self.dv)), new_state
         q, k, v, g, beta, z = self.project(x)
@@ -162,4 +164,6 @@ class GatedDeltaNet(nn.Module):
         else:
             o, new_state = gated_delta_rule(q, k, v, g, beta, state, return_all)
         o = self.norm(o) * z.sigmoid()[..., None].to(o.dtype)
+        if state_out is not None:
+            new_state = state_out.copy_(new_state)
         return self.out_proj(o.reshape(bs, T, self.hv * self.dv)), new_state

@@ -67,7 +67,6 @@ class KVView:
     write_slots: torch.Tensor
     read_slots: torch.Tensor
     read_mask: torch.Tensor
-    bias: torch.Tensor | None = None  # the fused path: read_mask as sdpa_bias, once per forward
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -82,28 +81,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     p = scores.softmax(-1).to(v.dtype)
     o = torch.matmul(p, v.permute(0, 2, 1, 3).unsqueeze(2))               # bs, Hkv, G, T, D
     return o.permute(0, 3, 1, 2, 4).reshape(bs, T, H * D)
-
-
-def sdpa_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive attention bias ``attend_sdpa`` takes: mask [bs, T, S] bool -> [bs, 1, G*T, S] in ``dtype``, 0
-    where a query may look and -inf where not, rows laid out as attend_sdpa's query rows (g*T + t). Built once per
-    forward and shared by every full-attention layer (SDPA would otherwise convert the boolean mask per call)."""
-    bs, T, S = mask.shape
-    m = mask[:, None, None].expand(bs, 1, groups, T, S).reshape(bs, 1, groups * T, S)
-    return torch.zeros(m.shape, dtype=dtype, device=mask.device).masked_fill_(~m, float("-inf"))
-
-
-def attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``attend`` as one ``F.scaled_dot_product_attention`` call (the fused path: one fused attention kernel instead
-    of ~9 nodes). Same shapes and scale; ``bias`` from ``sdpa_bias`` (the mask as an additive bias). The G = H / Hkv
-    query heads of a KV head ride as extra query rows ([bs, Hkv, G*T, D]), so K and V are read once per KV head,
-    unexpanded; at T = 1 (a draft step) the regrouping is a view both ways."""
-    bs, T, H, D = q.shape
-    Hkv = k.shape[2]
-    G = H // Hkv
-    qg = q.view(bs, T, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(bs, Hkv, G * T, D)
-    o = F.scaled_dot_product_attention(qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias)
-    return o.view(bs, Hkv, G, T, D).permute(0, 3, 1, 2, 4).reshape(bs, T, H * D)
 
 
 def merged_weight(module: nn.Module, name: str, parts: list) -> torch.Tensor:
@@ -142,26 +119,24 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: KVView | None, rope=None) -> torch.Tensor:
         """x [bs, T, hidden] -> [bs, T, hidden]. Without ``kv``: plain causal attention over x itself. ``rope``:
-        the (cos, sin) tables of models.fused.rope_tables for these positions (the fused path, with ``kv.bias``):
-        one q|k|v GEMM, q/k norm + RoPE as one fused kernel each, attention as one SDPA call (same values)."""
+        the (cos, sin) tables of models.fused.rope_tables for these positions (the fused path; needs ``kv``): one
+        q|k|v GEMM, then two nodes: q/k norm + RoPE with the pool writes (fused.qkv_rope_write), and attention
+        straight from the pools (fused.paged_attention). Same values as the eager path."""
         cfg = self.cfg
         bs, T, _ = x.shape
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if rope is not None:
-            from .fused import norm_rope
+            from .fused import paged_attention, qkv_rope_write
             qkv = F.linear(x, merged_weight(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj]))
-            q, k, v = (qkv[..., :H * D].view(bs, T, H, D), qkv[..., H * D:(H + Hkv) * D].view(bs, T, Hkv, D),
-                       qkv[..., (H + Hkv) * D:].view(bs, T, Hkv, D))
-            qn, kn = (self.q_norm, self.k_norm) if cfg.qk_norm else (None, None)
-            q = norm_rope(q, rope, qn.weight if qn else None, cfg.rms_norm_eps)
-            k = norm_rope(k, rope, kn.weight if kn else None, cfg.rms_norm_eps)
-        else:
-            q = self.q_proj(x).view(bs, T, H, D)
-            k = self.k_proj(x).view(bs, T, Hkv, D)
-            v = self.v_proj(x).view(bs, T, Hkv, D)
-            if cfg.qk_norm:
-                q, k = self.q_norm(q), self.k_norm(k)
-            q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
+            qn, kn = (self.q_norm.weight, self.k_norm.weight) if cfg.qk_norm else (None, None)
+            q = qkv_rope_write(qkv, H, Hkv, rope, qn, kn, cfg.rms_norm_eps, kv.k_pool, kv.v_pool, kv.write_slots)
+            return self.o_proj(paged_attention(q, kv.k_pool, kv.v_pool, kv.read_slots, kv.read_mask))
+        q = self.q_proj(x).view(bs, T, H, D)
+        k = self.k_proj(x).view(bs, T, Hkv, D)
+        v = self.v_proj(x).view(bs, T, Hkv, D)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, positions, cfg.rope_theta), apply_rope(k, positions, cfg.rope_theta)
         if kv is None:
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True, enable_gqa=True)
@@ -171,8 +146,6 @@ class Attention(nn.Module):
         kv.v_pool.index_copy_(0, slots, v.reshape(-1, *v.shape[2:]).to(kv.v_pool.dtype))
         keys = kv.k_pool[kv.read_slots]                                   # bs, S, Hkv, D
         vals = kv.v_pool[kv.read_slots]
-        if kv.bias is not None:  # the fused path (Transformer.forward builds the bias with the rope tables)
-            return self.o_proj(attend_sdpa(q, keys.to(q.dtype), vals.to(q.dtype), kv.bias))
         return self.o_proj(attend(q, keys.to(q.dtype), vals.to(q.dtype), kv.read_mask))
 
 

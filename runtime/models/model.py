@@ -44,6 +44,7 @@ class CacheView:
     all_states: bool = False
     parents: torch.Tensor | None = None  # [bs, T] long: a token tree (issue 8); linear layers return every state
     fused: bool = False  # the fused Triton kernels of models/fused.py (RuntimeConfig.kernels; CUDA + Triton only)
+    rope: tuple | None = None  # fused: (cos, sin) [bs, T, D/2] of these positions made by the caller (a draft block's)
 
 
 def norm(mod: RMSNorm, x: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -126,14 +127,17 @@ class Transformer(nn.Module):
         if positions is None:
             positions = torch.arange(T, device=tokens.device).expand(bs, T)
         fused = cache is not None and cache.fused
-        rope = bias = None
-        if fused and self.full_layers:  # once per forward, for every full-attention layer: cos/sin and the mask bias
+        rope = None
+        if fused and self.full_layers:  # once per forward (or per draft block: cache.rope), for every attention layer
             from .fused import rope_tables
-            from .layers import sdpa_bias
-            cfg = self.config
-            rope = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-            bias = sdpa_bias(cache.read_mask, cfg.num_attention_heads // cfg.num_key_value_heads,
-                             self.model.embed_tokens.weight.dtype)
+            rope = cache.rope if cache.rope is not None else rope_tables(positions, self.config.head_dim,
+                                                                         self.config.rope_theta)
+        stacked = None  # fused: the layers write their states into one buffer (no stacking copy: ~100 MB a layer)
+        if fused and self.linear_layers:
+            g = self.model.layers[self.linear_layers[0]].linear_attn
+            per_token = cache.all_states or cache.parents is not None
+            stacked = torch.empty((len(self.linear_layers), bs) + ((T,) if per_token else ()) + (g.hv, g.dk, g.dv),
+                                  device=tokens.device, dtype=torch.float32)
         h = self.model.embed_tokens(tokens)
         new_states, full_i, lin_i = [], 0, 0
         res = None  # the block output not yet added to the residual stream h (added inside the next norm)
@@ -143,13 +147,14 @@ class Transformer(nn.Module):
                 kv = None
                 if cache is not None:
                     kv = KVView(cache.k_pools[full_i], cache.v_pools[full_i], cache.write_slots, cache.read_slots,
-                                cache.read_mask, bias)
+                                cache.read_mask)
                 res = layer.self_attn(x, positions, kv, rope)
                 full_i += 1
             else:
                 state = None if cache is None or cache.lin_state is None else cache.lin_state[lin_i]
                 res, st = layer.linear_attn(x, state, cache is not None and cache.all_states,
-                                            None if cache is None else cache.parents, fused)
+                                            None if cache is None else cache.parents, fused,
+                                            None if stacked is None else stacked[lin_i])
                 new_states.append(st)
                 lin_i += 1
             h, x = add_norm(layer.post_attention_layernorm, h, res, fused)
@@ -157,4 +162,6 @@ class Transformer(nn.Module):
         logits = self.logits(h, fused, res)
         if cache is None:
             return logits
+        if stacked is not None:
+            return logits, stacked
         return logits, (torch.stack(new_states) if new_states else None)

@@ -24,15 +24,24 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
     B, nb = st.block_size, rows.shape[0]
     ar = torch.arange(B, device=rows.device)
     L, tok = st.lengths[rows], st.last_tok[rows]
-    blk_slots = st.token_map(rows).gather(1, (L[:, None] + ar).clamp(max=st.max_len - 1))
+    # once per block, not per step: the positions, step j's mask (row j: the window, then block columns <= j) and,
+    # on the fused path, the RoPE tables; step j reads column / row j of each (views: no node per step)
+    pos = L[:, None] + ar                                                             # nb, B
+    blk_slots = st.token_map(rows).gather(1, pos.clamp(max=st.max_len - 1))
     read = torch.cat([rect, blk_slots], 1)
-    wmask = window_mask(rect_len, st.rect_width)
+    tri = ar[None, :] <= ar[:, None]                                                  # B, B
+    masks = torch.cat([window_mask(rect_len, st.rect_width)[:, None, :].expand(nb, B, st.rect_width),
+                       tri.expand(nb, B, B)], 2)                                      # nb, B, W + P - 1 + B
+    rope = None
+    if st.fused and model.full_layers:
+        from ..models.fused import rope_tables
+        rope = rope_tables(pos, model.config.head_dim, model.config.rope_theta)
     state = st.drf_lin.gather(rows)
     tokens, states, tops = [], [], []
     for j in range(B):
-        mask = torch.cat([wmask, (ar <= j).expand(nb, B)], 1)[:, None, :]
-        cache = CacheView(st.drf_k, st.drf_v, blk_slots[:, j:j + 1], read, mask, state, fused=st.fused)
-        logits, state = model(tok[:, None], (L + j)[:, None], cache)
+        cache = CacheView(st.drf_k, st.drf_v, blk_slots[:, j:j + 1], read, masks[:, j:j + 1], state, fused=st.fused,
+                          rope=None if rope is None else (rope[0][:, j:j + 1], rope[1][:, j:j + 1]))
+        logits, state = model(tok[:, None], pos[:, j:j + 1], cache)
         tok = logits[:, -1].argmax(-1)
         tokens.append(tok)
         states.append(state)
