@@ -167,6 +167,22 @@ for dt in (torch.float32, torch.bfloat16):
             if s0 is not None:  # the start state is read
                 assert not torch.allclose(out.float(), lay(x, s0 + 1, every, None, True)[0].float())
 
+# the start states read from a pool by row (the verify's: no gathered copy) equal the gathered ones, bit for bit
+with torch.no_grad():
+    lay = layer.float()
+    x = torch.randn(3, 4, 32)
+    pool = torch.randn(7, 4, 16, 32) * 0.1
+    rows = torch.tensor([5, 0, 3])
+    qkv, gates = lay.in_proj_qkv(x), lay.in_proj_gates(x)
+    for every in (False, True):
+        want = fused.gdn_chain(qkv, gates, lay.A_log, lay.dt_bias, 2, 4, 16, 32, pool[rows], every)
+        got = fused.gdn_chain(qkv, gates, lay.A_log, lay.dt_bias, 2, 4, 16, 32, pool, every, state_rows=rows)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        out = torch.empty_like(want[1])
+        assert fused.gdn_chain(qkv, gates, lay.A_log, lay.dt_bias, 2, 4, 16, 32, pool, every, out, rows)[1] is out
+        assert torch.equal(out, want[1])
+    assert torch.equal(lay(x, pool, True, None, False, None, rows)[0], lay(x, pool[rows], True)[0])  # eager too
+
 # a token's result does not depend on the chain length: T tokens at once == T one-token steps, bit for bit
 with torch.no_grad():
     lay = layer.float()
@@ -196,6 +212,21 @@ for fz in (False, True):
         outs.append(model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=True, fused=fz)))
 torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
 torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+# a long prefill chunk (T above PAGED_ATTENTION_MAX_T: SDPA over the gathered columns) against eager
+from gaptrace.runtime.models import layers as _layers
+T_long = _layers.PAGED_ATTENTION_MAX_T + 6
+lslots = torch.arange(256)[None].expand(2, 256)
+lpos = torch.arange(T_long)[None].expand(2, T_long) + torch.tensor([[0], [50]])
+ltoks = torch.randint(0, 128, (2, T_long))
+lmask = lslots[:, None, :] <= lpos[..., None]
+kl, vl = make_kv_pools(mc, 256, DEV, torch.float32)
+louts = []
+for fz in (False, True):
+    kp2, vp2 = [p.clone() for p in kl], [p.clone() for p in vl]
+    with torch.no_grad():
+        louts.append(model(ltoks, lpos, CacheView(kp2, vp2, lpos, lslots, lmask, None, fused=fz)))
+torch.testing.assert_close(louts[1][0], louts[0][0], rtol=1e-4, atol=1e-4)
+
 # a caller's RoPE tables (a draft block's, sliced per step) give the same forward as the model's own, bit for bit
 cos, sin = fused.rope_tables(torch.cat([pos, pos + 7], 1), 16, mc.rope_theta)
 with torch.no_grad():
@@ -203,6 +234,16 @@ with torch.no_grad():
     given = model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=True, fused=True,
                                        rope=(cos[:, :7], sin[:, :7])))
 assert torch.equal(given[0], outs[1][0]) and torch.equal(given[1], outs[1][1])
+# the linear states read from a pool by row (CacheView.lin_rows, the verify's) equal the gathered ones
+pool = torch.randn(2, 5, *outs[1][1].shape[3:]) * 0.1
+rows = torch.tensor([4, 1])
+for fz in (False, True):
+    with torch.no_grad():
+        kp2, vp2 = [p.clone() for p in kp], [p.clone() for p in vp]
+        a = model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, pool[:, rows], all_states=True, fused=fz))
+        kp2, vp2 = [p.clone() for p in kp], [p.clone() for p in vp]
+        b = model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, pool, all_states=True, fused=fz, lin_rows=rows))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 # the merged q|k|v and gate|up weights re-point the layers' own weights: same names, same values, no new entries
 sd = model.state_dict()
 assert sd.keys() == sd_before.keys() and all(torch.equal(sd[k], sd_before[k]) for k in sd)

@@ -255,9 +255,9 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 # One compiled kernel for every call of a shape: T, the start state and the per-token stores are runtime arguments,
 # not specialisations (a T == 1 decode step and a T == B verify must run the same machine code, or the compiler's
 # contractions could make a token's result depend on the block length)
-@triton.jit(do_not_specialize=["T", "use_h0", "store_all"])
-def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_ptr, o_ptr, hs_ptr, T,
-                      s_qb, s_qt, s_vb, s_vt, s_ab, s_at, scale, use_h0, store_all,
+@triton.jit(do_not_specialize=["T", "use_h0", "use_rows", "store_all"])
+def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_ptr, rows_ptr, o_ptr, hs_ptr, T,
+                      s_qb, s_qt, s_vb, s_vt, s_ab, s_at, scale, use_h0, use_rows, store_all,
                       HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
@@ -267,8 +267,11 @@ def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_p
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     h = tl.zeros([K, BV], dtype=tl.float32)
-    if use_h0 != 0:
-        h += tl.load(h0_ptr + i_bh * K * V + o_k[:, None] * V + o_v[None, :])
+    if use_h0 != 0:  # row i_b's start state: h0[i_b], or h0[rows[i_b]] of a whole pool (no gathered copy)
+        src = i_b
+        if use_rows != 0:
+            src = tl.load(rows_ptr + i_b).to(tl.int64)
+        h += tl.load(h0_ptr + (src * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :])
     neg_a = -tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32))
     dtb = tl.load(dtb_ptr + i_hv).to(tl.float32)
     for t in range(T):
@@ -295,7 +298,7 @@ def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_p
 
 def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, hv: int,
               dk: int, dv: int, state: torch.Tensor | None = None, return_all: bool = False,
-              state_out: torch.Tensor | None = None):
+              state_out: torch.Tensor | None = None, state_rows: torch.Tensor | None = None):
     """The gated delta rule over a chain of tokens, from the layer's raw projections (gdn.GatedDeltaNet.project +
     gdn.gated_delta_rule_ref in one node; Yang, Kautz, Hatamizadeh 2024).
 
@@ -304,7 +307,8 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
     reads key head h // (hv / hk). dk and dv powers of two. Returns (o [bs, T, hv, dv] in qkv's dtype, the final
     state [bs, hv, dk, dv] float32, or with ``return_all`` the state after every token [bs, T, hv, dk, dv]).
     ``state_out``: a contiguous float32 tensor of that shape to write the state(s) into (a layer's slice of the
-    model's stacked states: no stacking copy afterwards)."""
+    model's stacked states: no stacking copy afterwards). ``state_rows`` [bs] long: ``state`` is a whole pool
+    [num_slots, hv, dk, dv] float32 and row b starts from state[state_rows[b]], read in place."""
     bs, T, _ = qkv.shape
     qkv, gates = qkv.contiguous(), gates.contiguous()
     nq = hk * dk
@@ -314,12 +318,14 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
     if tuple(hs.shape) != shape or hs.dtype != torch.float32 or not hs.is_contiguous():
         raise ValueError(f"state_out must be a contiguous float32 {shape}, got {tuple(hs.shape)} {hs.dtype}")
     h0 = state.float().contiguous() if state is not None else hs
+    rows = state_rows.contiguous() if state_rows is not None and state is not None else hs
     bv = min(dv, 32)
     if bs and T:
         _gdn_chain_kernel[(dv // bv, bs * hv)](
-            qkv, qkv[..., nq:], qkv[..., 2 * nq:], gates[..., hv:], gates, A_log, dt_bias, h0, o, hs, T,
+            qkv, qkv[..., nq:], qkv[..., 2 * nq:], gates[..., hv:], gates, A_log, dt_bias, h0, rows, o, hs, T,
             qkv.stride(0), qkv.stride(1), qkv.stride(0), qkv.stride(1), gates.stride(0), gates.stride(1),
-            dk ** -0.5, int(state is not None), int(return_all), HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=4)
+            dk ** -0.5, int(state is not None), int(state is not None and state_rows is not None), int(return_all),
+            HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=4)
     elif state is not None and not return_all:
-        hs.copy_(state)
+        hs.copy_(state if state_rows is None else state[state_rows])
     return o, hs

@@ -143,21 +143,25 @@ class GatedDeltaNet(nn.Module):
         return q, k, v, g, b.sigmoid(), z
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, return_all: bool = False,
-                parents: torch.Tensor | None = None, fused: bool = False, state_out: torch.Tensor | None = None):
+                parents: torch.Tensor | None = None, fused: bool = False, state_out: torch.Tensor | None = None,
+                state_rows: torch.Tensor | None = None):
         """x [bs, T, hidden], state [bs, Hv, dk, dv] float32 or None -> (out [bs, T, hidden], state(s) as
         ``gated_delta_rule`` returns them). With ``parents`` [bs, T] (a token tree): ``gated_delta_rule_tree``,
         the state after every token. ``fused``: the chain (decode, verify, draft) as models.fused.gdn_chain and the
         gated output norm as one kernel; a long prefill (T > 1, one final state) keeps fla's chunked kernel.
         ``state_out``: where to put the returned state(s) (a slice of the model's stacked states; written by the
-        kernel on the fused chain, copied otherwise)."""
+        kernel on the fused chain, copied otherwise). ``state_rows`` [bs]: ``state`` is the layer's whole pool
+        [num_slots, Hv, dk, dv] and row b starts from state[state_rows[b]] (read in place on the fused chain)."""
         bs, T, _ = x.shape
         if fused and parents is None and (return_all or T == 1 or _fla_chunk is None):
             from .fused import gdn_chain, rms_norm
             gates = self.in_proj_gates(x)
             o, new_state = gdn_chain(self.in_proj_qkv(x), gates, self.A_log, self.dt_bias, self.hk, self.hv,
-                                     self.dk, self.dv, state, return_all, state_out)
+                                     self.dk, self.dv, state, return_all, state_out, state_rows)
             o = rms_norm(o, self.norm.weight, self.norm.eps, gate=gates[..., 2 * self.hv:])
             return self.out_proj(o.reshape(bs, T, self.hv * self.dv)), new_state
+        if state is not None and state_rows is not None:
+            state = state[state_rows]
         q, k, v, g, beta, z = self.project(x)
         if parents is not None:
             o, new_state = gated_delta_rule_tree(q, k, v, g, beta, parents, state)

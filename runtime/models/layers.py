@@ -102,6 +102,11 @@ def merged_weight(module: nn.Module, name: str, parts: list) -> torch.Tensor:
     return w
 
 
+# the fused path's attention for up to this many query tokens per row (decode, draft, verify: the graphed shapes) is
+# fused.paged_attention; longer prefill chunks use SDPA over the gathered columns
+PAGED_ATTENTION_MAX_T = 64
+
+
 class Attention(nn.Module):
     """Qwen3 self-attention: q/k/v/o projections, optional per-head q/k RMSNorm, RoPE, GQA."""
 
@@ -121,7 +126,8 @@ class Attention(nn.Module):
         """x [bs, T, hidden] -> [bs, T, hidden]. Without ``kv``: plain causal attention over x itself. ``rope``:
         the (cos, sin) tables of models.fused.rope_tables for these positions (the fused path; needs ``kv``): one
         q|k|v GEMM, then two nodes: q/k norm + RoPE with the pool writes (fused.qkv_rope_write), and attention
-        straight from the pools (fused.paged_attention). Same values as the eager path."""
+        straight from the pools (fused.paged_attention; SDPA over the gathered columns above
+        ``PAGED_ATTENTION_MAX_T`` query tokens). Same values as the eager path to rounding."""
         cfg = self.cfg
         bs, T, _ = x.shape
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -130,7 +136,14 @@ class Attention(nn.Module):
             qkv = F.linear(x, merged_weight(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj]))
             qn, kn = (self.q_norm.weight, self.k_norm.weight) if cfg.qk_norm else (None, None)
             q = qkv_rope_write(qkv, H, Hkv, rope, qn, kn, cfg.rms_norm_eps, kv.k_pool, kv.v_pool, kv.write_slots)
-            return self.o_proj(paged_attention(q, kv.k_pool, kv.v_pool, kv.read_slots, kv.read_mask))
+            if T <= PAGED_ATTENTION_MAX_T:
+                return self.o_proj(paged_attention(q, kv.k_pool, kv.v_pool, kv.read_slots, kv.read_mask))
+            # a long prefill chunk (eager, in no graph): the gathered columns and PyTorch's SDPA, whose kernels tile
+            # the queries (paged_attention reads every key once per query)
+            keys, vals = (p[kv.read_slots].to(q.dtype).transpose(1, 2) for p in (kv.k_pool, kv.v_pool))
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=kv.read_mask[:, None],
+                                               enable_gqa=True)
+            return self.o_proj(o.transpose(1, 2).reshape(bs, T, H * D))
         q = self.q_proj(x).view(bs, T, H, D)
         k = self.k_proj(x).view(bs, T, Hkv, D)
         v = self.v_proj(x).view(bs, T, Hkv, D)

@@ -24,15 +24,16 @@ class CacheView:
 
     k_pools / v_pools: one [num_token_slots, Hkv, D] tensor per full-attention layer (written in place).
     write_slots [bs, T], read_slots [bs, S], read_mask [bs, T, S]: see ``layers.KVView``.
-    lin_state: [n_linear, bs, Hv, dk, dv] float32, the recurrent states before these tokens (None = zeros).
+    lin_state: [n_linear, bs, Hv, dk, dv] float32, the recurrent states before these tokens (None = zeros); with
+    ``lin_rows`` [bs] the whole pool [n_linear, num_slots, Hv, dk, dv], row b's state at [:, lin_rows[b]].
     all_states: return the state after every token ([n_linear, bs, T, Hv, dk, dv]) instead of the final one.
     parents: the T tokens form a tree (draft-tree verify): token t's parent index (< t; -1 = the root, continuing
     from ``lin_state``); linear layers then run ``gdn.gated_delta_rule_tree`` and return every token's state.
     Full-attention layers get the tree through ``read_mask`` (ancestor-only) and ``positions`` (depth).
     fused: the fused path (``RuntimeConfig.kernels``): the kernels of ``models.fused`` (RMSNorm with the residual add
-    or the output gate, q/k norm + RoPE, the gated-delta-rule chain, SwiGLU), merged q|k|v and gate|up GEMMs and
-    SDPA attention (layers.py): one CUDA-graph node where eager runs a chain of ops; same arithmetic. Needs CUDA
-    tensors and Triton.
+    or the output gate, q/k norm + RoPE with the K/V pool writes, attention from the pools, the gated-delta-rule
+    chain, SwiGLU) and merged q|k|v and gate|up GEMMs (layers.py): one CUDA-graph node where eager runs a chain of
+    ops; same arithmetic. Needs CUDA tensors and Triton. rope: see the field.
     """
 
     k_pools: list
@@ -44,6 +45,7 @@ class CacheView:
     all_states: bool = False
     parents: torch.Tensor | None = None  # [bs, T] long: a token tree (issue 8); linear layers return every state
     fused: bool = False  # the fused Triton kernels of models/fused.py (RuntimeConfig.kernels; CUDA + Triton only)
+    lin_rows: torch.Tensor | None = None  # [bs]: lin_state is the whole pool (see above)
     rope: tuple | None = None  # fused: (cos, sin) [bs, T, D/2] of these positions made by the caller (a draft block's)
 
 
@@ -154,7 +156,8 @@ class Transformer(nn.Module):
                 state = None if cache is None or cache.lin_state is None else cache.lin_state[lin_i]
                 res, st = layer.linear_attn(x, state, cache is not None and cache.all_states,
                                             None if cache is None else cache.parents, fused,
-                                            None if stacked is None else stacked[lin_i])
+                                            None if stacked is None else stacked[lin_i],
+                                            None if cache is None else cache.lin_rows)
                 new_states.append(st)
                 lin_i += 1
             h, x = add_norm(layer.post_attention_layernorm, h, res, fused)

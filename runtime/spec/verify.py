@@ -21,7 +21,8 @@ def verify_block(model: Transformer, st: DecodeState, rows: torch.Tensor, draft_
     tmap = st.token_map(rows)
     write = tmap.gather(1, pos.clamp(max=st.max_len - 1))
     mask = torch.arange(st.max_len, device=rows.device)[None, None, :] <= pos[:, :, None]
-    cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, st.tgt_lin.gather(rows), all_states=True,
-                      fused=st.fused)
+    # the linear states are read from the pool by row (no gathered copy of every layer's states)
+    lin = st.tgt_lin.pool if st.tgt_lin.n_linear else None
+    cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, lin, all_states=True, fused=st.fused, lin_rows=rows)
     logits, states = model(tokens, pos, cache)
     return logits.argmax(-1), states
