@@ -6,6 +6,9 @@
 #   env            GPU, torch, Triton, fla
 #   kernels_check  tests/test_fused_kernels.py compiled on the GPU (fused vs eager, float32 and bfloat16)
 #   exact          tiny preset, float32, held-out prompts, bs 8, B 8: speculative (fused) vs plain greedy (fused)
+#   baseline       the same bs-8 B-12 overlap + sync fused cells from an earlier commit's tree, unpacked from
+#                  .whl/baseline_<commit>.tar.gz (git archive COMMIT runtime gaptrace analyses benchmarks pyproject.toml
+#                  README.md fixtures/prompts), in the same call: OUT/baseline/runtime.json for the before/after ratios
 #   bench          benchmarks/bench_runtime.py: bs 8, B 12, overlap + sync, kernels fused and eager side by side
 #                  (bench preset); the fused bs-8 B-12 traces come back (tar under OUT)
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
@@ -27,10 +30,22 @@ TR=$WORK/traces
 mkdir -p "$TR"
 G=("$PY" -m gaptrace.cli)
 
-for s in ${*:-env exact bench tlr grid kernels_check}; do
+for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
   case $s in
     env)
       step env 30 bash -c "nvidia-smi -L; \"$PY\" -c 'import torch, triton, fla; print(torch.__version__, torch.version.cuda, triton.__version__, fla.__version__)'; git log -1 --oneline" ;;
+    baseline)
+      tgz=$(ls .whl/baseline_*.tar.gz 2>/dev/null | head -n 1)
+      if [[ -z $tgz ]]; then echo "| baseline | no .whl/baseline_*.tar.gz | 0 | 0 |" >> "$STEPS_MD"; continue; fi
+      mkdir -p "$WORK/old" && tar -xzf "$tgz" -C "$WORK/old" && \
+        "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$WORK/oldsite" "$WORK/old" \
+        > "$LOGS/baseline_install.log" 2>&1
+      step baseline 200 env PYTHONPATH="$WORK/oldsite:${PYTHONPATH:-}" "$PY" "$WORK/old/benchmarks/bench_runtime.py" \
+        --preset bench --device cuda --batch-sizes 8 --blocks 12 --kernels fused --no-floor --out "$OUT/baseline" \
+        --work "$WORK/baseline" --time-budget-s @BUDGET@
+      echo "baseline $(basename "$tgz"): gaptrace from $(PYTHONPATH="$WORK/oldsite:${PYTHONPATH:-}" "$PY" -c \
+        'import gaptrace.runtime.models.fused as f; print(f.__file__, hasattr(f, "paged_attention"))')" \
+        >> "$LOGS/baseline.log" 2>&1 ;;
     kernels_check)
       step kernels_check 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_kernels.py -k gpu -rs ;;
     exact)
