@@ -43,9 +43,8 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
       step baseline 200 env PYTHONPATH="$WORK/oldsite:${PYTHONPATH:-}" "$PY" "$WORK/old/benchmarks/bench_runtime.py" \
         --preset bench --device cuda --batch-sizes 8 --blocks 12 --kernels fused --no-floor --out "$OUT/baseline" \
         --work "$WORK/baseline" --time-budget-s @BUDGET@
-      echo "baseline $(basename "$tgz"): gaptrace from $(PYTHONPATH="$WORK/oldsite:${PYTHONPATH:-}" "$PY" -c \
-        'import gaptrace.runtime.models.fused as f; print(f.__file__, hasattr(f, "paged_attention"))')" \
-        >> "$LOGS/baseline.log" 2>&1 ;;
+      echo "baseline $(basename "$tgz"): gaptrace from $(cd "$WORK" && PYTHONPATH="$WORK/oldsite:${PYTHONPATH:-}" \
+        "$PY" -c 'import gaptrace.runtime.models.fused as f; print(f.__file__)')" >> "$LOGS/baseline.log" 2>&1 ;;
     kernels_check)
       step kernels_check 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_kernels.py -k gpu -rs ;;
     exact)

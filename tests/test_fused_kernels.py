@@ -111,9 +111,9 @@ for dt in (torch.float32, torch.bfloat16):
 # than one block; bfloat16 against the eager path's own error; and a query's result does not depend on T, bit for bit
 from gaptrace.runtime.models.layers import attend
 for dt in (torch.float32, torch.bfloat16):
-    for bs, T, H, Hkv, S, D in ((2, 3, 6, 2, 150, 16), (1, 1, 4, 4, 9, 8), (3, 5, 8, 2, 200, 32)):
-        kp, vp = torch.randn(300, Hkv, D).to(dt), torch.randn(300, Hkv, D).to(dt)
-        read = torch.stack([torch.randperm(300)[:S] for _ in range(bs)])
+    for bs, T, H, Hkv, S, D in ((2, 3, 6, 2, 150, 16), (1, 1, 4, 4, 9, 16), (3, 5, 8, 2, 600, 32)):
+        kp, vp = torch.randn(700, Hkv, D).to(dt), torch.randn(700, Hkv, D).to(dt)
+        read = torch.stack([torch.randperm(700)[:S] for _ in range(bs)])
         q = torch.randn(bs, T, H, D).to(dt)
         wide = torch.rand(bs, T + 1, S) < 0.5
         wide[..., 64:128] = False
@@ -215,16 +215,16 @@ torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
 # a long prefill chunk (T above PAGED_ATTENTION_MAX_T: SDPA over the gathered columns) against eager
 from gaptrace.runtime.models import layers as _layers
 T_long = _layers.PAGED_ATTENTION_MAX_T + 6
-lslots = torch.arange(256)[None].expand(2, 256)
+lslots = torch.arange(128)[None] + 128 * torch.arange(2)[:, None]  # each row its own slots (a write race otherwise)
 lpos = torch.arange(T_long)[None].expand(2, T_long) + torch.tensor([[0], [50]])
 ltoks = torch.randint(0, 128, (2, T_long))
-lmask = lslots[:, None, :] <= lpos[..., None]
+lmask = torch.arange(128)[None, None, :] <= lpos[..., None]
 kl, vl = make_kv_pools(mc, 256, DEV, torch.float32)
 louts = []
 for fz in (False, True):
     kp2, vp2 = [p.clone() for p in kl], [p.clone() for p in vl]
     with torch.no_grad():
-        louts.append(model(ltoks, lpos, CacheView(kp2, vp2, lpos, lslots, lmask, None, fused=fz)))
+        louts.append(model(ltoks, lpos, CacheView(kp2, vp2, lslots.gather(1, lpos), lslots, lmask, None, fused=fz)))
 torch.testing.assert_close(louts[1][0], louts[0][0], rtol=1e-4, atol=1e-4)
 
 # a caller's RoPE tables (a draft block's, sliced per step) give the same forward as the model's own, bit for bit

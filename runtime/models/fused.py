@@ -29,9 +29,15 @@ interpreter against the references.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+# Triton's CPU interpreter (the tests) computes tl.dot of bfloat16 tiles wrongly (Triton 3.9: garbage magnitudes);
+# there paged_attention takes its float32 path (operands upcast, IEEE products: the same values a bf16 MMA gives)
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -196,59 +202,120 @@ def qkv_rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, tables: tuple[t
 
 
 @triton.jit
-def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, T, S, H, G, s_qb, s_qt, s_sb, s_mb,
-                            s_mt, s_ms, s_kp, s_vp, scale, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    bt = tl.program_id(0).to(tl.int64)           # one query token (b, t) ...
-    h = tl.program_id(1)                          # ... and one query head, over KV head h // G
-    b = bt // T
-    t = bt % T
-    hk = h // G
+def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, ws_m_ptr, ws_l_ptr, ws_o_ptr, T, S, H,
+                            HKV, G, split_len, s_qb, s_qt, s_sb, s_mb, s_mt, s_ms, s_kp, s_vp, scale,
+                            D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
+                            IEEE: tl.constexpr):
+    bk = tl.program_id(0).to(tl.int64)           # one (row b, KV head) ...
+    sp = tl.program_id(1)                         # ... one split of the columns ...
+    b = bk // HKV
+    hk = bk % HKV
+    r = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)   # ... and BLOCK_M of its T x G query rows (t, g)
+    t = r // G
+    h = hk * G + r % G
+    live = r < T * G
     d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * s_qb + t * s_qt + h * D + d).to(tl.float32)
-    m_i = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), 0)
-    l_i = tl.sum(tl.zeros([BLOCK_S], tl.float32), 0)
-    acc = tl.zeros([D], tl.float32)
-    for s0 in range(0, S, BLOCK_S):
+    q = tl.load(q_ptr + b * s_qb + t[:, None] * s_qt + h[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    lo = sp * split_len
+    for s0 in range(lo, tl.minimum(lo + split_len, S), BLOCK_S):
         cols = s0 + tl.arange(0, BLOCK_S)
-        ok = tl.load(m_ptr + b * s_mb + t * s_mt + cols * s_ms, mask=cols < S, other=0) != 0
-        # a block with no open column is skipped: it would leave m, l and acc exactly as they are, so skipping
-        # it changes no bit (and a query's result does not depend on how many closed columns follow)
-        if tl.max(ok.to(tl.int32), 0) > 0:
-            slot = tl.load(slot_ptr + b * s_sb + cols, mask=ok, other=0).to(tl.int64)
-            k = tl.load(kp_ptr + slot[:, None] * s_kp + hk * D + d[None, :], mask=ok[:, None], other=0.0)
-            s = tl.where(ok, tl.sum(k.to(tl.float32) * q[None, :], 1) * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new)
-            v = tl.load(vp_ptr + slot[:, None] * s_vp + hk * D + d[None, :], mask=ok[:, None], other=0.0)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        inb = cols < S
+        ok = tl.load(m_ptr + b * s_mb + t[:, None] * s_mt + cols[None, :] * s_ms,
+                     mask=live[:, None] & inb[None, :], other=0) != 0
+        # a block with no open column is skipped, and a row with none in a processed block is left as it was
+        # (alpha = 1, p = 0): m, l and acc do not change by one bit, so neither the other rows nor the closed
+        # columns after a query's last open one change its result
+        if tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0:
+            slot = tl.load(slot_ptr + b * s_sb + cols, mask=inb, other=0).to(tl.int64)
+            k = tl.load(kp_ptr + slot[:, None] * s_kp + hk * D + d[None, :], mask=inb[:, None], other=0.0)
+            if IEEE:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            s = tl.where(ok, s * scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
+            p = tl.where(ok, tl.exp(s - m_new[:, None]), 0.0)
+            v = tl.load(vp_ptr + slot[:, None] * s_vp + hk * D + d[None, :], mask=inb[:, None], other=0.0)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if IEEE:
+                pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
             m_i = m_new
-    tl.store(o_ptr + (bt * H + h) * D + d, (acc / l_i).to(o_ptr.dtype.element_ty))
+    if NSPLIT == 1:
+        tl.store(o_ptr + ((b * T + t[:, None]) * H + h[:, None]) * D + d[None, :],
+                 (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
+    else:  # this split's running max, sum and unnormalised output, merged by _attention_combine_kernel
+        w = ((b * T + t) * H + h) * NSPLIT + sp
+        tl.store(ws_m_ptr + w, m_i, mask=live)
+        tl.store(ws_l_ptr + w, l_i, mask=live)
+        tl.store(ws_o_ptr + w[:, None] * D + d[None, :], acc, mask=live[:, None])
+
+
+@triton.jit
+def _attention_combine_kernel(ws_m_ptr, ws_l_ptr, ws_o_ptr, o_ptr, D: tl.constexpr, NSPLIT: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)           # one (b, t, h)
+    sp = tl.arange(0, NSPLIT)
+    d = tl.arange(0, D)
+    m = tl.load(ws_m_ptr + row * NSPLIT + sp)
+    mx = tl.max(m, 0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp(m - mx))   # a split with no open column weighs 0
+    l_ = tl.sum(tl.load(ws_l_ptr + row * NSPLIT + sp) * w, 0)
+    acc = tl.sum(tl.load(ws_o_ptr + (row * NSPLIT + sp[:, None]) * D + d[None, :]) * w[:, None], 0)
+    tl.store(o_ptr + row * D + d, (acc / l_).to(o_ptr.dtype.element_ty))
+
+
+def attention_splits(S: int) -> int:
+    """How many column splits ``paged_attention`` runs in parallel for S key columns: next_power_of_2(ceil(S /
+    256)), at most 16 (flash-decoding, Dao et al. 2023: a decode row has too few queries to fill the GPU). A
+    function of S only, so a query's result never depends on T."""
+    return min(16, triton.next_power_of_2(triton.cdiv(S, 256)))
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, read_slots: torch.Tensor,
                     mask: torch.Tensor) -> torch.Tensor:
-    """Masked grouped-query attention straight from the paged pools (layers.attend over ``pool[read_slots]``, in one
-    node: no gathered copy of K and V, no mask bias). q [bs, T, H, D] (D a power of two); k_pool, v_pool
+    """Masked grouped-query attention straight from the paged pools (layers.attend over ``pool[read_slots]``: no
+    gathered copy of K and V, no mask bias). q [bs, T, H, D] (D a power of two, >= 16); k_pool, v_pool
     [num_token_slots, Hkv, D]; read_slots [bs, S] long; mask [bs, T, S] bool, any strides (a draft step's slice of
-    its block's masks), every query row with one True. Returns [bs, T, H * D] in q's dtype. Softmax in float32
-    with scale 1/sqrt(D) (Vaswani et al. 2017), one pass with the running max and sum (Milakov & Gimelshein 2018,
-    the flash-attention recurrence), 64 columns at a time; each (query, head) is its own program, so a query's
-    result does not depend on T or on the other rows (the verify block and a one-token step agree bit for bit)."""
+    its block's masks), every query row with one True. Returns [bs, T, H * D] in q's dtype.
+
+    One program per (row, KV head, column split, 16 query rows): the T x G queries that share a KV head read each
+    K/V tile once, on tensor cores (q k^T and p v as ``tl.dot``; float32 inputs at full precision, not TF32; under
+    Triton's interpreter always the float32 path). Softmax
+    in float32 with scale 1/sqrt(D) (Vaswani et al. 2017), one pass with the running max and sum (Milakov &
+    Gimelshein 2018; flash attention), 64 columns at a time, p rounded to V's dtype before p v as ``attend`` does;
+    the splits (``attention_splits``) merged by a second node. Tiles and splits do not depend on T and a row's
+    arithmetic does not depend on the other rows, so the verify block and a one-token step agree bit for bit."""
     bs, T, H, D = q.shape
-    S = read_slots.shape[1]
+    S, Hkv = read_slots.shape[1], k_pool.shape[1]
+    G = H // Hkv
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"paged_attention needs a power-of-two head dim >= 16, got {D}")
     o = torch.empty(bs, T, H * D, device=q.device, dtype=q.dtype)
     if q.stride(3) != 1 or q.stride(2) != D:
         q = q.contiguous()
     if read_slots.stride(1) != 1:
         read_slots = read_slots.contiguous()
     m8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
+    ns = attention_splits(S)
+    split_len = triton.cdiv(triton.cdiv(S, ns), 64) * 64
+    ws = [o] * 3
+    if ns > 1:
+        ws = [torch.empty(bs * T * H * ns, device=q.device, dtype=torch.float32) for _ in range(2)]
+        ws.append(torch.empty(bs * T * H * ns, D, device=q.device, dtype=torch.float32))
     if bs and T:
-        _paged_attention_kernel[(bs * T, H)](
-            q, k_pool, v_pool, read_slots, m8, o, T, S, H, H // k_pool.shape[1], q.stride(0), q.stride(1),
+        _paged_attention_kernel[(bs * Hkv, ns, triton.cdiv(T * G, 16))](
+            q, k_pool, v_pool, read_slots, m8, o, *ws, T, S, H, Hkv, G, split_len, q.stride(0), q.stride(1),
             read_slots.stride(0), m8.stride(0), m8.stride(1), m8.stride(2), k_pool.stride(0), v_pool.stride(0),
-            D ** -0.5, D=D, BLOCK_S=64, num_warps=4)
+            D ** -0.5, D=D, BLOCK_M=16, BLOCK_S=64, NSPLIT=ns, IEEE=q.dtype == torch.float32 or _INTERPRETED,
+            num_warps=4)
+        if ns > 1:
+            _attention_combine_kernel[(bs * T * H,)](*ws, o, D=D, NSPLIT=ns)
     return o
 
 
@@ -310,7 +377,8 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
     model's stacked states: no stacking copy afterwards). ``state_rows`` [bs] long: ``state`` is a whole pool
     [num_slots, hv, dk, dv] float32 and row b starts from state[state_rows[b]], read in place."""
     bs, T, _ = qkv.shape
-    qkv, gates = qkv.contiguous(), gates.contiguous()
+    # read in place (slices of one merged projection are fine): only the last dim must be unit-stride
+    qkv, gates = (x if x.stride(-1) == 1 else x.contiguous() for x in (qkv, gates))
     nq = hk * dk
     o = torch.empty(bs, T, hv, dv, device=qkv.device, dtype=qkv.dtype)
     shape = (bs, T, hv, dk, dv) if return_all else (bs, hv, dk, dv)

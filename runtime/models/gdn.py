@@ -155,8 +155,11 @@ class GatedDeltaNet(nn.Module):
         bs, T, _ = x.shape
         if fused and parents is None and (return_all or T == 1 or _fla_chunk is None):
             from .fused import gdn_chain, rms_norm
-            gates = self.in_proj_gates(x)
-            o, new_state = gdn_chain(self.in_proj_qkv(x), gates, self.A_log, self.dt_bias, self.hk, self.hv,
+            from .layers import merged_weight
+            # one GEMM for both projections (their outputs are read in place as two column ranges)
+            qg = F.linear(x, merged_weight(self, "_qkv_gates", [self.in_proj_qkv, self.in_proj_gates]))
+            qkv, gates = qg[..., :self.in_proj_qkv.out_features], qg[..., self.in_proj_qkv.out_features:]
+            o, new_state = gdn_chain(qkv, gates, self.A_log, self.dt_bias, self.hk, self.hv,
                                      self.dk, self.dv, state, return_all, state_out, state_rows)
             o = rms_norm(o, self.norm.weight, self.norm.eps, gate=gates[..., 2 * self.hv:])
             return self.out_proj(o.reshape(bs, T, self.hv * self.dv)), new_state
