@@ -14,7 +14,7 @@
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
 #                  fused kernels (resumes the bench step's runtime.json)
 #   tlr            tiny preset, 16 prompts of ~16k tokens, bs 8, --queue, --max-new-tokens 24, prefill chunk 512,
-#                  context 32768: capture with --fault token-list-rebuild and without, gaptrace analyze both and
+#                  context 32768 (TLR_TOKENS, TLR_COUNT, TLR_BS, TLR_CHUNK, TLR_MAX_LEN override these): capture with --fault token-list-rebuild and without, gaptrace analyze both and
 #                  gaptrace diff clean -> fault (the traces are ~60 MB each: only the text comes back)
 #
 # Returned under $OUT: summary.md (steps, exits, seconds, the logs' tails), runtime.json/.md, traces*.tar.gz(.part*).
@@ -24,6 +24,9 @@ PY=${PY:-python3}
 OUT=${OUT:-$PWD/kernels_out}
 BUDGET_S=${BUDGET_S:-560}
 RESERVE=15
+# the tlr step's long-context capture: prompts (count x tokens), batch size, prefill chunk, context capacity
+TLR_TOKENS=${TLR_TOKENS:-16000} TLR_COUNT=${TLR_COUNT:-16} TLR_BS=${TLR_BS:-8} TLR_CHUNK=${TLR_CHUNK:-512}
+TLR_MAX_LEN=${TLR_MAX_LEN:-32768}
 source scripts/_steps.sh  # steps_init, left, step
 steps_init kernels
 TR=$WORK/traces
@@ -46,7 +49,7 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
       echo "baseline $(basename "$tgz"): gaptrace from $(cd "$WORK" && PYTHONPATH="$WORK/oldsite:${PYTHONPATH:-}" \
         "$PY" -c 'import gaptrace.runtime.models.fused as f; print(f.__file__)')" >> "$LOGS/baseline.log" 2>&1 ;;
     kernels_check)
-      step kernels_check 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_kernels.py -k gpu -rs ;;
+      step kernels_check 330 "$PY" -m pytest -q -p no:cacheprovider tests/test_fused_kernels.py -k gpu -rs ;;
     exact)
       step exact 120 "${G[@]}" decode --preset tiny --device cuda --dtype float32 --batch-size 8 -B 8 \
         --prompts fixtures/prompts/heldout.jsonl --max-new-tokens 64 --check-exact ;;
@@ -57,9 +60,11 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
       step grid 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8,1,32 \
         --blocks 12,8,4 --kernels fused --out "$OUT" --work "$WORK/grid" --resume --time-budget-s @BUDGET@ ;;
     tlr)
-      "$PY" scripts/long_prompts.py --tokens 16000 --count 16 -o "$WORK/long.jsonl" 2> "$LOGS/long_prompts.log"
-      common=(--preset tiny --device cuda --batch-size 8 --prompts "$WORK/long.jsonl" --queue --max-new-tokens 24
-              --prefill-chunk 512 --max-seq-len 32768 --warmup-rounds 4 --rounds 14)
+      "$PY" scripts/long_prompts.py --tokens "$TLR_TOKENS" --count "$TLR_COUNT" -o "$WORK/long.jsonl" \
+        2> "$LOGS/long_prompts.log"
+      common=(--preset tiny --device cuda --batch-size "$TLR_BS" --prompts "$WORK/long.jsonl" --queue
+              --max-new-tokens 24 --prefill-chunk "$TLR_CHUNK" --max-seq-len "$TLR_MAX_LEN" --warmup-rounds 4
+              --rounds 14)
       step tlr_fault 150 "${G[@]}" capture "${common[@]}" --fault token-list-rebuild \
         -o "$TR/h200_tiny_overlap_bs8_B8_long16k_token-list-rebuild.json.gz"
       step tlr_clean 120 "${G[@]}" capture "${common[@]}" -o "$TR/h200_tiny_overlap_bs8_B8_long16k.json.gz"
