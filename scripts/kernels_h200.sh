@@ -14,7 +14,8 @@
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
 #                  fused kernels (resumes the bench step's runtime.json)
 #   tlr            tiny preset, 16 prompts of ~16k tokens, bs 8, --queue, --max-new-tokens 24, prefill chunk 512,
-#                  context 32768 (TLR_TOKENS, TLR_COUNT, TLR_BS, TLR_CHUNK, TLR_MAX_LEN override these): capture with --fault token-list-rebuild and without, gaptrace analyze both and
+#                  context 32768 (TLR_TOKENS, TLR_COUNT, TLR_BS, TLR_CHUNK, TLR_MAX_LEN override these):
+#                  capture with --fault token-list-rebuild and without, gaptrace analyze both and
 #                  gaptrace diff clean -> fault (the traces are ~60 MB each: only the text comes back)
 #
 # Returned under $OUT: summary.md (steps, exits, seconds, the logs' tails), runtime.json/.md, traces*.tar.gz(.part*).
