@@ -3,15 +3,19 @@
 A graph replays its nodes back to back, but the H200 still leaves ~0.42 µs between two nodes (measured on
 fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12: 56,762 same-launch gaps, median 0.42 µs); with the eager
 building blocks of layers.py / gdn.py a bs-8 B-12 round was 6,616 nodes, 92% of its idle time those bubbles
-(issue 6). With these kernels, the merged GEMMs and SDPA attention (layers.py) it is 1,066 nodes and 0.27x the
-round time (benchmarks/results/h200_2026-11-30_s3/runtime.md). Each kernel here replaces a chain of PyTorch ops
-with one node and the same arithmetic:
+(issue 6). With these kernels and the merged GEMMs (layers.py) it is 617 nodes and 0.148x the eager round time
+(benchmarks/results/h200_2026-11-30_s4/runtime.md; 1,066 nodes and 0.27x before attention was read from the pools).
+Each kernel here replaces a chain of PyTorch ops with one node (two for split attention) and the same arithmetic:
 
 - ``rms_norm``: RMSNorm (layers.RMSNorm) of every row, optionally times sigmoid(gate) per row (the gated output
   norm of the linear-attention layer): one node instead of 7-9; ``add_rms_norm``: the residual add fused into it.
 - ``silu_mul``: SwiGLU's silu(gate) * up from the merged gate|up projection.
-- ``norm_rope``: the per-head q/k RMSNorm (Qwen3) and the rotary embedding (layers.apply_rope) of q or k in one
-  node; cos/sin come from ``rope_tables``, computed once per forward for all layers.
+- ``qkv_rope_write``: from the merged q|k|v projection, the per-head q/k RMSNorm (Qwen3), the rotary embedding
+  (layers.apply_rope) and the writes of k and v into the paged pools, one node; cos/sin come from ``rope_tables``,
+  computed once per forward (once per block for a draft block) for all layers.
+- ``paged_attention``: masked grouped-query attention reading K/V straight from the pools by slot (no gathered
+  copy, no mask bias), the queries of a KV head sharing each tile on tensor cores, the columns split across
+  programs (flash-decoding) and merged by a second node.
 - ``gdn_chain``: the gated delta rule over a chain of T tokens (gdn.gated_delta_rule_ref), with the L2
   normalisation of q and k, the gate g = -exp(A_log) * softplus(a + dt_bias) and beta = sigmoid(b) done inside,
   the state kept in registers, and optionally the state after every token written (what the verify's commit
@@ -22,8 +26,8 @@ with one node and the same arithmetic:
 Arithmetic follows the references op for op (float32 math, the same casts to the activation dtype between ops), so
 results agree with them to float32 rounding (reduction order differs); the speculative path and the greedy
 reference use the same kernels. ``gdn_chain`` is one compiled kernel whatever T, start state or stores, so a token's
-recurrence does not depend on the block length (tested bit for bit); the GEMMs and attention around it are cuBLAS /
-SDPA kernels chosen per shape, equal to rounding.
+recurrence does not depend on the block length (tested bit for bit), and ``paged_attention``'s tiles and splits do
+not depend on T either (same test); the GEMMs around them are cuBLAS kernels chosen per shape, equal to rounding.
 Imported only where Triton is installed (CUDA machines); tests/test_fused_kernels.py runs them in Triton's CPU
 interpreter against the references.
 """
