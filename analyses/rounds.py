@@ -204,6 +204,32 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     return RoundsReport(table=table, summary=summary, host_ranges=ranges)
 
 
+def range_inclusive_us(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] | None = None
+                       ) -> dict[str, float]:
+    """Inclusive host time per round of every annotation range (NVTX / record_function) that starts inside a round
+    period (from one ``name`` range's start to the next one's, the periods :func:`rounds` counts), summed per range
+    name and divided by the number of periods: {range: µs per round}, ``name`` itself included; {} with fewer than
+    two rounds. The profiled side of the profiler's host cost per range; the unprofiled side is
+    ``runtime.annotate.HostRangeTimes`` (same ranges, host clock, no profiler)."""
+    h = trace.host
+    if h.empty:
+        return {}
+    key = resolve_device(trace, device) if not trace.device.empty else (None, None)
+    ua = h[(h["cat"] == "user_annotation").to_numpy()]
+    if key[0] is not None:
+        ua = ua[ua["rank"].to_numpy() == key[0]]
+    names = ua["name"].astype(str)
+    starts = np.sort(ua.loc[names.str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool),
+                            "ts_us"].to_numpy(dtype=np.float64))
+    if len(starts) < 2:
+        return {}
+    ts = ua["ts_us"].to_numpy(dtype=np.float64)
+    inside = (ts >= starts[0]) & (ts < starts[-1])
+    dur = (ua["end_us"].to_numpy(dtype=np.float64) - ts)[inside]
+    per = pd.Series(dur).groupby(names.to_numpy(dtype=object)[inside], sort=True).sum() / (len(starts) - 1)
+    return {str(k): float(v) for k, v in per.items()}
+
+
 def host_by_range(trace: Trace, round_rows: np.ndarray, launch_rows: np.ndarray, launch_inflation: np.ndarray,
                   calls: pd.DataFrame | None) -> pd.DataFrame:
     """Where the host's round time went, by NVTX / record_function range: columns range, host_us_per_round,

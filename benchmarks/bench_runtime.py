@@ -57,6 +57,12 @@ sys.path.insert(0, HERE)
 from _results import fmt, machine, md_table, pct, read_results, write_results  # noqa: E402
 
 
+# NVTX ranges of a round (runtime/engine.py): those that hold the graph replays, and all that do host work
+# without waiting on the device (plan waits in the sync scheduler's lengths copy, read in overlap's event wait)
+GRAPH_RANGES = ("draft", "verify", "tree")
+WORK_RANGES = ("draft", "tree", "verify", "accept", "commit", "sample")
+
+
 class _Stop(Exception):
     """Raised from the round hook once every needed round has run and been read back."""
 
@@ -79,10 +85,11 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
                   trace_path: str | None = None, config: dict | None = None) -> dict:
     """Run ``engine.generate(ids)`` for ``warmup`` + ``timed`` rounds (+ 1 + ``profiled`` under the profiler),
     then stop it. Returns {periods_ms [timed], taus [timed rounds' per-request τ lists], launch_us {(phase, nb):
-    [µs]}, profiled_taus, capture_s, export_s}. Raises RuntimeError if the decode ends too early."""
+    [µs]}, profiled_taus, capture_s, export_s, range_ms {NVTX range: inclusive host ms per timed round}}. Raises RuntimeError if the decode ends too early."""
     import torch
 
     from gaptrace.capture import Capture
+    from gaptrace.runtime.annotate import record_host_ranges
     from gaptrace.runtime.graphs import collect_launch_us
 
     t: dict[int, float] = {}
@@ -92,6 +99,7 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
 
     def hook(i: int) -> None:
         t[i] = time.perf_counter()
+        ranges.active = warmup <= i < warmup + timed  # each NVTX range's host time in the timed rounds
         if warmup < i <= warmup + timed:  # unprofiled host cost of each graph replay (two clock reads, no sync)
             collect_launch_us(engine.runner.graphs, launch_us)
         cap = st["cap"]
@@ -109,7 +117,8 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
             raise _Stop
 
     try:
-        engine.generate(ids, max_new, on_round=hook)
+        with record_host_ranges() as ranges:
+            engine.generate(ids, max_new, on_round=hook)
         raise RuntimeError(f"the decode ended after {len(engine.round_tau)} rounds, before the {need} it needs")
     except _Stop:
         pass
@@ -123,7 +132,8 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
     taus = engine.round_tau[warmup:warmup + timed]
     out = {"periods_ms": [1e3 * (t[i] - t[i - 1]) for i in range(warmup + 1, warmup + timed + 1)],
            "taus": taus, "launch_us": launch_us, "capture_s": st["capture_s"], "export_s": st["export_s"],
-           "profiled_taus": engine.round_tau[warmup + timed + 1: need] if profiled else [], "cap": st["cap"]}
+           "profiled_taus": engine.round_tau[warmup + timed + 1: need] if profiled else [], "cap": st["cap"],
+           "range_ms": ranges.per_round_ms(timed)}
     return out
 
 
@@ -146,7 +156,10 @@ def analyse_capture(path: str) -> dict:
     from gaptrace.capture import read_sidecar
 
     t0 = time.perf_counter()
-    res = run_analysis(load_trace(path), sidecar=read_sidecar(path))
+    from gaptrace.analyses.rounds import range_inclusive_us
+
+    trace = load_trace(path)
+    res = run_analysis(trace, sidecar=read_sidecar(path))
     out = {"analysis_s": time.perf_counter() - t0, "trace_bytes": os.path.getsize(path),
            "trace_json_bytes": gz_uncompressed_bytes(path), "window": res.get("window")}
     devs = res.get("devices") or []
@@ -167,6 +180,7 @@ def analyse_capture(path: str) -> dict:
                unprofiled_round_ms=ms("unprofiled_round_us"), profiler_excess_ms=ms("profiler_excess_us"),
                kappa_explained_ms=ms("kappa_explained_us"), kappa_explained_share=s.get("kappa_explained_share"),
                kappa_exposed_ms=ms("kappa_exposed_us"), kappa_exposed_share=s.get("kappa_exposed_share"))
+    out["profiled_range_ms"] = {k: v / 1e3 for k, v in range_inclusive_us(trace).items()}
     nodes = [r.get("launch_nodes") for r in rr.get("rounds") or [] if isinstance(r.get("launch_nodes"), (int, float))]
     out["launch_nodes_per_round"] = sum(nodes) / len(nodes) if nodes else None
     tg, th = out["t_gpu_ms"], out["t_host_ms"]
@@ -228,6 +242,7 @@ def run_cell(setup, texts: list[str], kind: str, scheduler: str, bs: int, B: int
            "graph_nodes": {f"{p}_bs{nb}": g.num_nodes for (p, nb), g in sorted(engine.runner.graphs.items())},
            **timing_summary(run, bs)}
     rec["unprofiled_launch_us"] = {f"{p}_bs{nb}": statistics.median(v) for (p, nb), v in sorted(run["launch_us"].items())}
+    rec["unprofiled_range_ms"] = run["range_ms"]
     cap = run["cap"]
     if cap is not None:
         graphs = []
@@ -240,6 +255,7 @@ def run_cell(setup, texts: list[str], kind: str, scheduler: str, bs: int, B: int
             "rounds": [{"round": W + timed + 2 + k, "tau": sum(x) / len(x) if x else None, "accepted": list(x)}
                        for k, x in enumerate(run["profiled_taus"])],
             "graphs": graphs, "unprofiled_round_ms": run["periods_ms"], "analysis_window": "round",
+            "unprofiled_range_ms": run["range_ms"],
             "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"
                                      if cs.simulated else None)})
         cap.__exit__(None, None, None)  # writes the sidecar (the trace was written when the last round ended)
@@ -327,6 +343,28 @@ def render(data: dict) -> str:
                       "= max(TGPU, Thost) − max(TGPU, Thost − κ·ΣN): what κ·ΣN should add to an overlapped round. Waited through: "
                       "per launch min(κ·N, host-wait idle of the device during the launch call), summed per round "
                       "(analyses/rounds.py): the inflation on the critical path."]
+    by_range = [c for c in spec if c.get("unprofiled_range_ms") and (c.get("capture") or {}).get("profiled_range_ms")]
+    if by_range:
+        parts += ["", "## Profiler cost on the host, by NVTX range (inclusive host ms per round)", ""]
+        rows = []
+        for c in by_range:
+            u, p = c["unprofiled_range_ms"], c["capture"]["profiled_range_ms"]
+            excess = {k: p[k] - u[k] for k in u if k in p}
+            graph = sum(excess.get(k, 0.0) for k in GRAPH_RANGES)
+            kn = c["capture"].get("kappa_explained_ms")
+            rows.append([kern(c), c["scheduler"], c["batch_size"], c["block_size"],
+                         " · ".join(f"{k} {fmt(u[k], 3)} → {fmt(p[k], 3)}" for k in sorted(excess)),
+                         fmt(graph, 3), fmt(kn, 3), pct(kn / graph) if kn is not None and graph > 0 else "–",
+                         fmt(sum(v for k, v in excess.items() if k in WORK_RANGES), 3)])
+        parts.append(md_table(["kernels", "scheduler", "bs", "B", "range: unprofiled → profiled",
+                               "excess of the graph-launch ranges (draft, verify, tree)", "κ·ΣN ms",
+                               "κ·ΣN / that excess", "excess of the work ranges ms"], rows))
+        parts += ["", "Unprofiled: runtime.annotate.HostRangeTimes over the timed rounds (host clock, no sync); "
+                      "profiled: analyses.rounds.range_inclusive_us over the profiled rounds. The graph-launch "
+                      "ranges hold little but the graph replays, so their excess is what the launch fit's κ·ΣN "
+                      "claims to be; the work ranges (everything the host does but wait: " + ", ".join(WORK_RANGES)
+                  + ") add the profiler's cost on the eager ops. `round` and `read` also hold waits on the device, "
+                    "which shrink when the profiled host is slower."]
     pairs = [(c, f) for c in spec if kern(c) == "eager"
              for f in spec if kern(f) == "fused" and all(f[k] == c[k] for k in ("scheduler", "batch_size", "block_size"))]
     if pairs:

@@ -69,11 +69,15 @@ def test_bench_runtime_smoke(tmp_path):
         assert 1 <= c["tau"] <= 4
         assert c["capture"]["profiled_rounds"] == 2 and c["capture"]["trace_bytes"] > 0
         assert c["capture"]["occupancy"] is None  # a CPU trace has no device activity
+        # the unprofiled host time per NVTX range (timed rounds) and the profiled one (the capture) side by side
+        u, p = c["unprofiled_range_ms"], c["capture"]["profiled_range_ms"]
+        assert {"round", "plan", "draft", "verify", "read"} <= set(u) <= set(p)
+        assert u["round"] >= u["draft"] + u["verify"] > 0 and p["round"] >= p["draft"] + p["verify"] > 0
     cr = data["capture_report"]
     assert cr["profiled_rounds"] == 2 and cr["capture_s"] >= cr["export_s"] > 0 and "report_error" in cr
     md = (out / "runtime.md").read_text()
     assert md.strip() in stdout and "## Rounds: overlap vs sync" in md and "## Floor" in md
-    assert "## Capture to report" in md
+    assert "## Capture to report" in md and "## Profiler cost on the host, by NVTX range" in md
 
     # --resume keeps the cells; the time budget lets the first new cell run and skips the rest
     run("benchmarks/bench_runtime.py", *RT_SMOKE, "--batch-sizes", "2,3", "--blocks", "4", "--out", str(out),
@@ -133,6 +137,14 @@ def test_capture_figures_on_a_shipped_h200_trace():
     assert got["overlap_model_excess_ms"] == pytest.approx(max(got["t_gpu_ms"], got["t_host_ms"])
                                                            - max(got["t_gpu_ms"], host_unprof))
     assert got["kappa_explained_ms"] == pytest.approx(got["kappa_us_per_node"] * got["launch_nodes_per_round"] / 1e3)
+    # inclusive host time per round of every annotation starting inside a counted round period, from the raw JSON
+    want: dict = {}
+    for e in ev:
+        if e.get("cat") == "user_annotation" and starts[0] <= e["ts"] < starts[-1]:
+            want[e["name"]] = want.get(e["name"], 0.0) + e["dur"] / 1e3 / len(periods)
+    assert set(got["profiled_range_ms"]) == set(want) and {"round", "draft", "verify", "read"} <= set(want)
+    for k, v in want.items():
+        assert got["profiled_range_ms"][k] == pytest.approx(v, rel=1e-9), k
 
 
 @pytest.mark.parametrize("qk_norm,cls", [(True, "Qwen3ForCausalLM"), (False, "LlamaForCausalLM")])
