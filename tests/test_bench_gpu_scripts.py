@@ -144,7 +144,7 @@ def test_capture_figures_on_a_shipped_h200_trace():
             want[e["name"]] = want.get(e["name"], 0.0) + e["dur"] / 1e3 / len(periods)
     assert set(got["profiled_range_ms"]) == set(want) and {"round", "draft", "verify", "read"} <= set(want)
     for k, v in want.items():
-        assert got["profiled_range_ms"][k] == pytest.approx(v, rel=1e-9), k
+        assert got["profiled_range_ms"][k] == pytest.approx(v, abs=1e-6), k  # 1 ns: the JSON rounds dur
 
 
 @pytest.mark.parametrize("qk_norm,cls", [(True, "Qwen3ForCausalLM"), (False, "LlamaForCausalLM")])
