@@ -84,7 +84,7 @@ for dt in (torch.float32, torch.bfloat16):
             qn.weight.copy_(torch.rand(D) + 0.5)
             kn.weight.copy_(torch.rand(D) + 0.5)
         cos, sin = fused.rope_tables(pos, D, 1e6)
-        tables = (cos[:, 1:T + 1], sin[:, 1:T + 1])
+        tables = (cos[:, 1:T + 1], sin[:, 1:T + 1].contiguous())  # each table with its own strides
         p = pos[:, 1:T + 1]
         slots = torch.randperm(40)[: bs * T].view(bs, T)
         q, k, v = (qkv[..., :H * D].reshape(bs, T, H, D), qkv[..., H * D:(H + Hkv) * D].reshape(bs, T, Hkv, D),
@@ -266,6 +266,18 @@ def test_fused_kernels_match_references_in_triton_interpreter():
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton not installed")
     _run(interpret=True)
+
+
+@pytest.mark.parametrize("value", ["1", "true", "On", "yes"])
+def test_interpreter_detected_as_triton_parses_it(value):
+    """paged_attention's float32 path under the interpreter follows Triton's own switch (TRITON_INTERPRET=true too)."""
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton not installed")
+    code = "from gaptrace.runtime.models import fused; print(fused._interpreted())"
+    for env_value, want in ((value, "True"), ("0", "False")):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "TRITON_INTERPRET": env_value})
+        assert r.returncode == 0 and r.stdout.strip() == want, (env_value, r.stdout, r.stderr[-2000:])
 
 
 def test_fused_kernels_match_references_on_gpu():

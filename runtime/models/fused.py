@@ -39,9 +39,17 @@ import torch
 import triton
 import triton.language as tl
 
-# Triton's CPU interpreter (the tests) computes tl.dot of bfloat16 tiles wrongly (Triton 3.9: garbage magnitudes);
-# there paged_attention takes its float32 path (operands upcast, IEEE products: the same values a bf16 MMA gives)
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+def _interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (the tests), which computes tl.dot of bfloat16 tiles
+    wrongly (Triton 3.9: garbage magnitudes); there paged_attention takes its float32 path (operands upcast, IEEE
+    products: the same values a bf16 MMA gives). Triton's own switch where it has one, else TRITON_INTERPRET as
+    Triton parses it (1 / true / on / yes)."""
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    if runtime is not None and hasattr(runtime, "interpret"):
+        return bool(runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes")
 
 
 @triton.jit
@@ -134,7 +142,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _qkv_rope_write_kernel(x_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, kp_ptr, vp_ptr, slot_ptr, T, H, HKV,
-                           s_xb, s_xt, s_cb, s_ct, s_sb, s_st, s_kp, s_vp, eps, HALF: tl.constexpr,
+                           s_xb, s_xt, s_cb, s_ct, s_nb, s_nt, s_sb, s_st, s_kp, s_vp, eps, HALF: tl.constexpr,
                            HAS_NORM: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)          # one token (b, t) ...
     h = tl.program_id(1)                          # ... and one head of q | k | v (H + 2 HKV rows of D = 2 HALF)
@@ -154,7 +162,7 @@ def _qkv_rope_write_kernel(x_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, kp_pt
             x1 = (x1 * r * w1).to(q_ptr.dtype.element_ty).to(tl.float32)
             x2 = (x2 * r * w2).to(q_ptr.dtype.element_ty).to(tl.float32)
         cs = tl.load(cos_ptr + b * s_cb + t * s_ct + c)
-        sn = tl.load(sin_ptr + b * s_cb + t * s_ct + c)
+        sn = tl.load(sin_ptr + b * s_nb + t * s_nt + c)
         y1 = (x1 * cs + -x2 * sn).to(q_ptr.dtype.element_ty)
         y2 = (x2 * cs + x1 * sn).to(q_ptr.dtype.element_ty)
         if h < H:
@@ -199,7 +207,8 @@ def qkv_rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, tables: tuple[t
         w = q_weight if q_weight is not None else qkv
         _qkv_rope_write_kernel[(bs * T, heads + 2 * kv_heads)](
             qkv, w, k_weight if k_weight is not None else w, cos, sin, q, k_pool, v_pool, write_slots, T, heads,
-            kv_heads, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), write_slots.stride(0),
+            kv_heads, qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
+            write_slots.stride(0),
             write_slots.stride(1), k_pool.stride(0), v_pool.stride(0), eps, HALF=D // 2,
             HAS_NORM=q_weight is not None)
     return q
@@ -290,7 +299,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
 
     One program per (row, KV head, column split, 16 query rows): the T x G queries that share a KV head read each
     K/V tile once, on tensor cores (q k^T and p v as ``tl.dot``; float32 inputs at full precision, not TF32; under
-    Triton's interpreter always the float32 path). Softmax
+    Triton's interpreter always the float32 path, see ``_interpreted``). Softmax
     in float32 with scale 1/sqrt(D) (Vaswani et al. 2017), one pass with the running max and sum (Milakov &
     Gimelshein 2018; flash attention), 64 columns at a time, p rounded to V's dtype before p v as ``attend`` does;
     the splits (``attention_splits``) merged by a second node. Tiles and splits do not depend on T and a row's
@@ -316,7 +325,7 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
         _paged_attention_kernel[(bs * Hkv, ns, triton.cdiv(T * G, 16))](
             q, k_pool, v_pool, read_slots, m8, o, *ws, T, S, H, Hkv, G, split_len, q.stride(0), q.stride(1),
             read_slots.stride(0), m8.stride(0), m8.stride(1), m8.stride(2), k_pool.stride(0), v_pool.stride(0),
-            D ** -0.5, D=D, BLOCK_M=16, BLOCK_S=64, NSPLIT=ns, IEEE=q.dtype == torch.float32 or _INTERPRETED,
+            D ** -0.5, D=D, BLOCK_M=16, BLOCK_S=64, NSPLIT=ns, IEEE=q.dtype == torch.float32 or _interpreted(),
             num_warps=4)
         if ns > 1:
             _attention_combine_kernel[(bs * T * H,)](*ws, o, D=D, NSPLIT=ns)
