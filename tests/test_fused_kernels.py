@@ -131,6 +131,18 @@ for dt in (torch.float32, torch.bfloat16):
         assert not torch.allclose(fused.paged_attention(q, kp, vp, read, m2).float(), o.float(), atol=1e-3)
         for t in range(T):
             assert torch.equal(fused.paged_attention(q[:, t:t + 1], kp, vp, read, m[:, t:t + 1])[:, 0], o[:, t])
+# a pool whose slots are not contiguous is refused (the kernels address slots by one stride), never misread
+bad = torch.randn(32, 2, 700, dtype=torch.float32).permute(2, 0, 1)
+for call in (lambda: fused.paged_attention(torch.randn(1, 1, 4, 32), bad, bad, torch.arange(5)[None],
+                                           torch.ones(1, 1, 5, dtype=torch.bool)),
+             lambda: fused.qkv_rope_write(torch.randn(1, 1, 8 * 32), 4, 2, fused.rope_tables(torch.zeros(1, 1,
+                                          dtype=torch.long), 32, 1e6), None, None, 1e-6, bad, bad,
+                                          torch.zeros(1, 1, dtype=torch.long))):
+    try:
+        call()
+        raise AssertionError("a non-contiguous pool was accepted")
+    except ValueError as e:
+        assert "contiguous" in str(e)
 
 # the gated delta rule chain from the raw projections: grouped value heads, with / without a start state,
 # the final state or every state

@@ -178,6 +178,15 @@ def _qkv_rope_write_kernel(x_ptr, wq_ptr, wk_ptr, cos_ptr, sin_ptr, q_ptr, kp_pt
         tl.store(dst + HALF + c, x2.to(vp_ptr.dtype.element_ty))
 
 
+def _check_pools(k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
+    """The kernels address a pool [num_token_slots, Hkv, D] by its slot stride only: each slot's Hkv x D block must
+    be contiguous (the runtime's pools are); ValueError otherwise, never a silent wrong read."""
+    for name, p in (("k_pool", k_pool), ("v_pool", v_pool)):
+        if p.dim() != 3 or p.stride(2) != 1 or p.stride(1) != p.shape[2]:
+            raise ValueError(f"{name} must be [slots, Hkv, D] with each slot's Hkv x D block contiguous, got shape "
+                             f"{tuple(p.shape)} strides {tuple(p.stride())}")
+
+
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [bs, T, head_dim / 2] float32 of positions [bs, T] (long): layers.rope_angles, the angles
     layers.apply_rope uses, once per forward for every layer (or once per draft block for all its steps: a
@@ -199,6 +208,7 @@ def qkv_rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, tables: tuple[t
     ``apply_rope(norm(q))`` and the eager path's pool writes (tests/test_fused_kernels.py). D a power of two."""
     bs, T, width = qkv.shape
     D = width // (heads + 2 * kv_heads)
+    _check_pools(k_pool, v_pool)
     q = torch.empty(bs, T, heads, D, device=qkv.device, dtype=qkv.dtype)
     if qkv.stride(2) != 1:
         qkv = qkv.contiguous()
@@ -241,9 +251,10 @@ def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, ws_m_
         # a block with no open column is skipped, and a row with none in a processed block is left as it was
         # (alpha = 1, p = 0): m, l and acc do not change by one bit, so neither the other rows nor the closed
         # columns after a query's last open one change its result
-        if tl.max(tl.max(ok.to(tl.int32), 1), 0) > 0:
-            slot = tl.load(slot_ptr + b * s_sb + cols, mask=inb, other=0).to(tl.int64)
-            k = tl.load(kp_ptr + slot[:, None] * s_kp + hk * D + d[None, :], mask=inb[:, None], other=0.0)
+        used = tl.max(ok.to(tl.int32), 0) > 0    # columns open for some row of the tile: the only ones read
+        if tl.max(used.to(tl.int32), 0) > 0:
+            slot = tl.load(slot_ptr + b * s_sb + cols, mask=used, other=0).to(tl.int64)
+            k = tl.load(kp_ptr + slot[:, None] * s_kp + hk * D + d[None, :], mask=used[:, None], other=0.0)
             if IEEE:
                 s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
             else:
@@ -252,7 +263,7 @@ def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, ws_m_
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.where(m_new == float("-inf"), 1.0, tl.exp(m_i - m_new))
             p = tl.where(ok, tl.exp(s - m_new[:, None]), 0.0)
-            v = tl.load(vp_ptr + slot[:, None] * s_vp + hk * D + d[None, :], mask=inb[:, None], other=0.0)
+            v = tl.load(vp_ptr + slot[:, None] * s_vp + hk * D + d[None, :], mask=used[:, None], other=0.0)
             l_i = l_i * alpha + tl.sum(p, 1)
             if IEEE:
                 pv = tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee")
@@ -303,12 +314,17 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     in float32 with scale 1/sqrt(D) (Vaswani et al. 2017), one pass with the running max and sum (Milakov &
     Gimelshein 2018; flash attention), 64 columns at a time, p rounded to V's dtype before p v as ``attend`` does;
     the splits (``attention_splits``) merged by a second node. Tiles and splits do not depend on T and a row's
-    arithmetic does not depend on the other rows, so the verify block and a one-token step agree bit for bit."""
+    arithmetic does not depend on the other rows, so the verify block and a one-token step agree bit for bit, as
+    long as the columns read hold finite values (a column open for one row of a tile is read for all: an inf or NaN
+    in V there reaches the rows it is closed to through p = 0; the eager path is non-finite then too). Only columns
+    open for some row are loaded. ValueError on a head dim that is not a power of two >= 16 or a pool whose slots
+    are not contiguous."""
     bs, T, H, D = q.shape
     S, Hkv = read_slots.shape[1], k_pool.shape[1]
     G = H // Hkv
     if D < 16 or D & (D - 1):
         raise ValueError(f"paged_attention needs a power-of-two head dim >= 16, got {D}")
+    _check_pools(k_pool, v_pool)
     o = torch.empty(bs, T, H * D, device=q.device, dtype=q.dtype)
     if q.stride(3) != 1 or q.stride(2) != D:
         q = q.contiguous()
