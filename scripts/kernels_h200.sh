@@ -14,7 +14,8 @@
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
 #                  fused kernels (resumes the bench step's runtime.json)
 #   tlr            tiny preset, 16 prompts of ~16k tokens, bs 8, --queue, --max-new-tokens 24, prefill chunk 512,
-#                  context 32768 (TLR_TOKENS, TLR_COUNT, TLR_BS, TLR_CHUNK, TLR_MAX_LEN override these):
+#                  context 32768, 150 s a capture (TLR_TOKENS, TLR_COUNT, TLR_BS, TLR_CHUNK, TLR_MAX_LEN,
+#                  TLR_LIMIT_S override these):
 #                  capture with --fault token-list-rebuild and without, gaptrace analyze both and
 #                  gaptrace diff clean -> fault (the traces are ~60 MB each: only the text comes back)
 #
@@ -27,7 +28,7 @@ BUDGET_S=${BUDGET_S:-560}
 RESERVE=15
 # the tlr step's long-context capture: prompts (count x tokens), batch size, prefill chunk, context capacity
 TLR_TOKENS=${TLR_TOKENS:-16000} TLR_COUNT=${TLR_COUNT:-16} TLR_BS=${TLR_BS:-8} TLR_CHUNK=${TLR_CHUNK:-512}
-TLR_MAX_LEN=${TLR_MAX_LEN:-32768}
+TLR_MAX_LEN=${TLR_MAX_LEN:-32768} TLR_LIMIT_S=${TLR_LIMIT_S:-150}  # TLR_LIMIT_S: each of its two captures
 source scripts/_steps.sh  # steps_init, left, step
 steps_init kernels
 TR=$WORK/traces
@@ -66,9 +67,9 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
       common=(--preset tiny --device cuda --batch-size "$TLR_BS" --prompts "$WORK/long.jsonl" --queue
               --max-new-tokens 24 --prefill-chunk "$TLR_CHUNK" --max-seq-len "$TLR_MAX_LEN" --warmup-rounds 4
               --rounds 14)
-      step tlr_fault 150 "${G[@]}" capture "${common[@]}" --fault token-list-rebuild \
+      step tlr_fault "$TLR_LIMIT_S" "${G[@]}" capture "${common[@]}" --fault token-list-rebuild \
         -o "$TR/h200_tiny_overlap_bs8_B8_long16k_token-list-rebuild.json.gz"
-      step tlr_clean 120 "${G[@]}" capture "${common[@]}" -o "$TR/h200_tiny_overlap_bs8_B8_long16k.json.gz"
+      step tlr_clean "$TLR_LIMIT_S" "${G[@]}" capture "${common[@]}" -o "$TR/h200_tiny_overlap_bs8_B8_long16k.json.gz"
       for f in "$TR"/h200_tiny_overlap_bs8_B8_long16k*.json.gz; do
         [[ -f $f ]] && step "analyze_$(basename "$f" .json.gz)" 90 "${G[@]}" analyze "$f"
       done
