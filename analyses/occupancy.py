@@ -33,6 +33,7 @@ __all__ = [
     "occupancy",
     "busy_fraction_bins",
     "device_side_gaps",
+    "graph_node_gaps",
     "fill_device_side",
 ]
 
@@ -142,6 +143,27 @@ def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np
     found = valid & (pos >= 0)
     end = launch_end.to_numpy()[np.maximum(pos, 0)]
     out[:] = found & (end <= g0)
+    return out
+
+
+def graph_node_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np.ndarray:
+    """(g,) bool over ``tl.gaps()``: True where the activities on both sides of the gap (the one whose end starts it
+    and the one whose start ends it) carry the same correlation id, i.e. two nodes of one CUDA-graph launch: the
+    bubble the device leaves between graph nodes, which no host code and no launch call can shorten (only fewer
+    nodes can). Most are also :func:`device_side_gaps`; those under a launch call still in progress (the profiler
+    inflating cudaGraphLaunch) are not, and ``analyze`` counts only the device-side ones as node bubbles."""
+    gaps = tl.gaps()
+    out = np.zeros(len(gaps), dtype=bool)
+    rows = _device_rows(trace, key)
+    if len(gaps) == 0 or rows.empty:
+        return out
+    ts, end, corr = (rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), rows["correlation"].to_numpy())
+    by_ts, by_end = np.argsort(ts, kind="stable"), np.argsort(end, kind="stable")
+    g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
+    k = np.minimum(np.searchsorted(ts[by_ts], g1, side="left"), len(ts) - 1)      # the activity ending the gap
+    j = np.minimum(np.searchsorted(end[by_end], g0, side="left"), len(end) - 1)   # the one whose end starts it
+    nxt, prv = by_ts[k], by_end[j]
+    out[:] = (ts[nxt] == g1) & (end[prv] == g0) & (corr[nxt] == corr[prv]) & (corr[nxt] >= 0)
     return out
 
 

@@ -15,9 +15,11 @@
 - ``rounds``: {summary: {rounds, t_round_us, t_gpu_us, t_host_us, t_serial_us, tau, tpot_us, verdict, bound, ...},
   rounds: [{round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes, tau,
   tpot_us}]} when the trace annotates verify rounds, else None (:mod:`gaptrace.analyses.rounds`);
-- ``idle_split``: {idle_us, host_wait_us, device_side_us, device_side_share}: idle before kernels that were
-  already launched is device-side (:func:`gaptrace.analyses.occupancy.device_side_gaps`) and is charged to no host
-  frame; gap attribution, idle sites and sync idle explain the host-wait part, every share is over all idle;
+- ``idle_split``: {idle_us, host_wait_us, device_side_us, device_side_share, graph_node_us, graph_node_gaps,
+  graph_node_median_us}: idle before kernels that were already launched is device-side
+  (:func:`gaptrace.analyses.occupancy.device_side_gaps`) and is charged to no host frame, the part of it between
+  two nodes of one graph launch is ``graph_node_*`` (:func:`gaptrace.analyses.occupancy.graph_node_gaps`); gap
+  attribution, idle sites and sync idle explain the host-wait part, every share is over all idle;
 - ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
 - ``headline``: [str], the occupancy sentence per device followed by the first finding;
 - ``warnings``: [str], the loader's integrity warnings and the analyses' own.
@@ -309,8 +311,14 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     tl = ev.timeline
     idle_total = exact.idle_us
     device_side_us = idle_total - tl.idle_us
+    # the device-side gaps between two nodes of one graph launch (a node gap under a launch call still running, a
+    # profiler-inflated cudaGraphLaunch, is host-wait idle like every gap under a launch call)
+    node = occupancy.graph_node_gaps(trace, key, exact) & occupancy.device_side_gaps(trace, key, exact)
+    node_dur = exact.gaps()["dur_us"].to_numpy()[node]
     out["idle_split"] = {"idle_us": idle_total, "host_wait_us": tl.idle_us, "device_side_us": device_side_us,
-                         "device_side_share": device_side_us / idle_total if idle_total > 0 else 0.0}
+                         "device_side_share": device_side_us / idle_total if idle_total > 0 else 0.0,
+                         "graph_node_us": float(node_dur.sum()), "graph_node_gaps": int(node.sum()),
+                         "graph_node_median_us": float(np.median(node_dur)) if len(node_dur) else None}
     attribution = gaps.gap_attribution(trace, key, window, result=ev)
     attribution["share"] = attribution["inclusive_idle_us"] / idle_total if idle_total > 0 else 0.0
     keep = attribution[attribution["share"] >= FRAME_MIN_SHARE].head(MAX_FRAMES)
@@ -346,7 +354,10 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
         out["headline"].append(
             f"{split['device_side_share']:.0%} of the idle time ({_ms(split['device_side_us'])}) is device-side: gaps "
             "before kernels that were already launched (launch latency between queued kernels, CUDA-graph node "
-            "bubbles); no host code caused it, and the findings below explain the rest")
+            "bubbles); no host code caused it, and the findings below explain the rest"
+            + (f"; {_ms(split['graph_node_us'])} of it in {split['graph_node_gaps']} gaps between the nodes of one "
+               f"CUDA-graph launch (median {split['graph_node_median_us']:.2f} µs each: fewer nodes is the only cut)"
+               if split["graph_node_gaps"] else ""))
     if out["findings"]:
         out["headline"].append(out["findings"][0]["summary"])
     partial = int(ev.tree.partial_overlaps) if hasattr(ev.tree, "partial_overlaps") else 0

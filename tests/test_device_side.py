@@ -35,6 +35,42 @@ def plain_device_side_idle(path):
     return side, total
 
 
+def plain_graph_node_idle(path):
+    """Σ and count of the device-side gaps (the next activity's launch call returned before the gap) whose two
+    neighbours (the activity ending where the gap starts, the one starting where it ends) share a correlation id:
+    bubbles between two nodes of one graph launch."""
+    ev = json.load(gzip.open(path))["traceEvents"]
+    acts = sorted((e["ts"], e["ts"] + e["dur"], e["args"].get("correlation")) for e in ev
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    launch_end = {}
+    for e in ev:
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e["args"]:
+            c = e["args"]["correlation"]
+            launch_end[c] = max(launch_end.get(c, -1e300), e["ts"] + e["dur"])
+    corr_by_end = {}
+    for s, e, c in acts:
+        corr_by_end.setdefault(e, set()).add(c)
+    total, n, run_end = 0.0, 0, None
+    for s, e, c in acts:
+        if (run_end is not None and s > run_end and c is not None and c in corr_by_end.get(run_end, ())
+                and c in launch_end and launch_end[c] <= run_end):
+            total += s - run_end
+            n += 1
+        run_end = e if run_end is None else max(run_end, e)
+    return total, n
+
+
+@pytest.mark.parametrize("path", [OVERLAP, SYNC])
+def test_graph_node_bubbles_by_hand(path):
+    res = run_analysis(gaptrace.load_trace(path), window=None)
+    want, n = plain_graph_node_idle(path)
+    split = res["idle_split"]
+    assert split["graph_node_gaps"] == n > 1000
+    assert split["graph_node_us"] == pytest.approx(want, rel=1e-9)
+    assert split["graph_node_us"] <= split["device_side_us"] + 1e-6
+    assert 0.2 < split["graph_node_median_us"] < 2.0
+
+
 @pytest.mark.parametrize("path", [OVERLAP, SYNC])
 def test_device_side_idle_by_hand(path):
     trace = gaptrace.load_trace(path)
