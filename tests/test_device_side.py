@@ -12,6 +12,8 @@ from gaptrace.capture import read_sidecar
 
 OVERLAP = "fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12.json.gz"
 SYNC = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
+FUSED_OVERLAP = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
+FUSED_SYNC = "fixtures/traces/h200_fused/h200_bench_sync_bs8_B12_fused.json.gz"
 
 
 def plain_device_side_idle(path):
@@ -60,7 +62,7 @@ def plain_graph_node_idle(path):
     return total, n
 
 
-@pytest.mark.parametrize("path", [OVERLAP, SYNC])
+@pytest.mark.parametrize("path", [OVERLAP, SYNC, FUSED_OVERLAP])
 def test_graph_node_bubbles_by_hand(path):
     res = run_analysis(gaptrace.load_trace(path), window=None)
     want, n = plain_graph_node_idle(path)
@@ -94,3 +96,16 @@ def test_overlap_idle_is_mostly_device_side_and_sync_idle_is_not():
         # attribution explains host-wait idle only: no frame holds more than that
         assert max(f["inclusive_idle_us"] for f in r["gap_attribution"]) <= split["host_wait_us"] + 1e-6
     assert not [f for f in res[OVERLAP]["findings"] if f["kind"] == "blocking_sync"]
+
+
+def test_fused_captures_floor_and_diagnosis():
+    """The fused-path H200 pair (fixtures/traces/h200_fused/MANIFEST.md): overlap is GPU-bound with most of its idle
+    the bubbles between graph nodes and no blocking-sync finding; sync's first finding is the lengths copy."""
+    res = {p: run_analysis(gaptrace.load_trace(p), sidecar=read_sidecar(p)) for p in (FUSED_OVERLAP, FUSED_SYNC)}
+    ov, sy = res[FUSED_OVERLAP], res[FUSED_SYNC]
+    assert ov["devices"][0]["occupancy"] > sy["devices"][0]["occupancy"] + 0.2
+    assert ov["idle_split"]["graph_node_us"] > 0.7 * ov["idle_split"]["idle_us"]
+    assert ov["rounds"]["summary"]["verdict"] == "overlapped" and sy["rounds"]["summary"]["verdict"] == "serialized"
+    assert not [f for f in ov["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
+    first = sy["findings"][0]
+    assert first["kind"] == "blocking_sync" and "device_lengths_to_host" in first["summary"] and first["idle_share"] > 0.5
