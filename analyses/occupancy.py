@@ -120,8 +120,14 @@ def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np
     to "host wait". Every other gap, including one under a launch call still in progress (a profiler-inflated
     cudaGraphLaunch) and one without a known launch, is host-wait idle and is what gap attribution explains.
     """
+    # memoised per timeline object (held by the memo, so its id stays its own): analyze asks twice for one timeline
+    memo, mk = _timeline_cache(trace), ("device_side", key, id(tl))
+    hit = memo.get(mk)
+    if hit is not None and hit[0] is tl:
+        return hit[1]
     gaps = tl.gaps()
     out = np.zeros(len(gaps), dtype=bool)
+    memo[mk] = (tl, out)
     rows = _device_rows(trace, key)
     if len(gaps) == 0 or rows.empty:
         return out

@@ -100,9 +100,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     if trace.device.empty:
         return None
     key = resolve_device(trace, device)
-    ua = h[(h["cat"] == "user_annotation").to_numpy() & (h["rank"].to_numpy() == key[0])]
-    # "round", or numbered ranges such as "round_3" / "round 3" (one name per round)
-    match = ua["name"].astype(str).str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool)
+    ua, match, ua_rows = _round_annotations(trace, key[0], name)
     sel = ua[match].sort_values("ts_us", kind="stable")
     if len(sel) < 2:
         return None
@@ -197,11 +195,24 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
             summary["kappa_exposed_us"] = mean["exposed_inflation_us"]
             summary["kappa_exposed_share"] = (mean["exposed_inflation_us"] / summary["profiler_excess_us"]
                                               if summary["profiler_excess_us"] > 0 else None)
-    ua_rows = np.flatnonzero((h["cat"] == "user_annotation").to_numpy() & (h["rank"].to_numpy() == key[0]))[match]
+    ua_rows = ua_rows[match]
     round_rows = ua_rows[np.argsort(h["ts_us"].to_numpy()[ua_rows], kind="stable")][:-1]  # the rounds with a period
     ranges = host_by_range(trace, round_rows, launches["host_row"].to_numpy(np.int64), linfl,
                            calls[calls["rank"].to_numpy() == key[0]] if not calls.empty else calls)
     return RoundsReport(table=table, summary=summary, host_ranges=ranges)
+
+
+def _round_annotations(trace: Trace, rank: int | None, name: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """The host user_annotation rows of ``rank`` (every rank when None), a bool mask of the round ranges among them
+    (``name``, or numbered ranges such as "round_3" / "round 3": one name per round), and their positions in
+    ``trace.host``."""
+    h = trace.host
+    keep = (h["cat"] == "user_annotation").to_numpy()
+    if rank is not None:
+        keep = keep & (h["rank"].to_numpy() == rank)
+    ua = h[keep]
+    match = ua["name"].astype(str).str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool)
+    return ua, match, np.flatnonzero(keep)
 
 
 def range_inclusive_us(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] | None = None
@@ -211,16 +222,12 @@ def range_inclusive_us(trace: Trace, name: str = ROUND_NAME, device: int | tuple
     name and divided by the number of periods: {range: µs per round}, ``name`` itself included; {} with fewer than
     two rounds. The profiled side of the profiler's host cost per range; the unprofiled side is
     ``runtime.annotate.HostRangeTimes`` (same ranges, host clock, no profiler)."""
-    h = trace.host
-    if h.empty:
+    if trace.host.empty:
         return {}
-    key = resolve_device(trace, device) if not trace.device.empty else (None, None)
-    ua = h[(h["cat"] == "user_annotation").to_numpy()]
-    if key[0] is not None:
-        ua = ua[ua["rank"].to_numpy() == key[0]]
+    ua, match, _ = _round_annotations(trace, resolve_device(trace, device)[0] if not trace.device.empty else None,
+                                      name)
     names = ua["name"].astype(str)
-    starts = np.sort(ua.loc[names.str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool),
-                            "ts_us"].to_numpy(dtype=np.float64))
+    starts = np.sort(ua["ts_us"].to_numpy(dtype=np.float64)[match])
     if len(starts) < 2:
         return {}
     ts = ua["ts_us"].to_numpy(dtype=np.float64)

@@ -85,7 +85,8 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
                   trace_path: str | None = None, config: dict | None = None) -> dict:
     """Run ``engine.generate(ids)`` for ``warmup`` + ``timed`` rounds (+ 1 + ``profiled`` under the profiler),
     then stop it. Returns {periods_ms [timed], taus [timed rounds' per-request τ lists], launch_us {(phase, nb):
-    [µs]}, profiled_taus, capture_s, export_s, range_ms {NVTX range: inclusive host ms per timed round}}. Raises RuntimeError if the decode ends too early."""
+    [µs]}, profiled_taus, capture_s, export_s, range_ms {NVTX range: inclusive host ms per timed round}}. Raises
+    RuntimeError if the decode ends too early."""
     import torch
 
     from gaptrace.capture import Capture
@@ -152,12 +153,11 @@ def analyse_capture(path: str) -> dict:
     """Decode-window occupancy, the round model, the launch fit and the profiler check of one capture, from
     :func:`gaptrace.analyze.run_analysis` (times in ms)."""
     from gaptrace import load_trace
+    from gaptrace.analyses.rounds import range_inclusive_us
     from gaptrace.analyze import run_analysis
     from gaptrace.capture import read_sidecar
 
     t0 = time.perf_counter()
-    from gaptrace.analyses.rounds import range_inclusive_us
-
     trace = load_trace(path)
     res = run_analysis(trace, sidecar=read_sidecar(path))
     out = {"analysis_s": time.perf_counter() - t0, "trace_bytes": os.path.getsize(path),

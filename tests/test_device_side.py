@@ -2,7 +2,6 @@
 import gzip
 import json
 
-import numpy as np
 import pytest
 
 import gaptrace
@@ -16,8 +15,8 @@ FUSED_OVERLAP = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.jso
 FUSED_SYNC = "fixtures/traces/h200_fused/h200_bench_sync_bs8_B12_fused.json.gz"
 
 
-def plain_device_side_idle(path):
-    """Σ gap length over gaps whose ending activity's launch call (by correlation) returned before the gap began."""
+def activities_and_launch_ends(path):
+    """(sorted [(start, end, correlation)] of the device activities, {correlation: latest end of its launch call})."""
     ev = json.load(gzip.open(path))["traceEvents"]
     acts = sorted((e["ts"], e["ts"] + e["dur"], e["args"].get("correlation")) for e in ev
                   if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
@@ -26,6 +25,12 @@ def plain_device_side_idle(path):
         if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e["args"]:
             c = e["args"]["correlation"]
             launch_end[c] = max(launch_end.get(c, -1e300), e["ts"] + e["dur"])
+    return acts, launch_end
+
+
+def plain_device_side_idle(path):
+    """Σ gap length over gaps whose ending activity's launch call (by correlation) returned before the gap began."""
+    acts, launch_end = activities_and_launch_ends(path)
     side = total = 0.0
     run_end = None
     for s, e, c in acts:
@@ -41,14 +46,7 @@ def plain_graph_node_idle(path):
     """Σ and count of the device-side gaps (the next activity's launch call returned before the gap) whose two
     neighbours (the activity ending where the gap starts, the one starting where it ends) share a correlation id:
     bubbles between two nodes of one graph launch."""
-    ev = json.load(gzip.open(path))["traceEvents"]
-    acts = sorted((e["ts"], e["ts"] + e["dur"], e["args"].get("correlation")) for e in ev
-                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
-    launch_end = {}
-    for e in ev:
-        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e["args"]:
-            c = e["args"]["correlation"]
-            launch_end[c] = max(launch_end.get(c, -1e300), e["ts"] + e["dur"])
+    acts, launch_end = activities_and_launch_ends(path)
     corr_by_end = {}
     for s, e, c in acts:
         corr_by_end.setdefault(e, set()).add(c)
