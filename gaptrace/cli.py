@@ -73,7 +73,12 @@ def main() -> None:
 def memory_limit_option(f):
     """``--memory-limit-gb GB``: the memory a trace load may use (``memory_limit_bytes`` in the callback's
     ``memory_limit_gb``; see :func:`memory_limit_bytes`)."""
-    return click.option("--memory-limit-gb", type=click.FloatRange(min=0, min_open=True), default=None,
+    def finite(ctx, param, value):  # FloatRange lets nan and inf through (every comparison with nan is false)
+        if value is not None and not (0 < value <= 1e6):
+            raise click.BadParameter(f"{value} is not a memory size in GB (a number > 0 and <= 1e6)")
+        return value
+
+    return click.option("--memory-limit-gb", type=float, default=None, callback=finite,
                         metavar="GB", help="Refuse, before reading it, a trace whose load needs more memory than "
                                            "this (default: the memory available now).")(f)
 

@@ -186,6 +186,15 @@ def test_memory_limit_option_refuses_with_size_and_limit(tmp_path, cmd):
     assert r.stdout == b"" and not os.listdir(tmp_path)  # nothing written, not even a temporary file
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "1e300", "0", "-1", "abc"])
+@pytest.mark.parametrize("cmd", ["analyze", "report", "diff"])
+def test_memory_limit_option_refuses_what_is_not_a_size(tmp_path, cmd, value):
+    args = {"analyze": ["analyze", PROBE], "report": ["report", PROBE, "-o", str(tmp_path / "r.html")],
+            "diff": ["diff", PROBE, PROBE]}[cmd]
+    line = _one_error_line(_cli(*args, "--memory-limit-gb", value))
+    assert "--memory-limit-gb" in line and not os.listdir(tmp_path)
+
+
 def test_memory_limit_option_above_the_need_changes_nothing():
     a = _cli("analyze", PROBE, "--json", "--memory-limit-gb", "4")
     assert a.returncode == 0, a.stderr.decode()
