@@ -107,3 +107,18 @@ def test_fused_captures_floor_and_diagnosis():
     assert not [f for f in ov["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
     first = sy["findings"][0]
     assert first["kind"] == "blocking_sync" and "device_lengths_to_host" in first["summary"] and first["idle_share"] > 0.5
+
+
+def test_kernel_gaps_script_adds_up_to_the_idle():
+    """scripts/kernel_gaps.py: its rows' idle sums to the whole-span idle gaptrace measures (same union gaps)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "scripts/kernel_gaps.py", FUSED_OVERLAP, "--top", "1000"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    idle = sum(float(x[-3]) for x in rows)
+    assert idle == pytest.approx(busy_timeline(gaptrace.load_trace(FUSED_OVERLAP)).idle_us, abs=0.1 * len(rows))
+    attn = [x for x in rows if x[1] == "_paged_attention_kernel"]
+    assert attn and int(attn[0][2]) == 240  # 30 attention calls a round (24 draft steps x layers + 6) x 8 rounds
