@@ -166,10 +166,10 @@ class Engine:
             draft_tokens, drf_states = run.run_draft(nb)
         with annotate("verify"):
             pred, tgt_states = run.run_verify(nb, draft_tokens)
-        with annotate("accept"):
-            tau = run.accept(nb, draft_tokens, pred)
-        with annotate("commit"):
-            run.commit(nb, pred, tau, tgt_states, drf_states)
+        with annotate("accept"):  # the simulated acceptance's draws (eager); nothing under greedy verification
+            run.draw_acceptance(nb)
+        with annotate("commit"):  # accept + commit: one graph on CUDA
+            tau = run.accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)
         with annotate("sample"):
             pending.append(("round", plan, Readback({"pred": pred, "tau": tau})))
 

@@ -15,7 +15,7 @@ from .config import RuntimeConfig
 from .faults import eager_commit_glue, token_list_rebuild
 from .graphs import GraphedCall, batch_buckets
 from .models.model import Transformer
-from .spec.accept import greedy_accept, simulated_accept
+from .spec.accept import acceptance_draws, greedy_accept, simulated_tau
 from .spec.commit import commit_round
 from .spec.draft import draft_block
 from .spec.plan import rect_fixed, rect_packed
@@ -26,11 +26,13 @@ from .spec.verify import verify_block
 
 @dataclass
 class RoundBuffers:
-    """Static device tensors of one batch-size bucket: the graphs' inputs (rows, the window rectangle)."""
+    """Static device tensors of one batch-size bucket: the graphs' inputs (rows, the window rectangle, the
+    simulated acceptance's draws)."""
 
     rows: torch.Tensor       # [nb] long: the slot of each row (scratch for padding rows)
     rect: torch.Tensor       # [nb, W+P-1] long: draft window token slots
     rect_len: torch.Tensor   # [nb] long: c(L) per row
+    draws: torch.Tensor      # [nb, B-1] float32: this round's acceptance draws (simulated acceptance only)
 
 
 class Readback:
@@ -94,7 +96,8 @@ class ModelRunner:
 
     def _new_buffers(self, nb: int) -> RoundBuffers:
         z = lambda *s: torch.zeros(*s, dtype=torch.long, device=self.device)  # noqa: E731
-        return RoundBuffers(z(nb).fill_(self.rcfg.batch_size), z(nb, self.state.rect_width), z(nb))
+        draws = torch.zeros(nb, self.rcfg.block_size - 1, device=self.device)
+        return RoundBuffers(z(nb).fill_(self.rcfg.batch_size), z(nb, self.state.rect_width), z(nb), draws)
 
     # ---------------------------------------------------------------------------------------- host -> device
     def to_device(self, array) -> torch.Tensor:
@@ -118,7 +121,15 @@ class ModelRunner:
         return buf
 
     def build_rect(self, buf: RoundBuffers, packed: bool) -> None:
-        """Fill the bucket's window rectangle: fixed-shape (overlap) or the seed's data-dependent gathers (sync)."""
+        """Fill the bucket's window rectangle: fixed-shape (overlap; one graph replay on CUDA) or the seed's
+        data-dependent gathers (sync: eager, its two host syncs cannot be captured)."""
+        g = None if packed else self.graphs.get(("rect", buf.rows.shape[0]))
+        if g is not None:
+            g()
+        else:
+            self._fill_rect(buf, packed)
+
+    def _fill_rect(self, buf: RoundBuffers, packed: bool) -> None:
         rect, c = (rect_packed if packed else rect_fixed)(self.state, buf.rows)
         buf.rect.copy_(rect)
         buf.rect_len.copy_(c)
@@ -143,20 +154,40 @@ class ModelRunner:
         buf = self.buffers[nb]
         return lambda: verify_block(self.target, self.state, buf.rows, draft_tokens)
 
+    def _rect_fn(self, nb: int):
+        buf = self.buffers[nb]
+        return lambda: self._fill_rect(buf, packed=False)
+
+    def _commit_fn(self, nb: int, draft_tokens: torch.Tensor, pred: torch.Tensor, tgt_states, drf_states):
+        return lambda: self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)
+
     def capture_graphs(self) -> dict[str, dict[int, int | None]]:
-        """Capture the draft-block and verify graphs of every bucket (CUDA only). Returns node counts per phase
-        and bucket. Capture runs with every row on the scratch slot, so it writes only the garbage page."""
+        """Capture every bucket's graphs (CUDA only): the window rectangle (``rect``), the draft block, the verify
+        and accept + commit (``commit``; not under the ``eager-commit-glue`` fault, whose glue is host work by
+        definition). Returns node counts per phase and bucket. Capture runs with every row on the scratch slot, so
+        it writes only the garbage page; capture order is replay order (one stream, one shared pool)."""
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
             for nb in self.buckets:
-                d = GraphedCall(f"draft_bs{nb}", self._draft_fn(nb), pool)
-                self.graphs["draft", nb] = d
-                if self.tree is not None:  # tree mode: tree build (gpu builder), tree verify, accept + commit
-                    self.tree.capture(nb, d.outputs, pool)
-                    continue
-                self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
+                self._capture_bucket(nb, pool)
         torch.cuda.synchronize()  # SYNC (deliberate, start-up only): capture finished before decoding starts
         return self.node_counts()
+
+    def _capture_bucket(self, nb: int, pool) -> None:
+        self.graphs["rect", nb] = GraphedCall(f"rect_bs{nb}", self._rect_fn(nb), pool)
+        d = self.graphs["draft", nb] = GraphedCall(f"draft_bs{nb}", self._draft_fn(nb), pool)
+        if self.tree is not None:  # tree mode: tree build (gpu builder), tree verify, accept + commit
+            self.tree.capture(nb, d.outputs, pool)
+            return
+        v = self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
+        self._capture_commit(nb, d.outputs[0], d.outputs[1], v.outputs, pool)
+
+    def _capture_commit(self, nb: int, draft_tokens, drf_states, verify_outputs, pool) -> None:
+        if "eager-commit-glue" not in self.rcfg.faults:
+            pred, tgt_states = verify_outputs
+            self.graphs["commit", nb] = GraphedCall(f"commit_bs{nb}",
+                                                    self._commit_fn(nb, draft_tokens, pred, tgt_states, drf_states),
+                                                    pool)
 
     def node_counts(self) -> dict[str, dict[int, int | None]]:
         """{"draft": {bucket: nodes}, "verify": {...}} of the captured graphs (tree mode adds "tree" with the gpu
@@ -177,12 +208,26 @@ class ModelRunner:
         g = self.graphs.get(("verify", nb))
         return g() if g is not None else self._verify_fn(nb, draft_tokens)()
 
-    def accept(self, nb: int, draft_tokens: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-        """tau [nb]: greedy verification, or the bench preset's simulated acceptance."""
+    def draw_acceptance(self, nb: int) -> None:
+        """The bench preset's simulated acceptance: this round's draws into bucket nb's static buffer (eager, one
+        kernel: a graph would replay the generator offset it captured); nothing under greedy verification."""
         if self.generator is not None:
-            return simulated_accept(nb, self.rcfg.block_size, self.rcfg.sim_accept_rate, self.generator,
-                                    self.device)
-        return greedy_accept(draft_tokens, pred)
+            acceptance_draws(self.buffers[nb].draws, self.generator)
+
+    def accept_commit(self, nb: int, draft_tokens: torch.Tensor, pred: torch.Tensor, tgt_states,
+                      drf_states) -> torch.Tensor:
+        """tau [nb] after committing the round (graph replay on CUDA, or eager): greedy verification of
+        ``draft_tokens`` against ``pred``, or the simulated acceptance over the draws of ``draw_acceptance``."""
+        g = self.graphs.get(("commit", nb))
+        return g()[0] if g is not None else self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)[0]
+
+    def _accept_commit(self, nb: int, draft_tokens, pred, tgt_states, drf_states) -> tuple[torch.Tensor]:
+        if self.generator is not None:
+            tau = simulated_tau(self.buffers[nb].draws, self.rcfg.sim_accept_rate)
+        else:
+            tau = greedy_accept(draft_tokens, pred)
+        self.commit(nb, pred, tau, tgt_states, drf_states)
+        return (tau,)
 
     def commit(self, nb: int, pred, tau, tgt_states, drf_states) -> None:
         """Advance lengths, pending tokens and linear states of bucket nb's rows (the linear states through the

@@ -4,8 +4,8 @@ the speculative speed-up is measured against, issue 6).
 It is the block-speculative loop at B = 1 with the draft taken out: the verify forward over the block
 [last_tok] (``verify_block`` with no drafted token) yields the target's greedy next token, ``greedy_accept`` (or
 the bench preset's simulated acceptance) gives τ = 1, and the commit advances each row by one position. Same paged
-KV cache, same schedulers, same batch buckets, and on CUDA one graph per bucket (the one-token target step); the
-draft block, its graph and the draft window rectangle are skipped. At temperature 0 the output equals
+KV cache, same schedulers, same batch buckets, and on CUDA two graphs per bucket (the one-token target step, and
+accept + commit); the draft block, its graph and the draft window rectangle are skipped. At temperature 0 the output equals
 :func:`gaptrace.runtime.spec.reference.greedy_reference` token for token (tests/test_runtime_plain.py).
 
 The draft model, when given, is used by prefill only (``prefill_request`` fills both caches); without one the
@@ -38,15 +38,10 @@ class PlainRunner(ModelRunner):
         """(the constant empty draft block [nb, 1], no draft states): no device work."""
         return self.no_draft[nb], None
 
-    def capture_graphs(self) -> dict[str, dict[int, int | None]]:
-        """One graph per bucket: the one-token target step (verify at B = 1). Node counts as ModelRunner's."""
-        pool = torch.cuda.graph_pool_handle()
-        with torch.no_grad():
-            for nb in self.buckets:
-                self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, self.no_draft[nb]),
-                                                        pool)
-        torch.cuda.synchronize()  # SYNC (deliberate, start-up only): capture finished before decoding starts
-        return self.node_counts()
+    def _capture_bucket(self, nb: int, pool) -> None:
+        """The one-token target step (verify at B = 1) and its accept + commit: no rectangle, no draft graph."""
+        v = self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, self.no_draft[nb]), pool)
+        self._capture_commit(nb, self.no_draft[nb], None, v.outputs, pool)
 
     def commit(self, nb: int, pred, tau, tgt_states, drf_states) -> None:
         """Lengths, pending token and the target's linear states; the draft's state is not kept."""

@@ -20,8 +20,19 @@ def greedy_accept(draft_tokens: torch.Tensor, pred: torch.Tensor) -> torch.Tenso
 def simulated_accept(nb: int, B: int, rate: float, generator: torch.Generator, device) -> torch.Tensor:
     """The bench preset's acceptance, simulated: each drafted token is accepted with probability ``rate``
     (independently, stopping at the first rejection), so tau - 1 ~ a geometric law truncated at B - 1 and
-    E[tau] = (1 - rate^B) / (1 - rate). Drawn on the device from ``generator``: no sync, reproducible."""
-    if B == 1:
-        return torch.ones(nb, dtype=torch.long, device=device)
-    u = torch.rand(nb, B - 1, generator=generator, device=device)
-    return (u < rate).long().cumprod(1).sum(1) + 1
+    E[tau] = (1 - rate^B) / (1 - rate). Drawn on the device from ``generator``: no sync, reproducible.
+    Equal to ``simulated_tau(acceptance_draws(...), rate)``."""
+    return simulated_tau(acceptance_draws(torch.empty(nb, max(B - 1, 0), device=device), generator), rate)
+
+
+def acceptance_draws(out: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Fill ``out`` [nb, B - 1] float32 with the round's uniform draws in [0, 1) from ``generator`` (the same
+    numbers ``torch.rand(nb, B - 1, generator=generator)`` gives) and return it. Kept out of CUDA graphs: a graph
+    replays a captured generator offset, so the draws stay eager (one kernel) and ``simulated_tau`` is graphed."""
+    return out.uniform_(0.0, 1.0, generator=generator)
+
+
+def simulated_tau(draws: torch.Tensor, rate: float) -> torch.Tensor:
+    """tau [nb] long from the round's draws [nb, B - 1]: 1 + the number of leading draws below ``rate`` (token j
+    accepted when u_j < rate and every earlier one was). Fixed shapes, no sync, graph-safe."""
+    return (draws < rate).long().cumprod(1).sum(1) + 1
