@@ -131,6 +131,22 @@ for dt in (torch.float32, torch.bfloat16):
         assert not torch.allclose(fused.paged_attention(q, kp, vp, read, m2).float(), o.float(), atol=1e-3)
         for t in range(T):
             assert torch.equal(fused.paged_attention(q[:, t:t + 1], kp, vp, read, m[:, t:t + 1])[:, 0], o[:, t])
+        # the splits merged in the attention node by the last split of each tile (semaphores), not a combine node:
+        # the same result to rounding (the merge sums the splits in order), T-invariant bit for bit, the
+        # semaphores left at 0 after every call; too few of them refused
+        cnt = torch.zeros(fused.attention_tiles(bs, T, H, Hkv), dtype=torch.int32)
+        of = fused.paged_attention(q, kp, vp, read, m, cnt)
+        assert not cnt.any()
+        torch.testing.assert_close(of, o, **TOL[dt])
+        for t in range(T):
+            assert torch.equal(fused.paged_attention(q[:, t:t + 1], kp, vp, read, m[:, t:t + 1], cnt)[:, 0], of[:, t])
+        assert not cnt.any()
+        if fused.attention_splits(S) > 1:
+            try:
+                fused.paged_attention(q, kp, vp, read, m, cnt[:-1])
+                raise AssertionError("too few counters accepted")
+            except ValueError as e:
+                assert "int32 counters" in str(e)
 # a pool whose slots are not contiguous is refused (the kernels address slots by one stride), never misread
 bad = torch.randn(32, 2, 700, dtype=torch.float32).permute(2, 0, 1)
 for call in (lambda: fused.paged_attention(torch.randn(1, 1, 4, 32), bad, bad, torch.arange(5)[None],

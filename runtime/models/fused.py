@@ -187,13 +187,14 @@ def _check_pools(k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
                              f"{tuple(p.shape)} strides {tuple(p.stride())}")
 
 
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, inv_freq: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [bs, T, head_dim / 2] float32 of positions [bs, T] (long): layers.rope_angles, the angles
     layers.apply_rope uses, once per forward for every layer (or once per draft block for all its steps: a
     [:, j:j + 1] slice of a block's tables is step j's)."""
     from .layers import rope_angles
 
-    ang = rope_angles(positions, head_dim, theta)
+    ang = rope_angles(positions, head_dim, theta, inv_freq)
     return ang.cos(), ang.sin()
 
 
@@ -225,10 +226,10 @@ def qkv_rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, tables: tuple[t
 
 
 @triton.jit
-def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, ws_m_ptr, ws_l_ptr, ws_o_ptr, T, S, H,
-                            HKV, G, split_len, s_qb, s_qt, s_sb, s_mb, s_mt, s_ms, s_kp, s_vp, scale,
+def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, ws_m_ptr, ws_l_ptr, ws_o_ptr, cnt_ptr,
+                            T, S, H, HKV, G, split_len, s_qb, s_qt, s_sb, s_mb, s_mt, s_ms, s_kp, s_vp, scale,
                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
-                            IEEE: tl.constexpr):
+                            IEEE: tl.constexpr, FOLD: tl.constexpr):
     bk = tl.program_id(0).to(tl.int64)           # one (row b, KV head) ...
     sp = tl.program_id(1)                         # ... one split of the columns ...
     b = bk // HKV
@@ -274,11 +275,34 @@ def _paged_attention_kernel(q_ptr, kp_ptr, vp_ptr, slot_ptr, m_ptr, o_ptr, ws_m_
     if NSPLIT == 1:
         tl.store(o_ptr + ((b * T + t[:, None]) * H + h[:, None]) * D + d[None, :],
                  (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
-    else:  # this split's running max, sum and unnormalised output, merged by _attention_combine_kernel
-        w = ((b * T + t) * H + h) * NSPLIT + sp
-        tl.store(ws_m_ptr + w, m_i, mask=live)
-        tl.store(ws_l_ptr + w, l_i, mask=live)
-        tl.store(ws_o_ptr + w[:, None] * D + d[None, :], acc, mask=live[:, None])
+    else:  # this split's running max, sum and unnormalised output, merged by _attention_combine_kernel ...
+        w0 = ((b * T + t) * H + h) * NSPLIT
+        tl.store(ws_m_ptr + w0 + sp, m_i, mask=live)
+        tl.store(ws_l_ptr + w0 + sp, l_i, mask=live)
+        tl.store(ws_o_ptr + (w0 + sp)[:, None] * D + d[None, :], acc, mask=live[:, None])
+        if FOLD:  # ... or by the last split of this tile to finish (no second node): a split-K semaphore
+            # (CUTLASS's serial split-K): every thread's stores, then a barrier, then one acq_rel atomic at GPU scope
+            # publishes them; the program that counts NSPLIT - 1 reads every split back from global memory (.cg:
+            # past L1) in split order, so the result does not depend on which split finished last, and resets the
+            # counter to 0 for the next call (graph replays reuse the counters)
+            tl.debug_barrier()
+            c = cnt_ptr + bk * tl.num_programs(2) + tl.program_id(2)
+            if tl.atomic_add(c, 1, sem="acq_rel", scope="gpu") == NSPLIT - 1:
+                mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                for s_ in range(NSPLIT):
+                    mx = tl.maximum(mx, tl.load(ws_m_ptr + w0 + s_, mask=live, other=float("-inf"),
+                                                cache_modifier=".cg"))
+                l_ = tl.zeros([BLOCK_M], tl.float32)
+                out = tl.zeros([BLOCK_M, D], tl.float32)
+                for s_ in range(NSPLIT):
+                    m_s = tl.load(ws_m_ptr + w0 + s_, mask=live, other=float("-inf"), cache_modifier=".cg")
+                    wt = tl.where(m_s == float("-inf"), 0.0, tl.exp(m_s - mx))   # a split with no open column: 0
+                    l_ += tl.load(ws_l_ptr + w0 + s_, mask=live, other=0.0, cache_modifier=".cg") * wt
+                    out += tl.load(ws_o_ptr + (w0 + s_)[:, None] * D + d[None, :], mask=live[:, None], other=0.0,
+                                   cache_modifier=".cg") * wt[:, None]
+                tl.store(o_ptr + ((b * T + t[:, None]) * H + h[:, None]) * D + d[None, :],
+                         (out / l_[:, None]).to(o_ptr.dtype.element_ty), mask=live[:, None])
+                tl.atomic_xchg(c, 0)
 
 
 @triton.jit
@@ -301,8 +325,13 @@ def attention_splits(S: int) -> int:
     return min(16, triton.next_power_of_2(triton.cdiv(S, 256)))
 
 
+def attention_tiles(bs: int, T: int, H: int, Hkv: int) -> int:
+    """How many (row, KV head, 16 query rows) tiles ``paged_attention`` runs: the semaphores ``counters`` needs."""
+    return bs * Hkv * triton.cdiv(T * (H // Hkv), 16)
+
+
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, read_slots: torch.Tensor,
-                    mask: torch.Tensor) -> torch.Tensor:
+                    mask: torch.Tensor, counters: torch.Tensor | None = None) -> torch.Tensor:
     """Masked grouped-query attention straight from the paged pools (layers.attend over ``pool[read_slots]``: no
     gathered copy of K and V, no mask bias). q [bs, T, H, D] (D a power of two, >= 16); k_pool, v_pool
     [num_token_slots, Hkv, D]; read_slots [bs, S] long; mask [bs, T, S] bool, any strides (a draft step's slice of
@@ -313,12 +342,15 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     Triton's interpreter always the float32 path, see ``_interpreted``). Softmax
     in float32 with scale 1/sqrt(D) (Vaswani et al. 2017), one pass with the running max and sum (Milakov &
     Gimelshein 2018; flash attention), 64 columns at a time, p rounded to V's dtype before p v as ``attend`` does;
-    the splits (``attention_splits``) merged by a second node. Tiles and splits do not depend on T and a row's
+    the splits (``attention_splits``) merged by a second node, or, given ``counters`` (int32, at least
+    ``attention_tiles`` of them, all 0; every call leaves them 0, so one buffer serves every call on one stream and
+    every graph replay), by the last split of each tile to finish, in the same node (a split-K semaphore; the merge
+    reads the splits in order, so it does not depend on which one finished last). Tiles and splits do not depend on T and a row's
     arithmetic does not depend on the other rows, so the verify block and a one-token step agree bit for bit, as
     long as the columns read hold finite values (a column open for one row of a tile is read for all: an inf or NaN
     in V there reaches the rows it is closed to through p = 0; the eager path is non-finite then too). Only columns
-    open for some row are loaded. ValueError on a head dim that is not a power of two >= 16 or a pool whose slots
-    are not contiguous."""
+    open for some row are loaded. ValueError on a head dim that is not a power of two >= 16, a pool whose slots
+    are not contiguous, or too few ``counters``."""
     bs, T, H, D = q.shape
     S, Hkv = read_slots.shape[1], k_pool.shape[1]
     G = H // Hkv
@@ -333,17 +365,21 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     m8 = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
     ns = attention_splits(S)
     split_len = triton.cdiv(triton.cdiv(S, ns), 64) * 64
+    fold = counters is not None and ns > 1
+    if fold and (counters.dtype != torch.int32 or counters.numel() < attention_tiles(bs, T, H, Hkv)):
+        raise ValueError(f"paged_attention needs {attention_tiles(bs, T, H, Hkv)} int32 counters, got "
+                         f"{counters.numel()} {counters.dtype}")
     ws = [o] * 3
     if ns > 1:
         ws = [torch.empty(bs * T * H * ns, device=q.device, dtype=torch.float32) for _ in range(2)]
         ws.append(torch.empty(bs * T * H * ns, D, device=q.device, dtype=torch.float32))
     if bs and T:
         _paged_attention_kernel[(bs * Hkv, ns, triton.cdiv(T * G, 16))](
-            q, k_pool, v_pool, read_slots, m8, o, *ws, T, S, H, Hkv, G, split_len, q.stride(0), q.stride(1),
-            read_slots.stride(0), m8.stride(0), m8.stride(1), m8.stride(2), k_pool.stride(0), v_pool.stride(0),
-            D ** -0.5, D=D, BLOCK_M=16, BLOCK_S=64, NSPLIT=ns, IEEE=q.dtype == torch.float32 or _interpreted(),
-            num_warps=4)
-        if ns > 1:
+            q, k_pool, v_pool, read_slots, m8, o, *ws, counters if fold else o, T, S, H, Hkv, G, split_len,
+            q.stride(0), q.stride(1), read_slots.stride(0), m8.stride(0), m8.stride(1), m8.stride(2),
+            k_pool.stride(0), v_pool.stride(0), D ** -0.5, D=D, BLOCK_M=16, BLOCK_S=64, NSPLIT=ns,
+            IEEE=q.dtype == torch.float32 or _interpreted(), FOLD=fold, num_warps=4)
+        if ns > 1 and not fold:
             _attention_combine_kernel[(bs * T * H,)](*ws, o, D=D, NSPLIT=ns)
     return o
 

@@ -30,10 +30,17 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).to(x.dtype)
 
 
-def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
-    """positions [bs, T] (long) -> the rotary angles [bs, T, head_dim / 2] float32: position x inv_freq with
-    inv_freq = 1 / theta^(2i / D) (Su et al. 2021; HF ``_compute_default_rope_parameters``)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+def rope_inv_freq(head_dim: int, theta: float, device) -> torch.Tensor:
+    """inv_freq [head_dim / 2] float32 = 1 / theta^(2i / D) (Su et al. 2021; HF ``_compute_default_rope_parameters``)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float, inv_freq: torch.Tensor | None = None
+                ) -> torch.Tensor:
+    """positions [bs, T] (long) -> the rotary angles [bs, T, head_dim / 2] float32: position x inv_freq
+    (``rope_inv_freq``; pass it precomputed to spare a CUDA graph its nodes on every replay: same values)."""
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(head_dim, theta, positions.device)
     return positions.to(torch.float32)[..., None] * inv_freq
 
 
@@ -121,6 +128,17 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self._split_counters = []  # fused.paged_attention's semaphores (int32 zeros; each call leaves them 0)
+
+    def split_counters(self, n: int, device) -> torch.Tensor:
+        """At least n int32 zeros on ``device``, kept by the layer: the column splits merge in the attention node,
+        no combine node. A larger call gets a larger buffer (made during a graph's warm-up, not inside its capture)
+        and the old ones stay referenced: a graph captured earlier keeps reading its own."""
+        c = self._split_counters[-1] if self._split_counters else None
+        if c is None or c.numel() < n or c.device != device:
+            c = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+            self._split_counters.append(c)
+        return c
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: KVView | None, rope=None) -> torch.Tensor:
         """x [bs, T, hidden] -> [bs, T, hidden]. Without ``kv``: plain causal attention over x itself. ``rope``:
@@ -132,12 +150,13 @@ class Attention(nn.Module):
         bs, T, _ = x.shape
         H, Hkv, D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         if rope is not None:
-            from .fused import paged_attention, qkv_rope_write
+            from .fused import attention_tiles, paged_attention, qkv_rope_write
             qkv = F.linear(x, merged_weight(self, "_qkv", [self.q_proj, self.k_proj, self.v_proj]))
             qn, kn = (self.q_norm.weight, self.k_norm.weight) if cfg.qk_norm else (None, None)
             q = qkv_rope_write(qkv, H, Hkv, rope, qn, kn, cfg.rms_norm_eps, kv.k_pool, kv.v_pool, kv.write_slots)
             if T <= PAGED_ATTENTION_MAX_T:
-                return self.o_proj(paged_attention(q, kv.k_pool, kv.v_pool, kv.read_slots, kv.read_mask))
+                counters = self.split_counters(attention_tiles(bs, T, H, Hkv), x.device)
+                return self.o_proj(paged_attention(q, kv.k_pool, kv.v_pool, kv.read_slots, kv.read_mask, counters))
             # a long prefill chunk (eager, in no graph): the gathered columns and PyTorch's SDPA, whose kernels tile
             # the queries (paged_attention reads every key once per query)
             keys, vals = (p[kv.read_slots].to(q.dtype).transpose(1, 2) for p in (kv.k_pool, kv.v_pool))

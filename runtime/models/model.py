@@ -105,10 +105,22 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.full_layers = [i for i, t in enumerate(cfg.layer_types) if t == FULL]
         self.linear_layers = [i for i, t in enumerate(cfg.layer_types) if t == LINEAR]
+        self._rope_inv_freq = None  # rope_inv_freq, made once on the weights' device (not a buffer: stays float32)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight") or name.endswith("embed_tokens.weight") or name.endswith("gate.weight") \
                     or name.endswith("gates.weight") or name.endswith("lm_head.weight"):
                 nn.init.normal_(p, std=0.02)
+
+    def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [bs, T, head_dim / 2] float32 of positions [bs, T] (``fused.rope_tables``), with inv_freq made
+        once per model: a constant, so a CUDA graph holds no node that recomputes it on every replay."""
+        from .fused import rope_tables
+        from .layers import rope_inv_freq
+
+        cfg = self.config
+        if self._rope_inv_freq is None or self._rope_inv_freq.device != positions.device:
+            self._rope_inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, positions.device)
+        return rope_tables(positions, cfg.head_dim, cfg.rope_theta, self._rope_inv_freq)
 
     def logits(self, h: torch.Tensor, fused: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
         """Final norm and LM head: h [bs, T, hidden] (plus a pending ``residual``) -> [bs, T, vocab]."""
@@ -131,9 +143,7 @@ class Transformer(nn.Module):
         fused = cache is not None and cache.fused
         rope = None
         if fused and self.full_layers:  # once per forward (or per draft block: cache.rope), for every attention layer
-            from .fused import rope_tables
-            rope = cache.rope if cache.rope is not None else rope_tables(positions, self.config.head_dim,
-                                                                         self.config.rope_theta)
+            rope = cache.rope if cache.rope is not None else self.rope_tables(positions)
         stacked = None  # fused: the layers write their states into one buffer (no stacking copy: ~100 MB a layer)
         if fused and self.linear_layers:
             g = self.model.layers[self.linear_layers[0]].linear_attn

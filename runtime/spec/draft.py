@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from ..models.model import CacheView, Transformer
-from .plan import window_mask
 from .state import DecodeState
 from .tree import draft_topk
 
@@ -22,20 +21,19 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
     (draft trees, runtime/spec/tree.py) also (logp [nb, B, k] float32, ids [nb, B, k] long): each step's top-k
     tokens and log-probabilities, sorted descending."""
     B, nb = st.block_size, rows.shape[0]
-    ar = torch.arange(B, device=rows.device)
+    ar = st.block_index
     L, tok = st.lengths[rows], st.last_tok[rows]
     # once per block, not per step: the positions, step j's mask (row j: the window, then block columns <= j) and,
     # on the fused path, the RoPE tables; step j reads column / row j of each (views: no node per step)
     pos = L[:, None] + ar                                                             # nb, B
     blk_slots = st.token_map(rows).gather(1, pos.clamp(max=st.max_len - 1))
     read = torch.cat([rect, blk_slots], 1)
-    tri = ar[None, :] <= ar[:, None]                                                  # B, B
-    masks = torch.cat([window_mask(rect_len, st.rect_width)[:, None, :].expand(nb, B, st.rect_width),
-                       tri.expand(nb, B, B)], 2)                                      # nb, B, W + P - 1 + B
+    window = st.rect_cols < rect_len[:, None]                                         # = plan.window_mask
+    masks = torch.cat([window[:, None, :].expand(nb, B, st.rect_width),
+                       st.block_causal.expand(nb, B, B)], 2)                                      # nb, B, W + P - 1 + B
     rope = None
     if st.fused and model.full_layers:
-        from ..models.fused import rope_tables
-        rope = rope_tables(pos, model.config.head_dim, model.config.rope_theta)
+        rope = model.rope_tables(pos)
     state = st.drf_lin.gather(rows)
     tokens, states, tops = [], [], []
     for j in range(B):

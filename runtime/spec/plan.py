@@ -19,7 +19,7 @@ def rect_fixed(st: DecodeState, rows: torch.Tensor):
     L = st.lengths[rows]
     s = window_start(L, st.window, st.page_size)
     c = L - s
-    j = torch.arange(st.rect_width, device=L.device)
+    j = st.rect_cols
     cols = (s[:, None] + j).clamp(max=st.max_len - 1)
     rect = torch.where(j < c[:, None], st.token_map(rows).gather(1, cols), 0)
     return rect, c

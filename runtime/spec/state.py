@@ -2,7 +2,7 @@
 pools and linear-attention states of both models. One object per engine; no module-level mutable state."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +33,21 @@ class DecodeState:
     max_len: int
     scratch: int
     fused: bool = False  # cached forwards run models/fused.py's kernels (RuntimeConfig.fused_kernels)
+    # constants the round's graphs read (made once here, so no graph holds nodes that recompute them every replay)
+    cols: torch.Tensor = field(init=False)          # [max_len] long: 0 .. max_len - 1
+    col_page: torch.Tensor = field(init=False)      # [max_len] long: column j's page index j // P
+    col_offset: torch.Tensor = field(init=False)    # [max_len] long: column j's offset in its page j % P
+    rect_cols: torch.Tensor = field(init=False)     # [W + P - 1] long: the window rectangle's column indices
+    block_index: torch.Tensor = field(init=False)   # [B] long: 0 .. B - 1
+    block_causal: torch.Tensor = field(init=False)  # [B, B] bool: row j sees block columns <= j
+
+    def __post_init__(self):
+        dev = self.page_table.device
+        self.cols = torch.arange(self.max_len, device=dev)
+        self.col_page, self.col_offset = self.cols // self.page_size, self.cols % self.page_size
+        self.rect_cols = torch.arange(self.rect_width, device=dev)
+        self.block_index = torch.arange(self.block_size, device=dev)
+        self.block_causal = self.block_index[None, :] <= self.block_index[:, None]
 
     @classmethod
     def allocate(cls, target_cfg, draft_cfg, rcfg, num_pages: int, device, dtype) -> "DecodeState":
@@ -73,7 +88,8 @@ class DecodeState:
 
     def token_map(self, rows: torch.Tensor) -> torch.Tensor:
         """Token slots of positions [0, max_len) for the slots in ``rows`` [nb] -> [nb, max_len]."""
-        return token_map(self.page_table[rows], self.page_size, self.max_len)
+        # = paged.token_map(page_table[rows], P, max_len) in two nodes: one gather, one multiply-add
+        return torch.add(self.col_offset, self.page_table[rows[:, None], self.col_page], alpha=self.page_size)
 
     @property
     def rect_width(self) -> int:

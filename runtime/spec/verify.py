@@ -14,13 +14,13 @@ def verify_block(model: Transformer, st: DecodeState, rows: torch.Tensor, draft_
     """rows [nb]; draft_tokens [nb, B] (d1 .. dB). Returns (pred [nb, B] long: the target's greedy token after
     each block prefix, states [n_linear, nb, B, Hv, dk, dv] float32 or None)."""
     B = st.block_size
-    ar = torch.arange(B, device=rows.device)
+    ar = st.block_index
     L = st.lengths[rows]
     tokens = torch.cat([st.last_tok[rows][:, None], draft_tokens[:, : B - 1]], 1)
     pos = L[:, None] + ar
     tmap = st.token_map(rows)
     write = tmap.gather(1, pos.clamp(max=st.max_len - 1))
-    mask = torch.arange(st.max_len, device=rows.device)[None, None, :] <= pos[:, :, None]
+    mask = st.cols[None, None, :] <= pos[:, :, None]
     # the linear states are read from the pool by row (no gathered copy of every layer's states)
     lin = st.tgt_lin.pool if st.tgt_lin.n_linear else None
     cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, lin, all_states=True, fused=st.fused, lin_rows=rows)
