@@ -13,6 +13,8 @@
 #                  (bench preset); the fused bs-8 B-12 traces come back (tar under OUT)
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
 #                  fused kernels (resumes the bench step's runtime.json)
+#   tlrbench       benchmarks/bench_token_list_rebuild.py: one prefill with and without the fault, by prompt length
+#                  (TLRB_TOKENS), chunk TLR_CHUNK, unprofiled; the rebuild's host steps timed alone
 #   tlr            tiny preset, 16 prompts of ~16k tokens, bs 8, --queue, --max-new-tokens 24, prefill chunk 512,
 #                  context 32768, 150 s a capture (TLR_TOKENS, TLR_COUNT, TLR_BS, TLR_CHUNK, TLR_MAX_LEN,
 #                  TLR_LIMIT_S override these):
@@ -29,6 +31,8 @@ RESERVE=15
 # the tlr step's long-context capture: prompts (count x tokens), batch size, prefill chunk, context capacity
 TLR_TOKENS=${TLR_TOKENS:-16000} TLR_COUNT=${TLR_COUNT:-16} TLR_BS=${TLR_BS:-8} TLR_CHUNK=${TLR_CHUNK:-512}
 TLR_MAX_LEN=${TLR_MAX_LEN:-32768} TLR_LIMIT_S=${TLR_LIMIT_S:-150}  # TLR_LIMIT_S: each of its two captures
+TLRB_TOKENS=${TLRB_TOKENS:-16000,32000,48000,60000}  # the tlrbench step's prompt lengths
+BENCH_KERNELS=${BENCH_KERNELS:-fused,eager}          # the bench step's kernel variants
 source scripts/_steps.sh  # steps_init, left, step
 steps_init kernels
 TR=$WORK/traces
@@ -57,7 +61,10 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
         --prompts fixtures/prompts/heldout.jsonl --max-new-tokens 64 --check-exact ;;
     bench)
       step bench 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8 --blocks 12 \
-        --kernels fused,eager --no-floor --out "$OUT" --work "$TR/bench" --keep-traces --time-budget-s @BUDGET@ ;;
+        --kernels "$BENCH_KERNELS" --no-floor --out "$OUT" --work "$TR/bench" --keep-traces --time-budget-s @BUDGET@ ;;
+    tlrbench)
+      step tlrbench "$TLR_LIMIT_S" "$PY" benchmarks/bench_token_list_rebuild.py --device cuda --tokens "$TLRB_TOKENS" \
+        --chunk "$TLR_CHUNK" --out "$OUT" --time-budget-s @BUDGET@ ;;
     grid)
       step grid 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8,1,32 \
         --blocks 12,8,4 --kernels fused --out "$OUT" --work "$WORK/grid" --resume --time-budget-s @BUDGET@ ;;

@@ -31,3 +31,15 @@ def test_bench_report(tmp_path):
     out = run("benchmarks/bench_report.py", "--size-mb", "2", "--source", SMALL, "--work", str(tmp_path),
               "--reps", "1")
     assert "MB" in out
+
+
+def test_bench_token_list_rebuild(tmp_path):
+    """Both prefills ran and the fault's rebuild was timed: one rebuild per chunk, so its host time is positive."""
+    pytest.importorskip("torch")
+    import json
+
+    out = run("benchmarks/bench_token_list_rebuild.py", "--device", "cpu", "--tokens", "150", "--chunk", "64",
+              "--repeats", "2", "--out", str(tmp_path))
+    assert "| 150 | 3 |" in out
+    row = json.loads((tmp_path / "token_list_rebuild.json").read_text())["rows"][0]
+    assert row["clean_wall_s"] > 0 and row["fault_wall_s"] > 0 and row["fault_in_rebuild_s"] > 0
