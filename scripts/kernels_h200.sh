@@ -17,9 +17,9 @@
 #                  (TLRB_TOKENS), chunk TLR_CHUNK, unprofiled; the rebuild's host steps timed alone
 #   tlr            tiny preset, 16 prompts of ~16k tokens, bs 8, --queue, --max-new-tokens 24, prefill chunk 512,
 #                  context 32768, 150 s a capture (TLR_TOKENS, TLR_COUNT, TLR_BS, TLR_CHUNK, TLR_MAX_LEN,
-#                  TLR_LIMIT_S override these):
+#                  TLR_LIMIT_S override these; TLR_WARMUP, TLR_ROUNDS, TLR_SHRINK: the capture window):
 #                  capture with --fault token-list-rebuild and without, gaptrace analyze both and
-#                  gaptrace diff clean -> fault (the traces are ~60 MB each: only the text comes back)
+#                  gaptrace diff clean -> fault (the traces come back when under 15 MB each)
 #
 # Returned under $OUT: summary.md (steps, exits, seconds, the logs' tails), runtime.json/.md, traces*.tar.gz(.part*).
 set -u
@@ -31,6 +31,7 @@ RESERVE=15
 # the tlr step's long-context capture: prompts (count x tokens), batch size, prefill chunk, context capacity
 TLR_TOKENS=${TLR_TOKENS:-16000} TLR_COUNT=${TLR_COUNT:-16} TLR_BS=${TLR_BS:-8} TLR_CHUNK=${TLR_CHUNK:-512}
 TLR_MAX_LEN=${TLR_MAX_LEN:-32768} TLR_LIMIT_S=${TLR_LIMIT_S:-150}  # TLR_LIMIT_S: each of its two captures
+TLR_WARMUP=${TLR_WARMUP:-4} TLR_ROUNDS=${TLR_ROUNDS:-14} TLR_SHRINK=${TLR_SHRINK:-}  # its capture window
 TLRB_TOKENS=${TLRB_TOKENS:-16000,32000,48000,60000}  # the tlrbench step's prompt lengths
 BENCH_KERNELS=${BENCH_KERNELS:-fused,eager}          # the bench step's kernel variants
 source scripts/_steps.sh  # steps_init, left, step
@@ -72,17 +73,22 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
       "$PY" scripts/long_prompts.py --tokens "$TLR_TOKENS" --count "$TLR_COUNT" -o "$WORK/long.jsonl" \
         2> "$LOGS/long_prompts.log"
       common=(--preset tiny --device cuda --batch-size "$TLR_BS" --prompts "$WORK/long.jsonl" --queue
-              --max-new-tokens 24 --prefill-chunk "$TLR_CHUNK" --max-seq-len "$TLR_MAX_LEN" --warmup-rounds 4
-              --rounds 14)
+              --max-new-tokens 24 --prefill-chunk "$TLR_CHUNK" --max-seq-len "$TLR_MAX_LEN"
+              --warmup-rounds "$TLR_WARMUP" --rounds "$TLR_ROUNDS")
+      [[ -n $TLR_SHRINK ]] && common+=(--shrink-at-round "$TLR_SHRINK")
+      name=h200_tiny_overlap_bs${TLR_BS}_B8_long$(( TLR_TOKENS / 1000 ))k
       step tlr_fault "$TLR_LIMIT_S" "${G[@]}" capture "${common[@]}" --fault token-list-rebuild \
-        -o "$TR/h200_tiny_overlap_bs8_B8_long16k_token-list-rebuild.json.gz"
-      step tlr_clean "$TLR_LIMIT_S" "${G[@]}" capture "${common[@]}" -o "$TR/h200_tiny_overlap_bs8_B8_long16k.json.gz"
-      for f in "$TR"/h200_tiny_overlap_bs8_B8_long16k*.json.gz; do
+        -o "$TR/${name}_token-list-rebuild.json.gz"
+      step tlr_clean "$TLR_LIMIT_S" "${G[@]}" capture "${common[@]}" -o "$TR/$name.json.gz"
+      for f in "$TR/$name"*.json.gz; do
         [[ -f $f ]] && step "analyze_$(basename "$f" .json.gz)" 90 "${G[@]}" analyze "$f"
       done
-      step tlr_diff 90 "${G[@]}" diff "$TR/h200_tiny_overlap_bs8_B8_long16k.json.gz" \
-        "$TR/h200_tiny_overlap_bs8_B8_long16k_token-list-rebuild.json.gz"
-      rm -f "$TR"/h200_tiny_overlap_bs8_B8_long16k* ;;
+      step tlr_diff 90 "${G[@]}" diff "$TR/$name.json.gz" "$TR/${name}_token-list-rebuild.json.gz"
+      # traces back when small enough to travel (a file under 15 MB), else only the text above
+      for f in "$TR/$name"*; do
+        (( $(stat -c %s "$f") < 15000000 )) && cp "$f" "$OUT/"
+      done
+      rm -f "$TR/$name"* ;;
     *) echo "| $s | unknown step | 0 | 0 |" >> "$STEPS_MD" ;;
   esac
 done
