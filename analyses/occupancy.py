@@ -34,6 +34,7 @@ __all__ = [
     "busy_fraction_bins",
     "device_side_gaps",
     "graph_node_gaps",
+    "launch_links",
     "fill_device_side",
 ]
 
@@ -149,6 +150,35 @@ def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np
     found = valid & (pos >= 0)
     end = launch_end.to_numpy()[np.maximum(pos, 0)]
     out[:] = found & (end <= g0)
+    return out
+
+
+def launch_links(trace: Trace, key: tuple[int, int], t0_us: float, t1_us: float) -> dict[str, int]:
+    """How many of the device's activities (kernel, memcpy, memset) that overlap ``[t0_us, t1_us]`` can be tied to
+    the host call that launched them, the join :func:`device_side_gaps` and :func:`graph_node_gaps` rest on.
+
+    Returns counts of activities: ``gpu_events`` (all of them), ``no_id`` (correlation id absent or negative),
+    ``shared_id`` (the id is carried by more than one cuda_runtime / cuda_driver call of the rank, so which call
+    launched it is unknown: a broken or rewritten trace), ``no_launch`` (no call of the rank carries the id: the
+    launch fell outside the capture), ``unlinked`` (their sum) and ``linked`` (the rest). A gap ended by an
+    unlinked activity counts as host-wait idle, so with ``unlinked > 0`` the device-side idle is a lower bound,
+    and with ``linked == 0`` it cannot be computed at all.
+    """
+    rows = _device_rows(trace, key)
+    rows = rows[(rows["end_us"].to_numpy() >= t0_us) & (rows["ts_us"].to_numpy() <= t1_us)]
+    corr = rows["correlation"].to_numpy()
+    h = trace.host
+    rt = h[h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
+           & (h["correlation"].to_numpy() >= 0)]
+    calls = rt.groupby("correlation", sort=True).size()
+    pos = calls.index.get_indexer(corr) if len(calls) else np.full(len(corr), -1)
+    no_id = corr < 0
+    no_launch = ~no_id & (pos < 0)
+    shared = (pos >= 0) & (calls.to_numpy()[np.maximum(pos, 0)] > 1) if len(calls) else np.zeros(len(corr), bool)
+    out = {"gpu_events": len(corr), "no_id": int(no_id.sum()), "shared_id": int(shared.sum()),
+           "no_launch": int(no_launch.sum())}
+    out["unlinked"] = out["no_id"] + out["shared_id"] + out["no_launch"]
+    out["linked"] = out["gpu_events"] - out["unlinked"]
     return out
 
 

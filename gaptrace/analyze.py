@@ -16,10 +16,14 @@
   rounds: [{round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes, tau,
   tpot_us}]} when the trace annotates verify rounds, else None (:mod:`gaptrace.analyses.rounds`);
 - ``idle_split``: {idle_us, host_wait_us, device_side_us, device_side_share, graph_node_us, graph_node_gaps,
-  graph_node_median_us}: idle before kernels that were already launched is device-side
-  (:func:`gaptrace.analyses.occupancy.device_side_gaps`) and is charged to no host frame, the part of it between
-  two nodes of one graph launch is ``graph_node_*`` (:func:`gaptrace.analyses.occupancy.graph_node_gaps`); gap
-  attribution, idle sites and sync idle explain the host-wait part, every share is over all idle;
+  graph_node_median_us, gpu_events, unlinked_gpu_events, unlinked_by_cause: {no_id, shared_id, no_launch}}: idle
+  before kernels that were already launched is device-side (:func:`gaptrace.analyses.occupancy.device_side_gaps`)
+  and is charged to no host frame, the part of it between two nodes of one graph launch is ``graph_node_*``
+  (:func:`gaptrace.analyses.occupancy.graph_node_gaps`); gap attribution, idle sites and sync idle explain the
+  host-wait part, every share is over all idle. Both rest on joining each GPU event to its launch call by
+  correlation id (:func:`gaptrace.analyses.occupancy.launch_links`); when none of the window's ``gpu_events``
+  joins, host_wait_us, device_side_* and graph_node_* are None (unavailable), and when many do not, a warning
+  says so (:func:`unlinked_warning`);
 - ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
 - ``headline``: [str], the occupancy sentence per device followed by the first finding;
 - ``warnings``: [str], the loader's integrity warnings and the analyses' own.
@@ -38,10 +42,10 @@ import click
 import numpy as np
 import pandas as pd
 
-from gaptrace.cli import memory_limit_option
+from gaptrace.cli import escape_controls, escape_json_controls, memory_limit_option
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError, clean_text
 
-__all__ = ["run_analysis", "idle_sites", "findings", "analyze", "to_jsonable"]
+__all__ = ["run_analysis", "idle_sites", "findings", "unlinked_warning", "analyze", "to_jsonable", "dumps_json"]
 
 
 # Findings below this share of the window's idle time are not stated (they stay in the tables).
@@ -49,6 +53,11 @@ FINDING_MIN_SHARE = 0.05
 # Rows of gap_attribution kept in the JSON: frames holding at least this share of idle, at most MAX_FRAMES.
 FRAME_MIN_SHARE = 0.001
 MAX_FRAMES = 500
+# Warn when at least this share of the window's GPU events carry a broken correlation id (absent, negative, or
+# shared by several launch calls: no shipped trace has one). An id whose launch call is missing is no sign of a
+# broken trace (a launch made before the capture began: up to 30% of the GPU events of the shipped third-party
+# traces), so those are counted in idle_split but warned about only when no event links at all.
+BROKEN_ID_WARN_SHARE = 0.01
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -67,6 +76,12 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return to_jsonable(obj.tolist())
     return obj
+
+
+def dumps_json(obj: Any) -> str:
+    """The ``--json`` text of a result dict: :func:`to_jsonable`, indented, non-ASCII kept, every non-printable
+    character escaped (:func:`gaptrace.cli.escape_json_controls`: trace names are untrusted)."""
+    return escape_json_controls(json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False))
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -250,6 +265,28 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
     return out
 
 
+def unlinked_warning(links: dict[str, int]) -> str | None:
+    """The warning for GPU activities that cannot be tied to their launch call (``links`` as returned by
+    :func:`gaptrace.analyses.occupancy.launch_links`): when none links, or when at least BROKEN_ID_WARN_SHARE of
+    them carry a broken id (absent, negative or shared); else None. One line naming the counts, their causes and
+    what it does to the idle split: unavailable when none links, else partial (a lower bound)."""
+    n, u = links["gpu_events"], links["unlinked"]
+    if n == 0 or (links["linked"] and links["no_id"] + links["shared_id"] < BROKEN_ID_WARN_SHARE * n):
+        return None
+    causes = ", ".join(f"{links[k]:,} {text}" for k, text in (
+        ("no_id", "with no correlation id or a negative one"),
+        ("shared_id", "whose correlation id several launch calls share"),
+        ("no_launch", "whose launch call is not in the trace")) if links[k])
+    if not links["linked"]:
+        effect = ("the device-side idle split is unavailable (idle_split host_wait_us, device_side_us and graph_node_* "
+                  "are null; gap attribution treats all idle as host wait)")
+    else:
+        effect = ("the device-side idle split is partial: a lower bound, the gaps before those events count as "
+                  "host wait")
+    return (f"{u:,} of {n:,} GPU events (kernel/memcpy/memset) in the window cannot be tied to the runtime call that "
+            f"launched them ({causes}): {effect}")
+
+
 def _unprofiled_launches(sidecar: dict | None) -> dict[int, float] | None:
     """{nodes: unprofiled launch µs} from a sidecar's ``graphs`` list; malformed entries are skipped (the sidecar
     is optional, untrusted input)."""
@@ -315,10 +352,20 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
     # profiler-inflated cudaGraphLaunch, is host-wait idle like every gap under a launch call)
     node = occupancy.graph_node_gaps(trace, key, exact) & occupancy.device_side_gaps(trace, key, exact)
     node_dur = exact.gaps()["dur_us"].to_numpy()[node]
+    links = occupancy.launch_links(trace, key, exact.t0_us, exact.t1_us)
     out["idle_split"] = {"idle_us": idle_total, "host_wait_us": tl.idle_us, "device_side_us": device_side_us,
                          "device_side_share": device_side_us / idle_total if idle_total > 0 else 0.0,
                          "graph_node_us": float(node_dur.sum()), "graph_node_gaps": int(node.sum()),
-                         "graph_node_median_us": float(np.median(node_dur)) if len(node_dur) else None}
+                         "graph_node_median_us": float(np.median(node_dur)) if len(node_dur) else None,
+                         "gpu_events": links["gpu_events"], "unlinked_gpu_events": links["unlinked"],
+                         "unlinked_by_cause": {k: links[k] for k in ("no_id", "shared_id", "no_launch")}}
+    if links["gpu_events"] and not links["linked"]:
+        # no activity joins its launch call: 0 µs device-side would be a claim nobody measured
+        out["idle_split"].update(dict.fromkeys(("host_wait_us", "device_side_us", "device_side_share", "graph_node_us",
+                                                "graph_node_gaps", "graph_node_median_us")))
+    note = unlinked_warning(links)
+    if note:
+        warnings.append(note)
     attribution = gaps.gap_attribution(trace, key, window, result=ev)
     attribution["share"] = attribution["inclusive_idle_us"] / idle_total if idle_total > 0 else 0.0
     keep = attribution[attribution["share"] >= FRAME_MIN_SHARE].head(MAX_FRAMES)
@@ -350,7 +397,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
             f"{d['occupancy']:.1%} of {d['window_us'] / 1000:.2f} ms{where}; {d['idle_us'] / 1000:.2f} ms idle "
             f"in {d['gaps']} gaps")
     split = out["idle_split"]
-    if split["device_side_share"] >= FINDING_MIN_SHARE:
+    if split["device_side_share"] is not None and split["device_side_share"] >= FINDING_MIN_SHARE:
         out["headline"].append(
             f"{split['device_side_share']:.0%} of the idle time ({_ms(split['device_side_us'])}) is device-side: gaps "
             "before kernels that were already launched (launch latency between queued kernels, CUDA-graph node "
@@ -383,7 +430,8 @@ def _table(rows: list[dict], cols: list[tuple[str, str, str]], limit: int) -> st
 
 
 def render_text(res: dict, top: int = 15) -> str:
-    """The human-readable form of :func:`run_analysis`'s dict: headline, findings, then the tables."""
+    """The human-readable form of :func:`run_analysis`'s dict: headline, findings, then the tables; every
+    non-printable character (from trace names: ESC, BEL, ...) escaped (:func:`gaptrace.cli.escape_controls`)."""
     parts = [*res["headline"], ""]
     if res["findings"]:
         parts.append("Findings (share of GPU-idle time):")
@@ -438,7 +486,7 @@ def render_text(res: dict, top: int = 15) -> str:
             parts.append(line)
     if res["warnings"]:
         parts += ["", "Warnings:"] + [f"  - {w}" for w in res["warnings"]]
-    return "\n".join(parts)
+    return escape_controls("\n".join(parts))
 
 
 @click.command()
@@ -469,7 +517,7 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
     except TraceError as e:
         fail(str(e))
     if as_json:
-        click.echo(json.dumps(to_jsonable(res), indent=1, ensure_ascii=False))
+        click.echo(dumps_json(res))
     else:
         click.echo(render_text(res, top))
     if not res["devices"]:

@@ -6,6 +6,8 @@ machine without torch. Every command turns bad input into one line on stderr and
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import sys
 
 import click
@@ -88,9 +90,30 @@ def memory_limit_bytes(gb: float | None) -> int | None:
     return None if gb is None else int(gb * 1e9)
 
 
+# every character but printable ASCII, tab and newline: the candidates :func:`escape_controls` looks at one by one
+_NOT_PLAIN = re.compile(r"[^\t\n\x20-\x7e]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` safe to print on a terminal: every character ``repr`` would escape (``not str.isprintable()``: the
+    C0 controls such as ESC and BEL, DEL, the C1 controls such as the 8-bit CSI, bidi overrides, line separators)
+    is replaced by its ``repr`` escape (``\\x1b``, ``\\x07``, ``\\u202e``), except tab and newline. Printable
+    text (µ, →, CJK) is unchanged. Names in a trace are untrusted: raw, an ESC in a kernel name could drive the
+    terminal that prints the analysis."""
+    return _NOT_PLAIN.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
+
+
+def escape_json_controls(text: str) -> str:
+    """JSON text (from ``json.dumps(..., ensure_ascii=False)``, which escapes only the C0 controls) with the other
+    non-printable characters of :func:`escape_controls` written as JSON ``\\uXXXX`` escapes (surrogate pairs
+    beyond the BMP): the text decodes to the same values and prints safely on a terminal."""
+    return _NOT_PLAIN.sub(lambda m: m.group() if m.group().isprintable() else json.dumps(m.group())[1:-1], text)
+
+
 def fail(message: str) -> "NoReturn":  # noqa: F821
-    """Print one line naming the problem and exit with code 2 (the convention for bad input)."""
-    click.echo(f"gaptrace: error: {message}", err=True)
+    """Print one line naming the problem (its controls escaped: it may quote the trace) and exit with code 2 (the
+    convention for bad input)."""
+    click.echo(f"gaptrace: error: {escape_controls(message)}", err=True)
     sys.exit(2)
 
 

@@ -1,12 +1,10 @@
 """``gaptrace diff A B``: compare two traces (A baseline, B candidate) and gate CI on the result."""
 from __future__ import annotations
 
-import json
-
 import click
 
-from gaptrace.analyze import run_analysis, to_jsonable
-from gaptrace.cli import memory_limit_option
+from gaptrace.analyze import dumps_json, run_analysis
+from gaptrace.cli import escape_controls, memory_limit_option
 from gaptrace.trace import TraceError
 
 __all__ = ["diff", "render_diff"]
@@ -23,7 +21,8 @@ def _fmt(v, name: str) -> str:
 
 
 def render_diff(d: dict) -> str:
-    """Text form of :func:`gaptrace.analyses.diff.diff_analyses`."""
+    """Text form of :func:`gaptrace.analyses.diff.diff_analyses`, non-printable characters of trace names and
+    paths escaped (:func:`gaptrace.cli.escape_controls`)."""
     lines = [f"A: {d['a']}", f"B: {d['b']}", "", f"  {'metric':<18} {'A':>12} {'B':>12} {'B-A':>12} {'rel':>8}"]
     for name, m in d["metrics"].items():
         if m["a"] is None and m["b"] is None:
@@ -40,7 +39,7 @@ def render_diff(d: dict) -> str:
         for kind in ("vanished", "appeared", "changed"):
             for r in part[kind][:8]:
                 lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {r[key]}")
-    return "\n".join(lines)
+    return escape_controls("\n".join(lines))
 
 
 @click.command()
@@ -74,7 +73,7 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
     d = diff_analyses(*res)
     d["gates"] = check_gates(d, list(gates))
     if as_json:
-        click.echo(json.dumps(to_jsonable(d), indent=1, ensure_ascii=False))
+        click.echo(dumps_json(d))
     else:
         click.echo(render_diff(d))
         for g in d["gates"]:
