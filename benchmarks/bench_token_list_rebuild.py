@@ -37,6 +37,44 @@ def _sync(device) -> None:
         torch.cuda.synchronize()  # SYNC (deliberate): the benchmark's wall clock starts and stops on an idle device
 
 
+class StackSampler:
+    """Where the main thread spends a block: its innermost ``depth`` frames sampled every ``interval_s`` from a
+    background thread (``sys._current_frames``), counted per (file:line function) chain. A sampling profiler of the
+    host only: no torch.profiler, no device effect."""
+
+    def __init__(self, interval_s: float = 0.02, depth: int = 4):
+        import collections
+        import threading
+
+        self.interval_s, self.depth = interval_s, depth
+        self.counts = collections.Counter()
+        self._main = threading.main_thread().ident
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            f = sys._current_frames().get(self._main)
+            chain = []
+            while f is not None and len(chain) < self.depth:
+                chain.append(f"{os.path.basename(f.f_code.co_filename)}:{f.f_lineno} {f.f_code.co_name}")
+                f = f.f_back
+            self.counts[" < ".join(chain)] += 1
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def top(self, n: int = 8) -> list:
+        """[(share of samples, chain)] of the n most sampled chains."""
+        total = sum(self.counts.values()) or 1
+        return [(c / total, k) for k, c in self.counts.most_common(n)]
+
+
 def rebuild_steps_us(prompt: list, device, repeats: int) -> dict:
     """Host µs of each step of one rebuild of ``prompt`` (median of ``repeats``): concat, np.array, pin_memory,
     to(device) (enqueue only)."""
@@ -107,16 +145,19 @@ def run(args) -> dict:
                 break
             prompt = rng.integers(0, vocab, n).tolist()
             row = {"tokens": n, "chunks": -(-n // args.chunk)}
-            for name, r in runners.items():
+            for name in args.order.split(","):
+                r = runners[name]
                 r.blocks.ensure(0, n + rc.round_span)
                 r.upload_page_tables()
                 in_rebuild[0] = 0.0
                 _sync(device)
                 t0 = time.perf_counter()
-                r.prefill(0, prompt, Request(0, prompt, 1))
-                t1 = time.perf_counter()
-                _sync(device)
+                with StackSampler() as sampler:
+                    r.prefill(0, prompt, Request(0, prompt, 1))
+                    t1 = time.perf_counter()
+                    _sync(device)
                 t2 = time.perf_counter()
+                row[f"{name}_host_samples"] = [[round(s, 3), k] for s, k in sampler.top()]
                 r.blocks.free(0)
                 row[f"{name}_wall_s"], row[f"{name}_enqueue_s"] = t2 - t0, t1 - t0
                 if name == "fault":
@@ -145,7 +186,12 @@ def markdown(res: dict) -> str:
                     fmt(r["chunks"] * (r["concat_us"] + r["np_array_us"] + r["pin_memory_us"] + r["upload_us"]) / 1e6,
                         3)]
                    for r in res["rows"]])
-    return head + t1 + "\n\nOne rebuild's host steps, device idle (median):\n\n" + t2 + "\n"
+    t3 = md_table(["tokens", "run", "share of samples", "main thread (innermost first)"],
+                  [[fmt(r["tokens"]), name, f"{100 * s:.0f}%", f"`{k}`"] for r in res["rows"]
+                   for name in ("clean", "fault") for s, k in r.get(f"{name}_host_samples", [])[:4]])
+    return (head + t1 + "\n\nOne rebuild's host steps, device idle (median):\n\n" + t2
+            + "\n\nWhere the host was during each prefill (sampled every 20 ms, the sync at the end included):\n\n"
+            + t3 + "\n")
 
 
 def main(argv=None) -> int:
@@ -155,6 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="16000,32000,48000,60000", help="prompt lengths, comma-separated")
     ap.add_argument("--chunk", type=int, default=256, help="prefill chunk (tokens)")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--order", default="clean,fault", help="which prefill runs first at each length (fault,clean: the "
+                    "fault on a cold pinned-memory cache)")
     ap.add_argument("--time-budget-s", type=float, default=400.0, help="no new length is started after this")
     ap.add_argument("--out", default=None, help="write token_list_rebuild.json/.md here")
     args = ap.parse_args(argv)
