@@ -489,6 +489,12 @@ def render_text(res: dict, top: int = 15) -> str:
     return escape_controls("\n".join(parts))
 
 
+def no_gpu_message(trace_path: str) -> str:
+    """The one error line of analyze and diff for a trace without GPU activity (exit code 2)."""
+    return (f"{trace_path}: the trace has no GPU activity (kernel/memcpy/memset events): nothing to measure occupancy "
+            "or idle gaps on (profiled without ProfilerActivity.CUDA, or on a machine without a GPU?)")
+
+
 @click.command()
 @click.argument("trace_path", metavar="TRACE")
 @click.option("--window", default=None, metavar="NAME",
@@ -504,8 +510,8 @@ def render_text(res: dict, top: int = 15) -> str:
 def analyze(trace_path: str, window: str | None, device: int | None, as_json: bool, round_name: str,
             top: int, memory_limit_gb: float | None) -> None:
     """Occupancy, idle-gap attribution, blocking syncs and graph-launch fit of TRACE (.json, .json.gz or a
-    directory of per-rank files). Exit code 2 on bad input, or when the trace has no GPU activity (the host-side
-    analyses are still printed)."""
+    directory of per-rank files). Bad input, or a trace with no GPU activity: one error line, exit code 2, nothing on
+    stdout (``run_analysis`` still gives the host-side analyses of such a trace to the API)."""
     from gaptrace import load_trace
     from gaptrace.capture import read_sidecar
     from gaptrace.cli import fail, memory_limit_bytes
@@ -516,9 +522,9 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
                            round_name=round_name)
     except TraceError as e:
         fail(str(e))
+    if not res["devices"]:
+        fail(no_gpu_message(trace_path))
     if as_json:
         click.echo(dumps_json(res))
     else:
         click.echo(render_text(res, top))
-    if not res["devices"]:
-        fail(f"{trace_path}: the trace has no GPU activity (kernel/memcpy/memset); only host-side analyses ran")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from gaptrace.analyze import dumps_json, run_analysis
+from gaptrace.analyze import dumps_json, no_gpu_message, run_analysis
 from gaptrace.cli import escape_controls, memory_limit_option
 from gaptrace.trace import TraceError
 
@@ -70,6 +70,9 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
                for p in (trace_a, trace_b)]
     except (TraceError, GateError) as e:
         fail(str(e))
+    for p, r in zip((trace_a, trace_b), res):
+        if not r["devices"]:
+            fail(no_gpu_message(p))
     d = diff_analyses(*res)
     d["gates"] = check_gates(d, list(gates))
     if as_json:

@@ -129,17 +129,23 @@ def test_unknown_window_names_available(tmp_path):
     assert r.returncode == 2 and "round_0" in r.stderr
 
 
-def test_host_only_trace_runs_host_analyses_then_exit_2(tmp_path):
+def test_host_only_trace_is_one_error_line_exit_2(tmp_path):
+    """No GPU events: one line naming the problem, exit 2, nothing on stdout (text and --json); the API still runs
+    the host-side analyses."""
     doc = json.load(gzip.open(PROBE))
     doc["traceEvents"] = [e for e in doc["traceEvents"]
                           if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")]
     p = tmp_path / "host_only.json"
     p.write_text(json.dumps(doc))
-    r = _cli("analyze", str(p), "--json")
-    assert r.returncode == 2
-    out = json.loads(r.stdout)
+    for args in (("analyze", str(p)), ("analyze", str(p), "--json"), ("diff", PROBE, str(p)),
+                 ("diff", str(p), PROBE, "--json")):
+        r = _cli(*args)
+        assert r.returncode == 2 and r.stdout == ""
+        assert "no GPU activity" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    from gaptrace import load_trace
+    from gaptrace.analyze import run_analysis
+    out = run_analysis(load_trace(str(p)))
     assert out["devices"] == [] and any("no GPU" in w for w in out["warnings"])
-    assert "no GPU activity" in r.stderr
 
 
 @pytest.mark.parametrize("sidecar", [

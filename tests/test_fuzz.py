@@ -229,9 +229,13 @@ def test_window_name_with_a_lone_surrogate_is_printable(tmp_path):
     path = _write(tmp_path, doc)
     res = run_analysis(load_trace(path), window="w" + NOT_UTF8, round_name=NOT_UTF8)
     assert res["window"] == "w\ufffd" and res["devices"] == []
-    r = _cli_strict("analyze", path, "--json", "--window", "w" + NOT_UTF8)
-    assert r.returncode == 2 and "Traceback" not in r.stderr.decode()  # exit 2: no GPU activity, by design
-    assert json.loads(r.stdout.decode("utf-8"))["window"] == "w\ufffd"
+    r = _cli_strict("analyze", path, "--json", "--window", "w" + NOT_UTF8)  # no GPU activity: one line, exit 2
+    assert r.returncode == 2 and "Traceback" not in r.stderr.decode() and not r.stdout
+    assert len(r.stderr.decode("utf-8").strip().splitlines()) == 1
+    # with GPU activity the unknown window is named back in one printable line
+    r = _cli_strict("analyze", SMALL, "--json", "--window", "w" + NOT_UTF8)
+    err = r.stderr.decode("utf-8")
+    assert r.returncode == 2 and "Traceback" not in err and "w\ufffd" in err and len(err.strip().splitlines()) == 1
 
 
 def test_trace_and_report_paths_that_are_not_utf8(tmp_path):
