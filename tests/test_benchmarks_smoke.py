@@ -43,3 +43,29 @@ def test_bench_token_list_rebuild(tmp_path):
     assert "| 150 | 3 |" in out
     row = json.loads((tmp_path / "token_list_rebuild.json").read_text())["rows"][0]
     assert row["clean_wall_s"] > 0 and row["fault_wall_s"] > 0 and row["fault_in_rebuild_s"] > 0
+
+
+def test_bench_graph_span_launch_spans_add_up_to_the_node_bubbles():
+    """bench_graph_span's per-launch bubbles (span − union of its nodes) over the shipped fused capture sum to the
+    between-node idle gaptrace reports over the same (whole-trace) window, gap for gap; one launch per graph a round."""
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import gaptrace
+    from bench_graph_span import launch_spans
+    from gaptrace.analyze import run_analysis
+
+    path = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
+    spans = launch_spans(path)
+    assert {k: len(v) for k, v in spans.items()} == {"plan": 8, "draft": 8, "verify": 8, "commit": 8}
+    split = run_analysis(gaptrace.load_trace(path))["idle_split"]
+    assert sum(x[2] for v in spans.values() for x in v) == split["graph_node_gaps"]
+    assert sum(x[0] - x[1] for v in spans.values() for x in v) == pytest.approx(split["graph_node_us"], abs=1e-6)
+
+
+def test_bench_graph_span_cpu_smoke():
+    """On the CPU there are no graphs: the script runs the decode and its capture and prints an empty table."""
+    pytest.importorskip("torch")
+    out = run("benchmarks/bench_graph_span.py", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "-B", "4",
+              "--warmup-rounds", "1", "--timed-rounds", "2", "--profiled-rounds", "1")
+    assert "bubble per gap" in out
