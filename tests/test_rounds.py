@@ -100,8 +100,8 @@ def test_host_by_range_against_the_raw_events():
 def test_exposed_inflation_is_the_waited_part_of_the_launch_inflation():
     """exposed_inflation_us (the κ·N the device waited through) is at most the round's launch inflation; under the
     overlap scheduler the inflation hides behind queued device work (shipped bench bs 8 captures: < 5% of it is
-    exposed, and the profiled round is within 1 ms of the unprofiled one), under sync most of it is on the critical
-    path (> 25%)."""
+    exposed, and the profiled round is less than 6% slower than the unprofiled one), under sync most of it is on the
+    critical path (> 25%)."""
     from gaptrace.analyze import run_analysis
     from gaptrace.capture import read_sidecar
 
@@ -113,6 +113,30 @@ def test_exposed_inflation_is_the_waited_part_of_the_launch_inflation():
         assert all(0 <= r["exposed_inflation_us"] <= r["launch_inflation_us"] + 1e-6 for r in rows)
         got[sched] = res["rounds"]["summary"]
     ov, sy = got["overlap"], got["sync"]
-    assert ov["kappa_exposed_us"] < 0.05 * ov["kappa_explained_us"] and abs(ov["profiler_excess_us"]) < 1000
+    # the overlapped round still pays the profiler's device-side cost per node (CUPTI: ~0.2 µs a node, measured by
+    # benchmarks/bench_graph_span.py; ~6,600 nodes a round in this eager-era capture), not the launch inflation
+    assert ov["kappa_exposed_us"] < 0.05 * ov["kappa_explained_us"]
+    assert 0 < ov["profiler_excess_us"] < 0.06 * ov["unprofiled_round_us"]
     assert sy["kappa_exposed_us"] > 0.25 * sy["kappa_explained_us"]
     assert 0.3 < sy["kappa_exposed_share"] < 1.0  # part of the profiled round's excess, not more than all of it
+
+
+def test_first_round_on_a_drained_queue_is_not_steady():
+    """The fused bs-8 overlap capture's first profiled period starts on the queue the profiler's start drained: it
+    is a third shorter than the others, so the summary leaves it out (rounds_excluded [0]) and its Tround is the mean
+    of the other periods of the raw 'round' ranges; an all-round mean would be 7% lower. A capture whose first period
+    is steady keeps every round."""
+    from gaptrace.capture import read_sidecar
+
+    path = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
+    ev = json.load(gzip.open(path))["traceEvents"]
+    starts = sorted(e["ts"] for e in ev if e.get("cat") == "user_annotation" and e.get("name") == "round")
+    periods = np.diff(starts)
+    s = rounds(gaptrace.load_trace(path), "round", sidecar=read_sidecar(path)).summary
+    assert periods[0] < 0.75 * np.median(periods)
+    assert s["rounds_excluded"] == [0] and s["rounds_steady"] == len(periods) - 1
+    assert s["t_round_us"] == pytest.approx(periods[1:].mean(), abs=1e-3)
+    assert periods.mean() < 0.95 * s["t_round_us"]
+    sync = "fixtures/traces/h200_fused/h200_bench_sync_bs8_B12_fused.json.gz"
+    s2 = rounds(gaptrace.load_trace(sync), "round", sidecar=read_sidecar(sync)).summary
+    assert s2["rounds_excluded"] == [] and s2["rounds_steady"] == s2["rounds"]
