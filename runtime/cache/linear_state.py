@@ -12,9 +12,10 @@ import torch
 class LinearStatePool:
     """Per-slot recurrent states of one model (an empty pool when the model has no linear layers)."""
 
-    def __init__(self, cfg, num_slots: int, device):
+    def __init__(self, cfg, num_slots: int, device, fused: bool = False):
         n = cfg.layer_types.count("linear_attention")
         self.n_linear = n
+        self.fused = fused  # commit through models.fused.commit_states (CUDA + Triton): one node, one pass
         self.pool = torch.zeros(n, num_slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                 cfg.linear_value_head_dim, device=device, dtype=torch.float32)
 
@@ -37,6 +38,10 @@ class LinearStatePool:
         """pool[:, rows[i]] = states_all[:, i, index[i]]: the state after token (or tree node) ``index[i]``
         (a draft tree commits the state of its last accepted node). Fixed shapes, no host sync."""
         if not self.n_linear:
+            return
+        if self.fused:
+            from ..models.fused import commit_states
+            commit_states(self.pool, states_all, rows, index)
             return
         nb = rows.shape[0]
         picked = states_all[:, torch.arange(nb, device=rows.device), index]

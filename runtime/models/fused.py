@@ -33,6 +33,7 @@ interpreter against the references.
 """
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -462,3 +463,41 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
     elif state is not None and not return_all:
         hs.copy_(state if state_rows is None else state[state_rows])
     return o, hs
+
+
+@triton.jit
+def _commit_states_kernel(src_ptr, dst_ptr, rows_ptr, idx_ptr, n, s_src_l, s_src_b, s_src_t, s_dst_l, s_dst_s,
+                          BLOCK: tl.constexpr):
+    lyr = tl.program_id(0).to(tl.int64)
+    i = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(2).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    t = tl.load(idx_ptr + i).to(tl.int64)
+    r = tl.load(rows_ptr + i).to(tl.int64)
+    x = tl.load(src_ptr + lyr * s_src_l + i * s_src_b + t * s_src_t + offs, mask=m)
+    tl.store(dst_ptr + lyr * s_dst_l + r * s_dst_s + offs, x, mask=m)
+
+
+def commit_states(pool: torch.Tensor, states_all: torch.Tensor, rows: torch.Tensor, index: torch.Tensor) -> None:
+    """pool[:, rows[i]] = states_all[:, i, index[i]] in one node, one pass over the bytes (the eager path gathers the
+    picked states into a temporary, then scatters it: twice the traffic, two nodes; ~0.35 ms a round for the bench
+    target's 18 layers at bs 8 on the H200). pool [L, num_slots, *S]; states_all [L, nb, T, *S] with the same S
+    (a gated-delta-rule state: Hv x dk x dv float32), each state contiguous; rows [nb], index [nb] long on the
+    device, index[i] in [0, T). A pure copy: bit for bit what ``LinearStatePool.commit_at``'s eager path writes
+    (rows that repeat, the padding rows' scratch slot, get one of their states, as with index_copy_). ValueError when a
+    state is not contiguous or the shapes disagree."""
+    L, nb, T = states_all.shape[:3]
+    S = states_all.shape[3:]
+    if pool.shape[0] != L or pool.shape[2:] != S or pool.dtype != states_all.dtype or rows.shape != (nb,) \
+            or index.shape != (nb,):
+        raise ValueError(f"commit_states: pool {tuple(pool.shape)} {pool.dtype}, states {tuple(states_all.shape)} "
+                         f"{states_all.dtype}, rows {tuple(rows.shape)}, index {tuple(index.shape)} disagree")
+    n = math.prod(S)
+    packed = tuple(math.prod(S[k + 1:]) for k in range(len(S)))  # a contiguous state's strides
+    if n and not (pool.stride()[2:] == packed and states_all.stride()[3:] == packed):
+        raise ValueError("commit_states needs each state contiguous")
+    if L and nb and n:
+        BLOCK = 4096
+        _commit_states_kernel[(L, nb, triton.cdiv(n, BLOCK))](
+            states_all, pool, rows, index, n, states_all.stride(0), states_all.stride(1), states_all.stride(2),
+            pool.stride(0), pool.stride(1), BLOCK=BLOCK)

@@ -58,7 +58,8 @@ class DecodeState:
         dk, dv = make_kv_pools(draft_cfg, num_pages * rcfg.page_size, device, dtype)
         z = lambda: torch.zeros(slots, dtype=torch.long, device=device)  # noqa: E731
         return cls(torch.zeros(slots, max_pages, dtype=torch.long, device=device), z(), z(), tk, tv, dk, dv,
-                   LinearStatePool(target_cfg, slots, device), LinearStatePool(draft_cfg, slots, device),
+                   LinearStatePool(target_cfg, slots, device, rcfg.fused_kernels),
+                   LinearStatePool(draft_cfg, slots, device, rcfg.fused_kernels),
                    rcfg.page_size, rcfg.window, rcfg.block_size, rcfg.max_seq_len, slots - 1, rcfg.fused_kernels)
 
     @staticmethod
