@@ -147,8 +147,9 @@ for dt in (torch.float32, torch.bfloat16):
                 raise AssertionError("too few counters accepted")
             except ValueError as e:
                 assert "int32 counters" in str(e)
-# the linear-state commit in one node: bit for bit the eager gather + index_copy_ (LinearStatePool.commit_at),
-# distinct rows and a repeated scratch row; other slots untouched; a non-contiguous state refused
+# the linear-state commit in one node: bit for bit the eager gather + index_copy_ (LinearStatePool.commit_at) on
+# distinct rows; a repeated row (the padding rows' scratch slot) gets one of its states, in either path; other slots
+# untouched; a non-contiguous state refused
 from gaptrace.runtime.cache.linear_state import LinearStatePool
 cfgc = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
                    num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
@@ -161,8 +162,11 @@ states = torch.randn(3, 4, 5, 2, 8, 16)
 rows, idx = torch.tensor([3, 0, 5, 5]), torch.tensor([4, 0, 2, 2])
 for lp in pools:
     lp.commit_at(rows, states, idx)
-assert torch.equal(pools[0].pool, pools[1].pool)
+assert torch.equal(pools[0].pool[:, :5], pools[1].pool[:, :5])
 assert torch.equal(pools[1].pool[:, 3], states[:, 0, 4]) and torch.equal(pools[1].pool[:, [1, 2, 4]], init[:, [1, 2, 4]])
+for lp in pools:
+    for lyr in range(3):
+        assert any(torch.equal(lp.pool[lyr, 5], states[lyr, i, 2]) for i in (2, 3))
 try:
     fused.commit_states(pools[1].pool, states.transpose(4, 5).contiguous().transpose(4, 5), rows, idx)
     raise AssertionError("a non-contiguous state accepted")
