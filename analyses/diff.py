@@ -109,7 +109,8 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
         accept = {
             "round_saving": round_saving, "tau_loss": tau_loss, "tpot_ratio": tpot_ratio,
             "wins": tpot_ratio < 1.0,
-            "statement": (f"B saves {round_saving:+.1%} of Tround and gives up {tau_loss:+.1%} of τ: "
+            "statement": (f"B {'saves' if round_saving >= 0 else 'adds'} {abs(round_saving):.1%} of Tround and "
+                          f"{'gives up' if tau_loss >= 0 else 'gains'} {abs(tau_loss):.1%} of τ: "
                           f"TPOT changes by {tpot_ratio - 1:+.1%}, so B {'wins' if tpot_ratio < 1 else 'loses'} "
                           "(TPOT = Tround/τ; a change wins only if its round saving exceeds its τ loss)"),
         }

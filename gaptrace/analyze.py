@@ -42,7 +42,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from gaptrace.cli import escape_controls, escape_json_controls, memory_limit_option
+from gaptrace.cli import escape_controls, escape_json_controls, escape_strings, memory_limit_option
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError, clean_text
 
 __all__ = ["run_analysis", "idle_sites", "findings", "unlinked_warning", "analyze", "to_jsonable", "dumps_json"]
@@ -431,7 +431,9 @@ def _table(rows: list[dict], cols: list[tuple[str, str, str]], limit: int) -> st
 
 def render_text(res: dict, top: int = 15) -> str:
     """The human-readable form of :func:`run_analysis`'s dict: headline, findings, then the tables; every
-    non-printable character (from trace names: ESC, BEL, ...) escaped (:func:`gaptrace.cli.escape_controls`)."""
+    non-printable character of a string in ``res`` (from trace names: ESC, BEL, a newline, ...) escaped first
+    (:func:`gaptrace.cli.escape_strings`), so a name cannot break a row or forge a line."""
+    res = escape_strings(res)
     parts = [*res["headline"], ""]
     if res["findings"]:
         parts.append("Findings (share of GPU-idle time):")
@@ -475,8 +477,9 @@ def render_text(res: dict, top: int = 15) -> str:
         if m.get("tau"):
             parts.append(f"  τ {m['tau']:.2f} tokens/round, TPOT {m['tpot_us'] / 1000:.3f} ms")
         if m.get("unprofiled_round_us"):
+            ex = m["profiler_excess_us"]
             line = (f"  unprofiled Tround {m['unprofiled_round_us']:,.0f} µs; under the profiler rounds took "
-                    f"{m['profiler_excess_us']:,.0f} µs longer")
+                    f"{abs(ex):,.0f} µs {'longer' if ex >= 0 else 'less'}")
             k = m.get("kappa_explained_us")
             if k is not None and m["profiler_excess_us"] > 0 and k <= m["profiler_excess_us"]:
                 line += f", of which κ·ΣN (graph-node instrumentation) explains {k:,.0f} µs ({k / m['profiler_excess_us']:.0%})"
@@ -487,6 +490,18 @@ def render_text(res: dict, top: int = 15) -> str:
     if res["warnings"]:
         parts += ["", "Warnings:"] + [f"  - {w}" for w in res["warnings"]]
     return escape_controls("\n".join(parts))
+
+
+def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
+    """The error line when ``--rounds NAME`` was given on the command line and the trace has fewer than two
+    annotations named NAME (or NAME_<n>): the round model it asked for is absent (the default name may be absent:
+    most traces are not from the runtime). None when there is nothing to say."""
+    ctx = click.get_current_context(silent=True)
+    explicit = ctx is not None and ctx.get_parameter_source("round_name") != click.core.ParameterSource.DEFAULT
+    if explicit and res.get("devices") and not res.get("rounds"):
+        return (f"{trace_path}: fewer than two annotations named {round_name!r} (or {round_name}_<n>) on the analysed "
+                "device's rank: no verify rounds to model (--rounds)")
+    return None
 
 
 def no_gpu_message(trace_path: str) -> str:
@@ -524,6 +539,8 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
         fail(str(e))
     if not res["devices"]:
         fail(no_gpu_message(trace_path))
+    if (msg := rounds_not_found(res, trace_path, round_name)) is not None:
+        fail(msg)
     if as_json:
         click.echo(dumps_json(res))
     else:

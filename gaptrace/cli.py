@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import errno
+import os
 import re
 import sys
 
@@ -20,6 +22,20 @@ LAZY_COMMANDS = {
     "capture": "gaptrace.runtime.cli:capture",
     "report": "gaptrace.report.cli:report",
 }
+
+
+STDOUT_WRITE_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EFBIG, errno.EDQUOT)
+
+
+def _drop_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null, so that the interpreter's last flush of what could not be
+    written does not fail again with a second message."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
 
 
 class LazyGroup(click.Group):
@@ -62,6 +78,14 @@ class LazyGroup(click.Group):
         except click.Abort:
             click.echo("Aborted!", err=True)
             sys.exit(1)
+        except BrokenPipeError:  # `gaptrace analyze T | head`: the reader left; nothing to say to it
+            _drop_stdout()
+            sys.exit(1)
+        except OSError as e:  # stdout on a full disk or device (the commands' own files handle their errors)
+            if e.errno not in STDOUT_WRITE_ERRNOS:
+                raise
+            _drop_stdout()
+            fail(f"cannot write the output ({e.strerror or e})")
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -92,6 +116,7 @@ def memory_limit_bytes(gb: float | None) -> int | None:
 
 # every character but printable ASCII, tab and newline: the candidates :func:`escape_controls` looks at one by one
 _NOT_PLAIN = re.compile(r"[^\t\n\x20-\x7e]")
+_NOT_ASCII_PRINTABLE = re.compile(r"[^\x20-\x7e]")  # the candidates escape_line looks at
 
 
 def escape_controls(text: str) -> str:
@@ -103,6 +128,26 @@ def escape_controls(text: str) -> str:
     return _NOT_PLAIN.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
 
 
+def escape_line(text: str) -> str:
+    """:func:`escape_controls` that also escapes tab, newline and carriage return: ``text`` stays on one line. For
+    strings from a trace inside a line of output (a newline in a frame name could forge a row or a second error
+    line)."""
+    return _NOT_ASCII_PRINTABLE.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
+
+
+def escape_strings(obj):
+    """``obj`` (dicts, lists and tuples of JSON-like values, as ``run_analysis`` returns them) with every string,
+    keys included, passed through :func:`escape_line`; other values unchanged. Text renderers apply it first, so
+    no name from the trace can break a row or a line."""
+    if isinstance(obj, str):
+        return escape_line(obj)
+    if isinstance(obj, dict):
+        return {escape_strings(k): escape_strings(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(escape_strings(v) for v in obj)
+    return obj
+
+
 def escape_json_controls(text: str) -> str:
     """JSON text (from ``json.dumps(..., ensure_ascii=False)``, which escapes only the C0 controls) with the other
     non-printable characters of :func:`escape_controls` written as JSON ``\\uXXXX`` escapes (surrogate pairs
@@ -111,9 +156,9 @@ def escape_json_controls(text: str) -> str:
 
 
 def fail(message: str) -> "NoReturn":  # noqa: F821
-    """Print one line naming the problem (its controls escaped: it may quote the trace) and exit with code 2 (the
-    convention for bad input)."""
-    click.echo(f"gaptrace: error: {escape_controls(message)}", err=True)
+    """Print one line naming the problem (its controls and line breaks escaped: it may quote the trace or a path)
+    and exit with code 2 (the convention for bad input)."""
+    click.echo(f"gaptrace: error: {escape_line(message)}", err=True)
     sys.exit(2)
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import click
 
-from gaptrace.analyze import dumps_json, no_gpu_message, run_analysis
-from gaptrace.cli import escape_controls, memory_limit_option
+from gaptrace.analyze import dumps_json, no_gpu_message, rounds_not_found, run_analysis
+from gaptrace.cli import escape_controls, escape_strings, memory_limit_option
 from gaptrace.trace import TraceError
 
 __all__ = ["diff", "render_diff"]
@@ -22,7 +22,8 @@ def _fmt(v, name: str) -> str:
 
 def render_diff(d: dict) -> str:
     """Text form of :func:`gaptrace.analyses.diff.diff_analyses`, non-printable characters of trace names and
-    paths escaped (:func:`gaptrace.cli.escape_controls`)."""
+    paths escaped, newlines inside them included (:func:`gaptrace.cli.escape_strings`)."""
+    d = escape_strings(d)
     lines = [f"A: {d['a']}", f"B: {d['b']}", "", f"  {'metric':<18} {'A':>12} {'B':>12} {'B-A':>12} {'rel':>8}"]
     for name, m in d["metrics"].items():
         if m["a"] is None and m["b"] is None:
@@ -73,6 +74,8 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
     for p, r in zip((trace_a, trace_b), res):
         if not r["devices"]:
             fail(no_gpu_message(p))
+        if (msg := rounds_not_found(r, p, round_name)) is not None:
+            fail(msg)
     d = diff_analyses(*res)
     d["gates"] = check_gates(d, list(gates))
     if as_json:

@@ -43,6 +43,8 @@ _SCALAR = re.compile(rb"[^ \t\r\n,\]}]*")
 # an element end inside the events array: "}" followed by ",{" or by "]"
 _ELEMENT_END = re.compile(rb"\}[ \t\r\n]*(?:,[ \t\r\n]*\{|\])")
 
+NESTED_TOO_DEEP = "JSON nested too deeply to read (arrays or objects thousands of levels deep)"
+
 
 class ChunkReader:
     """The decompressed bytes of one file, copied into the caller's buffer by :meth:`readinto`.
@@ -343,6 +345,8 @@ class DocumentReader:
             value = json.loads(bytes(self.buf[start:end]))
         except (ValueError, UnicodeDecodeError) as e:
             raise self._not_json(str(e).split(":")[0], start) from None
+        except RecursionError:
+            raise self._not_json(NESTED_TOO_DEEP, start) from None
         self.pos = end
         return value
 
@@ -507,6 +511,8 @@ class DocumentReader:
         except msgspec.DecodeError:
             if not exact:
                 return False
+        except RecursionError:  # arrays or objects nested thousands deep: no Kineto event is
+            raise self._not_json(f"in traceEvents: {NESTED_TOO_DEEP}", s) from None
         finally:
             buf[cut + 1] = saved
         # a balanced piece msgspec rejects: stdlib json also reads NaN / Infinity; anything else is bad JSON
@@ -518,4 +524,6 @@ class DocumentReader:
             events = json.loads(b"[" + bytes(self.buf[s:end]) + b"]")
         except (ValueError, UnicodeDecodeError) as e:
             raise self._not_json(f"in traceEvents: {e}", s) from None
+        except RecursionError:
+            raise self._not_json(f"in traceEvents: {NESTED_TOO_DEEP}", s) from None
         self.sink.add_python(events)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from gaptrace.cli import fail
+from gaptrace.cli import escape_controls, fail
 
 
 def read_prompts_file(path: str) -> list[str]:
@@ -72,7 +72,7 @@ def decode_options(f):
         click.option("--prefill-chunk", type=int, help="Prefill chunk size."),
         click.option("--scheduler", default="overlap", show_default=True, help="sync | overlap"),
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
-        click.option("--dtype", help="float32 | bfloat16 (default: the preset's)."),
+        click.option("--dtype", help="float32 | bfloat16 | float16 (default: the preset's)."),
         click.option("--no-graphs", is_flag=True, help="Run the draft block and verify eagerly on CUDA."),
         click.option("--kernels", type=click.Choice(["auto", "fused", "eager"]), default="auto", show_default=True,
                      help="fused: RMSNorm, q/k norm + RoPE and the gated-delta-rule chain as Triton kernels "
@@ -161,7 +161,8 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
     for i, r in enumerate(result["requests"]):
         if len(result["requests"]) > 1:
             click.echo(f"=== request {i + 1} (tau {r['tau'] or 0:.2f}) ===")
-        click.echo(r["prompt"] + r["text"])
+        # generated text is model output: controls (BEL, CR, ESC) escaped, line breaks and tabs kept
+        click.echo(escape_controls(r["prompt"] + r["text"]))
 
 
 @click.command("capture")

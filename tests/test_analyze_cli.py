@@ -176,3 +176,48 @@ def test_far_outlier_timestamps_are_dropped_with_a_warning(tmp_path):
     assert any("2 events lie more than" in w for w in out["warnings"])
     # the window is the real one, not stretched to the corrupt times
     assert out["devices"][0]["window_us"] == pytest.approx(ref["devices"][0]["window_us"], rel=1e-6)
+
+
+@pytest.mark.parametrize("where", ["args", "metadata"])
+def test_json_nested_too_deep_is_one_error_line(tmp_path, where):
+    """5,000 nested arrays (inside an event's args, or a top-level metadata value): the decoders recurse past
+    Python's limit; analyze, diff and report say so in one line with exit 2 (no RecursionError traceback),
+    gzipped or not."""
+    deep = "[" * 5000 + "]" * 5000
+    ev = '{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2, "pid": 0, "tid": 7, "args": {"x": %s}}'
+    text = ('{"traceEvents": [%s]}' % (ev % deep) if where == "args"
+            else '{"meta": %s, "traceEvents": [%s]}' % (deep, ev % "0"))
+    plain = tmp_path / "deep.json"
+    plain.write_text(text)
+    packed = tmp_path / "deep.json.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    for args in (("analyze", str(plain)), ("analyze", str(packed), "--json"), ("diff", str(plain), PROBE),
+                 ("report", str(packed), "-o", str(tmp_path / "r.html"))):
+        r = _cli(*args)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-500:]
+        assert "nested too deeply" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_stdout_that_cannot_be_written_is_one_error_line():
+    """stdout on a full device (/dev/full): one line naming it, exit 2, no traceback."""
+    import os
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    for args in (("analyze", PROBE), ("analyze", PROBE, "--json"), ("diff", PROBE, PROBE)):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "gaptrace.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                               text=True, timeout=300)
+        assert r.returncode == 2 and r.stderr.strip() == "gaptrace: error: cannot write the output (No space left on device)"
+
+
+def test_an_explicit_rounds_name_that_is_absent_is_an_error():
+    """--rounds NAME given and absent: one line, exit 2 (the default name may be absent: most traces are not the
+    runtime's, and their analysis carries no rounds section)."""
+    r = _cli("analyze", PROBE, "--rounds", "nosuch")
+    assert r.returncode == 2 and r.stdout == "" and "'nosuch'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = _cli("diff", PROBE, PROBE, "--rounds", "nosuch", "--json")
+    assert r.returncode == 2 and r.stdout == ""
+    assert _cli("analyze", PROBE, "--rounds", "round").returncode == 0
+    assert _cli("analyze", "fixtures/traces/tracelens_h100_owlv2.json.gz").returncode == 0

@@ -183,3 +183,12 @@ def test_float64_checkpoint_still_decodes(model, tmp_path):
 def test_checkpoint_config_of_the_wrong_types(model, tmp_path, cfg_edit, needle):
     d = _ckpt(model, tmp_path / "m", cfg_edit=cfg_edit)
     _one_line(_run("decode", "--model-dir", d, "--prompt", "hi", *SMALL), f"{d}/config.json: {needle}")
+
+
+def test_decode_prints_text_with_its_controls_escaped():
+    """Prompt and generated text are printed with BEL, CR, ESC as escapes (model output is untrusted on a terminal);
+    line breaks stay."""
+    r = _run("decode", "--preset", "tiny", "--prompt", "bell\x07cr\rtab\tesc\x1b[31m", "--max-new-tokens", "2")
+    assert r.exit_code == 0, r.output
+    out = r.stdout if hasattr(r, "stdout") else r.output
+    assert "bell\\x07cr\\rtab\tesc\\x1b[31m" in out and "\x07" not in out and "\x1b" not in out

@@ -86,3 +86,25 @@ def test_error_line_escapes_trace_names(traces):
     assert err.startswith("gaptrace: error: ") and err.count("\n") == 1
     assert not any(c in err for c in RAW)
     assert "plan" + SHOWN in err
+
+
+def test_a_newline_in_a_name_cannot_forge_a_row_or_a_second_error_line(tmp_path):
+    """A frame named with a newline and a fake diff row after it: analyze and diff print it inside its own line
+    (escaped: ``\\n``), the fake row never starts a line; an error quoting a name or a window with a newline stays
+    one line."""
+    fake = "  appeared   +999,999 µs  FAKE LINE"
+    with gzip.open(FUSED_OVERLAP, "rt") as f:
+        doc = json.load(f)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "python_function" and "generate" in str(e.get("name")):
+            e["name"] += "\n" + fake + "\r\t"
+    p = tmp_path / "nl.json.gz"
+    with gzip.open(p, "wt") as f:
+        json.dump(doc, f)
+    for args in (("analyze", str(p), "--top", "200"), ("diff", FUSED_OVERLAP, str(p))):
+        out = run(*args).output
+        assert "FAKE LINE" in out and "\\n  appeared" in out
+        assert not [line for line in out.splitlines() if line.lstrip().startswith("appeared   +999,999")]
+        assert "\r" not in out
+    r = run("analyze", str(p), "--window", "no\nsuch\rwindow", code=2)
+    assert len(r.output.strip().splitlines()) == 1 and "no\\nsuch\\rwindow" in r.output
