@@ -5,7 +5,8 @@ Input: two dicts from :func:`gaptrace.analyze.run_analysis`. Output (:func:`diff
 - ``metrics``: {name: {a, b, delta, rel}} for occupancy, busy_us, idle_us, window_us, t_round_us, t_gpu_us,
   t_host_us, t_serial_us, tau, tpot_us, kappa_us_per_node, blocked_us (Σ over sync sites), idle_after_us;
   delta = b − a, rel = delta / a (None where a is 0 or either side is missing);
-- ``frames``: idle by frame, {vanished: [...], appeared: [...], changed: [...]} (frame, a_us, b_us, delta_us),
+- ``frames``: idle by frame, {vanished: [...], appeared: [...], changed: [...] (frames in both whose idle differs)}
+  (frame, a_us, b_us, delta_us),
   each sorted by |delta|; frames are matched without line numbers and step counters (:func:`_frame_key`), so
   the same function in two versions of the code is one frame;
 - ``syncs``: the same for blocking-sync sites (keyed by call + site + ATen op);
@@ -69,7 +70,8 @@ def _keyed_diff(a_rows: list[dict], b_rows: list[dict], key, value: str, limit: 
     b = {key(r): r.get(value) or 0.0 for r in b_rows}
     vanished = [{"key": k, "a_us": a[k], "b_us": 0.0, "delta_us": -a[k]} for k in a.keys() - b.keys()]
     appeared = [{"key": k, "a_us": 0.0, "b_us": b[k], "delta_us": b[k]} for k in b.keys() - a.keys()]
-    changed = [{"key": k, "a_us": a[k], "b_us": b[k], "delta_us": b[k] - a[k]} for k in a.keys() & b.keys()]
+    changed = [{"key": k, "a_us": a[k], "b_us": b[k], "delta_us": b[k] - a[k]} for k in a.keys() & b.keys()
+               if b[k] != a[k]]  # an unchanged frame is not a change
     srt = lambda rows: sorted(rows, key=lambda r: -abs(r["delta_us"]))[:limit]  # noqa: E731
     return {"vanished": srt(vanished), "appeared": srt(appeared), "changed": srt(changed)}
 

@@ -254,7 +254,7 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
     need = estimate_load_bytes(path)
     if need > limit:
         raise TraceError(f"{path}: too big to load here: {json_bytes / 1e9:.2f} GB of JSON needs about "
-                         f"{need / 1e9:.2f} GB of memory, over the limit of {limit / 1e9:.2f} GB")
+                         f"{need / 1e9:.3g} GB of memory, over the limit of {limit / 1e9:.3g} GB")
     if workers is None:
         workers = default_workers() if json_bytes >= PARALLEL_MIN_BYTES else 0
     sink = ColumnSink(expected_events=json_bytes // 200)  # Kineto: 250-450 bytes per event

@@ -205,7 +205,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     n = len(raw.ts)
     warnings: list[str] = []
     if n == 0:
-        raise TraceError(f"{path}: traceEvents holds no complete ('ph': 'X') events")
+        raise TraceError(f"{path}: the trace holds no complete ('ph': 'X') events")
 
     raw = _clean_symbols(raw)
     symbols_list = list(raw.symbols)
