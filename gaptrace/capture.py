@@ -12,7 +12,9 @@ stacks (``with_stack=True``) and, where the installed torch supports it, CUDA sy
 (``_ExperimentalConfig(enable_cuda_sync_events=True)``). The unprofiled step periods (wall time from one ``step()``
 to the next, no device sync added) are kept in the sidecar so the profiler's own cost can be measured against them.
 
-Outputs are written to a temporary name in the target directory and renamed, so a crash leaves nothing half-written.
+Outputs are written to a temporary name in the target directory and renamed, so a crash leaves nothing half-written;
+both outputs (trace and sidecar) pass :func:`gaptrace.outputs.resolve_output` when the :class:`Capture` is made, before
+any step runs. A write that fails (ENOSPC, ...) removes its temporaries and raises OSError naming the output.
 torch is imported here only; the analysis side of gaptrace never needs it.
 """
 from __future__ import annotations
@@ -25,9 +27,10 @@ import tempfile
 import time
 from typing import Any
 
-from gaptrace.outputs import make_readable, write_text_atomic
+from gaptrace.outputs import discard, resolve_output, set_output_mode, write_text_atomic
 
-__all__ = ["Capture", "sidecar_path", "write_json_atomic", "read_sidecar"]
+__all__ = ["Capture", "sidecar_path", "write_json_atomic", "read_sidecar", "read_sidecar_checked", "sidecar_problem",
+           "load_sidecar_checked"]
 
 SIDECAR_SUFFIX = ".gaptrace.json"
 
@@ -58,6 +61,45 @@ def read_sidecar(trace_path: str) -> dict | None:
         return None
 
 
+def sidecar_problem(obj: Any) -> str | None:
+    """Why ``obj`` (parsed JSON) cannot be used as a capture sidecar, in words; None when it can. Checks the shape
+    the analyses rely on: a JSON object whose ``analysis_window``, when present, is an annotation name (a string).
+    (Whether that name occurs in a trace needs the trace: the caller checks it.)"""
+    if not isinstance(obj, dict):
+        kind = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        return f"not a JSON object ({kind.get(type(obj), 'null')})"
+    w = obj.get("analysis_window")
+    if w is not None and (not isinstance(w, str) or not w):
+        return f"its analysis_window is {json.dumps(w)[:60]}, not an annotation name"
+    return None
+
+
+def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:
+    """(sidecar, None) for a usable sidecar file at ``path``; (None, reason) when it cannot be read, is not JSON or
+    fails :func:`sidecar_problem`. The reason is one line naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        msg = getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        return None, f"{path}: cannot read the capture sidecar: {msg}"
+    why = sidecar_problem(obj)
+    if why is not None:
+        return None, f"{path}: the capture sidecar is {why}" if why.startswith("not ") else \
+            f"{path}: the capture sidecar is unusable: {why}"
+    return obj, None
+
+
+def read_sidecar_checked(trace_path: str) -> tuple[dict | None, str | None]:
+    """Like :func:`read_sidecar`, with the reason: (sidecar, None) when the sidecar next to ``trace_path`` is usable,
+    (None, None) when there is none, (None, reason) when one is there but cannot be used (the caller says it was
+    ignored). :func:`read_sidecar` keeps its contract (dict or None)."""
+    p = sidecar_path(trace_path)
+    if not os.path.lexists(p):
+        return None, None
+    return load_sidecar_checked(p)
+
+
 def _export_gz_atomic(prof: Any, path: str) -> None:
     """Export the profiler's Chrome trace to ``path`` (gzipped when it ends in .gz), atomically."""
     d = os.path.dirname(os.path.abspath(path))
@@ -71,17 +113,15 @@ def _export_gz_atomic(prof: Any, path: str) -> None:
             with os.fdopen(fd, "wb") as out, open(raw, "rb") as src, gzip.GzipFile(fileobj=out, mode="wb",
                                                                                   compresslevel=6) as gz:
                 shutil.copyfileobj(src, gz, 1 << 20)
-            make_readable(gz_tmp)
+            set_output_mode(gz_tmp, path)
             os.replace(gz_tmp, path)
             gz_tmp = None
         else:
-            make_readable(raw)
+            set_output_mode(raw, path)
             os.replace(raw, path)
             raw = None
     finally:
-        for p in (raw, gz_tmp):
-            if p and os.path.exists(p):
-                os.unlink(p)
+        discard(raw, gz_tmp)
 
 
 def profiler_kwargs(with_stack: bool = True) -> dict[str, Any]:
@@ -107,15 +147,22 @@ class Capture:
     Call :meth:`step` once at the end of every step. After the last active step the trace and the sidecar are
     written (``path`` and :func:`sidecar_path` of it); later ``step()`` calls are no-ops. ``config`` (any
     JSON-able dict) and ``extra`` (set by callers such as the runtime's capture: graphs, rounds) go into the sidecar.
+
+    Both outputs are checked here, before any step (:func:`gaptrace.outputs.resolve_output`: a missing or
+    unwritable directory, a directory/device/FIFO at the path, or one of ``inputs`` raises ValueError, one line);
+    symlinks are followed (``trace_out``/``sidecar_out`` are the real paths written). A failed write raises OSError
+    with ``filename`` = the output, after removing its temporaries.
     """
 
     def __init__(self, path: str, warmup_steps: int = 5, active_steps: int = 20, config: dict | None = None,
-                 with_stack: bool = True):
+                 with_stack: bool = True, inputs: tuple[str, ...] = ()):
         if warmup_steps < 0 or active_steps < 1:
             raise ValueError(f"warmup_steps must be >= 0 and active_steps >= 1 (got {warmup_steps}, {active_steps})")
-        d = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(d):
-            raise ValueError(f"{path}: output directory {d} does not exist")
+        self.trace_out = resolve_output(path, tuple(inputs))
+        side = sidecar_path(path)
+        self.sidecar_out = resolve_output(side, (*inputs, path, self.trace_out))
+        if self.sidecar_out == self.trace_out:  # not reachable through sidecar_path's names, but cheap to be sure
+            raise ValueError(f"{side}: the sidecar would overwrite the trace {path}")
         self.path = path
         self.warmup_steps = warmup_steps
         self.active_steps = active_steps
@@ -128,6 +175,7 @@ class Capture:
         self._n = 0
         self._t_last: float | None = None
         self._prof = None
+        self._failed = False
 
     def __enter__(self) -> "Capture":
         import torch.profiler as tp
@@ -155,10 +203,21 @@ class Capture:
 
     def _ready(self, prof: Any) -> None:
         # torch also calls this when the profiler stops early (context exit): write only a complete capture
-        if self._n < self.warmup_steps + 1 + self.active_steps:
+        if self._n < self.warmup_steps + 1 + self.active_steps or self._failed:
             return
-        _export_gz_atomic(prof, self.path)
+        try:
+            _export_gz_atomic(prof, self.trace_out)
+        except OSError as e:
+            self._failed = True
+            raise OSError(e.errno, e.strerror or str(e), self.path) from None
         self.done = True
+
+    def write_sidecar(self, side: dict[str, Any]) -> None:
+        """Write ``side`` to the sidecar output atomically; OSError with ``filename`` = the sidecar path on failure."""
+        try:
+            write_json_atomic(self.sidecar_out, side)
+        except OSError as e:
+            raise OSError(e.errno, e.strerror or str(e), sidecar_path(self.path)) from None
 
     def sidecar(self) -> dict[str, Any]:
         """The sidecar dict (see module docstring)."""
@@ -186,4 +245,4 @@ class Capture:
             if not self.done:
                 raise RuntimeError(f"capture ended after {self._n} steps, before the {self.warmup_steps} warm-up + 1 "
                                    f"+ {self.active_steps} active steps it needs; nothing was written")
-            write_json_atomic(sidecar_path(self.path), self.sidecar())
+            self.write_sidecar(self.sidecar())

@@ -3,7 +3,8 @@
 Outputs are written to a temporary file in the target's directory and renamed over the target, so a crash never
 leaves half a file. A rename replaces whatever sits at the path, so the target must be a regular file or absent:
 a symlink is followed (the file it points to is replaced, the link stays), and a directory, a device, a FIFO or a
-socket is refused, as is an output that is one of the command's own inputs.
+socket is refused, as is an output that is one of the command's own inputs, and a directory the process cannot
+write to (checked up front, before any long-running work). Overwriting an existing file keeps its permission bits.
 """
 from __future__ import annotations
 
@@ -11,18 +12,21 @@ import os
 import stat
 import tempfile
 
-__all__ = ["resolve_output", "write_text_atomic", "make_readable"]
+__all__ = ["resolve_output", "write_text_atomic", "make_readable", "set_output_mode", "discard"]
 
 
 def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     """The real path to write ``path`` to; ValueError (one line naming the path) when it cannot be written safely.
 
-    Follows symlinks; refuses a missing directory, a non-regular existing target, and any of ``inputs``.
+    Follows symlinks; refuses a missing or unwritable directory, a non-regular existing target, and any of
+    ``inputs`` (paths that do not exist are skipped; a symlink to an input counts as the input).
     """
     real = os.path.realpath(path)
     d = os.path.dirname(real)
     if not os.path.isdir(d):
         raise ValueError(f"{path}: the output directory {d} does not exist")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ValueError(f"{path}: the output directory {d} is not writable")
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -43,19 +47,40 @@ def make_readable(path: str) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
+def set_output_mode(tmp: str, dest: str) -> None:
+    """Give the temporary ``tmp`` the permission bits it should have once renamed to ``dest``: those of ``dest``
+    when it exists and is a regular file (overwriting never widens them), else :func:`make_readable`'s."""
+    try:
+        st = os.stat(dest)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode):
+        os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    else:
+        make_readable(tmp)
+
+
+def discard(*paths: str | None) -> None:
+    """Remove temporary files, ignoring the ones already gone (clean-up on a failure path: never raises)."""
+    for p in paths:
+        if p:
+            try:
+                os.unlink(p)
+            except OSError:
+                pass
+
+
 def write_text_atomic(path: str, text: str, prefix: str = ".tmp-gaptrace-") -> None:
     """Write ``text`` (UTF-8) to ``path`` through a temporary file in the same directory and ``os.replace``: the
-    path holds the old content or the new, never half a file; the temporary file is removed on any error."""
+    path holds the old content or the new, never half a file; the temporary file is removed on any error. An
+    existing regular file at ``path`` keeps its permission bits."""
     d = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=d)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        make_readable(tmp)
+        set_output_mode(tmp, path)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard(tmp)
         raise

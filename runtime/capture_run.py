@@ -9,6 +9,7 @@ per-round τ of the profiled rounds, each graph's node count and unprofiled laun
 """
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Callable
 
@@ -39,10 +40,41 @@ def check_queue(batch_size: int, prompts: int, max_new_tokens: int | None, queue
                          "(the default outlives it, so no request would be admitted)")
 
 
+def capture_inputs(prompts_file: str | None = None, model_dirs: tuple[str | None, ...] = ()) -> tuple[str, ...]:
+    """The files a capture reads, which neither of its outputs may replace: the prompts file and every file at the
+    top of the model directories (config.json, the safetensors, the tokenizer's files)."""
+    out = [prompts_file] if prompts_file else []
+    for d in model_dirs:
+        if d and os.path.isdir(d):
+            out += [os.path.join(d, n) for n in sorted(os.listdir(d))]
+    return tuple(out)
+
+
+def _cli_inputs() -> tuple[str, ...]:
+    """The inputs named on the running ``gaptrace capture`` command line (its click parameters), when called from it
+    without ``inputs``; () outside click."""
+    try:
+        import click
+    except ImportError:  # pragma: no cover - click is a dependency
+        return ()
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return ()
+    p = ctx.params
+    return capture_inputs(p.get("prompts_file"), (p.get("model_dir"), p.get("draft_dir")))
+
+
 def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
                    max_new_tokens: int | None = None, on_round: Callable[[int], None] | None = None,
-                   shrink_at_round: int | None = None, queue: bool = False) -> dict:
+                   shrink_at_round: int | None = None, queue: bool = False,
+                   inputs: tuple[str, ...] | None = None) -> dict:
     """Run the decode, write the trace to ``path`` and its sidecar; return the sidecar dict.
+
+    Both outputs are checked before anything runs (:class:`gaptrace.capture.Capture`): a missing or unwritable
+    directory, a directory/device/FIFO at either path (symlinks are followed), or an output that is one of
+    ``inputs`` (:func:`capture_inputs`; default: the prompts file and model directories of the running
+    ``gaptrace capture`` command) raises ValueError (one line). A failed write (ENOSPC, ...) removes its temporaries
+    and raises ValueError (one line naming the output).
 
     ``queue``: keep every prompt when there are more than the batch size: the rest wait and are admitted (prefilled)
     as requests finish, so admission lands inside the profiled rounds; it needs more prompts than the batch size and
@@ -57,11 +89,26 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
     ``max_new_tokens`` defaults to enough for every request to outlive the capture even at τ = B. Raises
     ValueError when the decode ends before warm-up + 1 + ``rounds`` rounds (nothing is written then).
     """
-    from gaptrace.capture import Capture, sidecar_path, write_json_atomic
+    from gaptrace.capture import Capture
 
     B = setup.rcfg.block_size
     need = warmup_rounds + 1 + rounds + 2
     check_queue(setup.rcfg.batch_size, len(texts), max_new_tokens, queue)
+    # both outputs checked before the engine is built and the decode runs
+    cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds,
+                  inputs=_cli_inputs() if inputs is None else tuple(inputs))
+    try:
+        return _run_capture(cap, setup, texts, path, warmup_rounds, rounds, max_new_tokens, on_round,
+                            shrink_at_round, queue, need)
+    except OSError as e:
+        what = "sidecar" if e.filename and e.filename != path else "trace"
+        raise ValueError(f"{e.filename or path}: cannot write the capture {what}: {e.strerror or e}") from None
+
+
+def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
+                 max_new_tokens: int | None, on_round: Callable[[int], None] | None, shrink_at_round: int | None,
+                 queue: bool, need: int) -> dict:
+    B = setup.rcfg.block_size
     if max_new_tokens is None:
         max_new_tokens = need * B
     if not queue:
@@ -81,7 +128,7 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
               "verify_width": rc.verify_width,
               "simulated_acceptance": rc.sim_accept_rate if setup.simulated else None}
     launch_us: dict[tuple[str, int], list[float]] = {}
-    cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds, config=config)
+    cap.config = config
 
     def hook(i: int) -> None:  # i = rounds enqueued so far
         if i <= warmup_rounds:  # unprofiled: keep each graph's host launch cost of this round
@@ -126,5 +173,5 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
         "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"
                                  if setup.simulated else None),
     })
-    write_json_atomic(sidecar_path(path), side)
+    cap.write_sidecar(side)
     return side

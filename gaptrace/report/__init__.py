@@ -48,15 +48,27 @@ def find_sidecar(trace_path: str) -> str | None:
 
 
 def load_sidecar(path: str) -> dict:
-    """Read a capture sidecar (JSON object). Raises TraceError (one line naming the file) if unreadable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise TraceError(f"{path}: cannot read the capture sidecar: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise TraceError(f"{path}: the capture sidecar is not a JSON object")
+    """Read a capture sidecar (a JSON object, :func:`gaptrace.capture.sidecar_problem`). Raises TraceError (one line
+    naming the file) if it is unreadable or unusable."""
+    from gaptrace.capture import load_sidecar_checked
+
+    data, why = load_sidecar_checked(path)
+    if why is not None:
+        raise TraceError(why)
     return data
+
+
+def _sidecar_window_problem(sidecar: dict, trace: Trace, path: str) -> str | None:
+    """One line when the sidecar's ``analysis_window`` names no annotation in the trace (the sidecar then describes
+    another capture); None when it is absent or found."""
+    named = sidecar.get("analysis_window")
+    if not isinstance(named, str):
+        return None
+    ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
+    if (ua == named).any():
+        return None
+    return (f"{path}: the capture sidecar's analysis_window {json.dumps(named)[:80]} names no annotation in the "
+            "trace (a sidecar of another capture?)")
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -410,21 +422,30 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     finds; an explicitly named sidecar that cannot be read is an error, an implicit one becomes a warning.
     ``memory_limit_bytes``: the loader's size guard (:func:`gaptrace.loader.load_raw`).
 
-    Returns {"path", "bytes", "sidecar"}. Raises TraceError for bad input, including a trace without GPU activity
-    (nothing to report on); nothing is written then.
+    An implicit sidecar is ignored (said in "sidecar_warnings" and in the page) when it is unreadable, not a JSON
+    object, its ``analysis_window`` is not a string, or (without ``window``) names no annotation in the trace; a
+    named one is an error then. Either sidecar counts as an input: ``path_out`` may not be it.
+
+    Returns {"path", "bytes", "sidecar", "sidecar_warnings"}. Raises TraceError for bad input, including a trace
+    without GPU activity (nothing to report on); nothing is written then.
     """
     from gaptrace import load_trace
     from gaptrace.analyze import run_analysis
 
+    from gaptrace.capture import sidecar_path as implicit_sidecar
     from gaptrace.outputs import resolve_output
 
-    try:  # follow a symlink, refuse devices/FIFOs/directories and the input itself
-        path_out_real = resolve_output(path_out, (path_in, sidecar_path or ""))
+    # the inputs: the trace, the named sidecar and the one next to the trace (even when another is named: replacing
+    # a capture's sidecar with HTML is never what was meant)
+    inputs = (path_in, sidecar_path or "", implicit_sidecar(os.fspath(path_in).rstrip("/")))
+    try:  # follow a symlink, refuse devices/FIFOs/directories, unwritable directories and the inputs
+        path_out_real = resolve_output(path_out, inputs)
     except ValueError as e:
         raise TraceError(str(e)) from None
     extra: list[str] = []
     sidecar = None
-    if sidecar_path is not None:
+    named = sidecar_path is not None
+    if named:
         sidecar = load_sidecar(sidecar_path)
     else:
         sidecar_path = find_sidecar(path_in)
@@ -437,8 +458,15 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     trace = load_trace(path_in, memory_limit_bytes=memory_limit_bytes)
     if trace.device.empty:
         raise TraceError(f"{path_in}: the trace has no GPU activity (kernel/memcpy/memset): no occupancy or idle "
-                         "gaps to report (`gaptrace analyze` shows its host-side analyses)")
+                         "gaps to report; profile with ProfilerActivity.CUDA on a GPU machine")
+    why = _sidecar_window_problem(sidecar, trace, sidecar_path) if sidecar is not None and window is None else None
+    if why is not None:
+        if named:
+            raise TraceError(why)
+        extra.append(f"capture sidecar ignored: {why}")
+        sidecar, sidecar_path = None, None
     analysis = run_analysis(trace, window=window, device=device, sidecar=sidecar, round_name=round_name)
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
     write_text_atomic(path_out_real, text, prefix=".gaptrace-report-")
-    return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path}
+    return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path,
+            "sidecar_warnings": [w for w in extra if w.startswith("capture sidecar ignored")]}

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from gaptrace.cli import memory_limit_option
+from gaptrace.cli import escape_line, memory_limit_option
 from gaptrace.trace import TraceError, clean_text
 
 
@@ -48,6 +48,8 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
         fail(str(e))
     except OSError as e:
         fail(f"{out}: cannot write the report: {e.strerror or e}")
+    for w in info.get("sidecar_warnings") or ():  # the trace is still reported on, without the sidecar
+        click.echo(clean_text(f"gaptrace: warning: {escape_line(w)}"), err=True)
     side = f" (with capture sidecar {info['sidecar']})" if info["sidecar"] else ""
     # clean_text: a path from argv bytes that are not UTF-8 holds lone surrogates a strict stdout cannot encode
     click.echo(clean_text(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB){side}"))
