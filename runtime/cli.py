@@ -192,12 +192,17 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
     import torch
     from tqdm import tqdm
 
-    from .capture_run import capture_decode, check_queue
+    from .capture_run import capture_decode, capture_inputs, check_queue
 
+    from gaptrace.capture import sidecar_path
     from gaptrace.outputs import resolve_output
 
-    try:  # follow a symlink, refuse devices/FIFOs/directories and the prompts file
-        output = resolve_output(output, (o.get("prompts_file") or "",))
+    # both outputs checked before the progress bar and the decode: links followed; devices, FIFOs, directories,
+    # unwritable directories and the inputs (prompts file, model directories) refused
+    inputs = capture_inputs(o.get("prompts_file"), (o.get("model_dir"), o.get("draft_dir")))
+    try:
+        output = resolve_output(output, inputs)
+        resolve_output(sidecar_path(output), inputs)
     except ValueError as e:
         fail(str(e))
     if not output.endswith((".json", ".json.gz")):
@@ -216,7 +221,7 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
                     f"B={setup.rcfg.block_size}{note}")
     try:
         side = capture_decode(setup, texts, output, warmup_rounds, active_rounds, explicit_tokens,
-                              shrink_at_round=shrink_at_round, queue=queue,
+                              shrink_at_round=shrink_at_round, queue=queue, inputs=inputs,
                               on_round=lambda i: bar.update(1) if i <= warmup_rounds + 1 + active_rounds else None)
     except ValueError as e:
         bar.close()
