@@ -73,6 +73,15 @@ def write_results(out_dir: str, name: str, data: dict, markdown: str) -> tuple[s
     return j, m
 
 
+def print_and_write(out_dir: str | None, name: str, data: dict, markdown: str) -> int:
+    """Print a benchmark's markdown table and, with ``out_dir``, write it with its data (:func:`write_results`);
+    returns 0, the script's exit code."""
+    print(markdown)
+    if out_dir:
+        write_results(out_dir, name, data, markdown)
+    return 0
+
+
 def read_results(out_dir: str, name: str) -> dict | None:
     """``out_dir/name.json`` as a dict, or None when absent or unreadable."""
     try:

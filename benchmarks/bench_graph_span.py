@@ -31,7 +31,7 @@ from collections import defaultdict
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _results import fmt, machine, md_table, write_results  # noqa: E402
+from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 PHASE_RANGES = ("plan", "draft", "tree", "verify", "commit")  # the engine's NVTX range around each graph's replay
 
@@ -191,11 +191,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write graph_span.json/.md here")
     args = ap.parse_args(argv)
     res = run(args)
-    md = markdown(res)
-    print(md)
-    if args.out:
-        write_results(args.out, "graph_span", res, md)
-    return 0
+    return print_and_write(args.out, "graph_span", res, markdown(res))
 
 
 if __name__ == "__main__":

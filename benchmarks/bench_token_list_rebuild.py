@@ -27,7 +27,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _results import fmt, machine, md_table, write_results  # noqa: E402
+from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 
 def _sync(device) -> None:
@@ -207,11 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write token_list_rebuild.json/.md here")
     args = ap.parse_args(argv)
     res = run(args)
-    md = markdown(res)
-    print(md)
-    if args.out:
-        write_results(args.out, "token_list_rebuild", res, md)
-    return 0
+    return print_and_write(args.out, "token_list_rebuild", res, markdown(res))
 
 
 if __name__ == "__main__":
