@@ -101,7 +101,10 @@ def test_capture_figures_on_a_shipped_h200_trace():
     starts = sorted(e["ts"] for e in ev if e.get("cat") == "user_annotation" and e.get("name") == "round")
     periods = np.diff(starts)
     assert got["rounds"] == len(periods)
-    assert got["t_round_ms"] == pytest.approx(periods.mean() / 1e3, rel=1e-9)
+    # the summary's steady rounds: all but a first period shorter than 75% of the median (a drained queue)
+    steady = np.ones(len(periods), dtype=bool)
+    steady[0] = periods[0] >= 0.75 * np.median(periods)
+    assert got["t_round_ms"] == pytest.approx(periods[steady].mean() / 1e3, rel=1e-9)
     # occupancy: union of kernels / memcpys / memsets clipped to the window, merged in a plain loop
     ws, we = got["window_start_us"], got["window_end_us"]
     iv = sorted((max(e["ts"], ws), min(e["ts"] + e["dur"], we)) for e in ev
@@ -127,10 +130,10 @@ def test_capture_figures_on_a_shipped_h200_trace():
             i = np.searchsorted(starts, e["ts"], side="right") - 1
             if 0 <= i < len(periods):
                 sums[i] += per_corr.get(e["args"]["correlation"], 0)
-    assert got["launch_nodes_per_round"] == pytest.approx(sums.mean())
+    assert got["launch_nodes_per_round"] == pytest.approx(sums[steady].mean())
     side = json.loads(open(SHIPPED.replace(".json.gz", ".gaptrace.json")).read())
-    taus = [r["tau"] for r in side["rounds"]][: len(periods)]
-    assert got["tau"] == pytest.approx(np.mean(taus))
+    taus = np.array([r["tau"] for r in side["rounds"]][: len(periods)])
+    assert got["tau"] == pytest.approx(np.mean(taus[steady]))
     # the derived figures follow from the others
     assert got["ratio_round_to_bound"] == pytest.approx(got["t_round_ms"] / max(got["t_gpu_ms"], got["t_host_ms"]))
     host_unprof = got["t_host_ms"] - got["kappa_us_per_node"] * got["launch_nodes_per_round"] / 1e3
