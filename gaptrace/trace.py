@@ -214,9 +214,10 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     sym_cat = np.array([cat_index.get(CATEGORY_ALIASES.get(s, s), -1) for s in symbols_list] or [-1], dtype=np.int8)
     cat_code = sym_cat[raw.cat_id]
 
-    bad = ~np.isfinite(raw.ts) | ~np.isfinite(raw.dur)
+    with np.errstate(over="ignore", invalid="ignore"):  # ts + dur of 1e308 + 1e308 overflows to inf: dropped too
+        bad = ~np.isfinite(raw.ts) | ~np.isfinite(raw.dur) | ~np.isfinite(raw.ts + raw.dur)
     if bad.any():
-        warnings.append(f"{int(bad.sum())} events without a finite ts/dur were dropped")
+        warnings.append(f"{int(bad.sum())} events without a finite ts/dur/end were dropped")
     neg = np.isfinite(raw.dur) & (raw.dur < 0)
     if neg.any():
         warnings.append(f"{int(neg.sum())} events with negative durations were dropped")

@@ -86,13 +86,14 @@ def test_numbers_outside_int64_and_float64(tmp_path):
     kernels[4]["args"].pop("stream", None)
     kernels[4]["tid"] = "stream " + "7" * 5000  # more digits than int() takes
     kernels[5]["ts"] = 10**400  # beyond float64: not a finite time, dropped
+    kernels[6]["ts"], kernels[6]["dur"] = 1e308, 1e308  # finite each, but the end overflows to inf: dropped
     n_kernels = len(kernels)
     path = _write(tmp_path, doc)
     fast, ref = load_trace(path), load_trace_reference(path)
     for t in (fast, ref):
         dev = t.device[t.device["kind"] == "kernel"]
-        assert len(dev) == n_kernels - 1
-        assert "1 events without a finite ts/dur were dropped" in t.warnings
+        assert len(dev) == n_kernels - 2
+        assert "2 events without a finite ts/dur/end were dropped" in t.warnings
         ts = dev["ts_us"].to_numpy()
         row = {k: np.flatnonzero(ts == kernels[k]["ts"]) for k in range(5)}
         assert dev["correlation"].to_numpy()[row[0]].tolist() == [-1]
