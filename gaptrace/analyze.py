@@ -42,7 +42,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from gaptrace.cli import escape_controls, escape_json_controls, escape_strings, memory_limit_option
+from gaptrace.cli import escape_controls, escape_json_controls, escape_line, escape_strings, memory_limit_option
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError, clean_text
 
 __all__ = ["run_analysis", "idle_sites", "findings", "unlinked_warning", "analyze", "to_jsonable", "dumps_json"]
@@ -504,6 +504,18 @@ def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
     return None
 
 
+def sidecar_or_warn(trace_path: str) -> dict | None:
+    """The capture sidecar next to ``trace_path`` (:func:`gaptrace.capture.read_sidecar_checked`), or None; one
+    ``gaptrace: warning:`` line on stderr when one is there but cannot be used (not JSON, nested too deeply, not an
+    object, a bad analysis_window): the analysis goes on without it."""
+    from gaptrace.capture import read_sidecar_checked
+
+    side, why = read_sidecar_checked(trace_path)
+    if why is not None:
+        click.echo(f"gaptrace: warning: capture sidecar ignored: {escape_line(why)}", err=True)
+    return side
+
+
 def no_gpu_message(trace_path: str) -> str:
     """The one error line of analyze and diff for a trace without GPU activity (exit code 2)."""
     return (f"{trace_path}: the trace has no GPU activity (kernel/memcpy/memset events): nothing to measure occupancy "
@@ -528,12 +540,11 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
     directory of per-rank files). Bad input, or a trace with no GPU activity: one error line, exit code 2, nothing on
     stdout (``run_analysis`` still gives the host-side analyses of such a trace to the API)."""
     from gaptrace import load_trace
-    from gaptrace.capture import read_sidecar
     from gaptrace.cli import fail, memory_limit_bytes
 
     try:
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
-        res = run_analysis(trace, window=window, device=device, sidecar=read_sidecar(trace_path),
+        res = run_analysis(trace, window=window, device=device, sidecar=sidecar_or_warn(trace_path),
                            round_name=round_name)
     except TraceError as e:
         fail(str(e))

@@ -57,7 +57,7 @@ def read_sidecar(trace_path: str) -> dict | None:
         with open(p) as f:
             obj = json.load(f)
         return obj if isinstance(obj, dict) else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         return None
 
 
@@ -80,8 +80,9 @@ def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, ValueError) as e:
-        msg = getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0]
+    except (OSError, ValueError, RecursionError) as e:
+        msg = ("JSON nested too deeply" if isinstance(e, RecursionError)
+               else getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0])
         return None, f"{path}: cannot read the capture sidecar: {msg}"
     why = sidecar_problem(obj)
     if why is not None:

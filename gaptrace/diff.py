@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from gaptrace.analyze import dumps_json, no_gpu_message, rounds_not_found, run_analysis
+from gaptrace.analyze import dumps_json, no_gpu_message, rounds_not_found, run_analysis, sidecar_or_warn
 from gaptrace.cli import escape_controls, escape_strings, memory_limit_option
 from gaptrace.trace import TraceError
 
@@ -60,14 +60,13 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
     blocking syncs, and the accept-length inequality. Exit 2 on bad input, 1 when a --fail-if gate trips."""
     from gaptrace import load_trace
     from gaptrace.analyses.diff import GateError, check_gates, diff_analyses, parse_gate
-    from gaptrace.capture import read_sidecar
     from gaptrace.cli import fail, memory_limit_bytes
 
     try:
         for g in gates:
             parse_gate(g)
         limit = memory_limit_bytes(memory_limit_gb)
-        res = [run_analysis(load_trace(p, memory_limit_bytes=limit), window=window, sidecar=read_sidecar(p), round_name=round_name)
+        res = [run_analysis(load_trace(p, memory_limit_bytes=limit), window=window, sidecar=sidecar_or_warn(p), round_name=round_name)
                for p in (trace_a, trace_b)]
     except (TraceError, GateError) as e:
         fail(str(e))

@@ -346,3 +346,30 @@ def test_capture_decode_checks_the_directory_before_decoding(tmp_path, monkeypat
     with pytest.raises(ValueError, match="not writable"):
         capture_run.capture_decode(setup, ["hello"], str(tmp_path / "x.json.gz"), 1, 2, 40, inputs=())
     assert ran == [] and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("content", ["{not json", "[" * 50000 + "]" * 50000, "[]", None])
+def test_analyze_and_diff_say_a_bad_sidecar_was_ignored(tmp_path, content):
+    """analyze and diff, like report: a sidecar that cannot be used (not JSON, nested too deeply, not an object, a
+    directory) is named in one warning line on stderr and the analysis goes on without it (exit 0, full output)."""
+    trace = tmp_path / "Y.json.gz"
+    shutil.copy(PROBE, trace)
+    side = tmp_path / "Y.gaptrace.json"
+    if content is None:
+        side.mkdir()
+    else:
+        side.write_text(content)
+    for args in (("analyze", str(trace)), ("analyze", str(trace), "--json"), ("diff", str(trace), PROBE)):
+        r = _gaptrace(*args)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-500:]
+        warn = [ln for ln in r.stderr.splitlines() if ln.startswith("gaptrace: warning: capture sidecar ignored")]
+        assert len(warn) == 1 and "Y.gaptrace.json" in warn[0] and r.stdout
+
+
+def test_report_survives_a_sidecar_with_wrongly_typed_fields(tmp_path):
+    """A sidecar object whose graphs / rounds are not lists: the report is written (the fields are ignored)."""
+    trace = tmp_path / "Y.json.gz"
+    shutil.copy(PROBE, trace)
+    (tmp_path / "Y.gaptrace.json").write_text(json.dumps({"graphs": "x", "rounds": 5, "unprofiled_round_ms": {}}))
+    r = _gaptrace("report", str(trace), "-o", str(tmp_path / "Y.html"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr and (tmp_path / "Y.html").stat().st_size > 0

@@ -307,7 +307,8 @@ def _rounds(analysis: dict, sidecar: dict | None, figures: dict) -> str:
         return head + ('<p class="pending">No per-round analysis for this trace: it needs one host annotation per '
                        'verify round (a range named "round" or "round_&lt;n&gt;", or the name given to '
                        "<code>--rounds</code>).</p>")
-    side_rounds = [r for r in (sidecar or {}).get("rounds") or [] if isinstance(r, dict)]
+    side_rounds = (sidecar or {}).get("rounds")
+    side_rounds = [r for r in side_rounds if isinstance(r, dict)] if isinstance(side_rounds, list) else []
     norm = [_norm_round(r, side_rounds[i] if i < len(side_rounds) else None)
             for i, r in enumerate(r for r in rounds if isinstance(r, dict))]
     out = [head]
