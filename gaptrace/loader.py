@@ -31,11 +31,14 @@ def trace_files(path: str) -> list[tuple[int, str]]:
     """The (rank, file) pairs behind ``path``: the file itself (rank 0), or a directory's trace files.
 
     A directory's files are ranked by a ``rank<N>`` in the name when every file has one, else by sorted name.
-    Raises TraceError when the path is missing or the directory holds no trace file.
+    Raises TraceError when the path is missing, is not a regular file or directory (a FIFO would block), or the
+    directory holds no trace file.
     """
     if not os.path.exists(path):
         raise TraceError(f"{path}: no such file or directory")
     if not os.path.isdir(path):
+        if not os.path.isfile(path):  # a FIFO, socket or device: reading it could block forever or never end
+            raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give a trace file or directory")
         return [(0, path)]
     names = sorted(n for n in os.listdir(path) if n.endswith((".json", ".json.gz")) and not n.endswith(".gaptrace.json"))
     if not names:

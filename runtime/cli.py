@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from gaptrace.cli import escape_controls, fail
+from gaptrace.cli import escape_controls, escape_line, fail
 
 
 def read_prompts_file(path: str) -> list[str]:
@@ -228,7 +228,7 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
         fail(str(e))
     bar.close()
     taus = [r["tau"] for r in side["rounds"] if r["tau"] is not None]
-    msg = f"wrote {output} ({len(side['rounds'])} rounds, mean tau {sum(taus) / max(len(taus), 1):.2f}{note})"
+    msg = f"wrote {escape_line(output)} ({len(side['rounds'])} rounds, mean tau {sum(taus) / max(len(taus), 1):.2f}{note})"
     if setup.rcfg.device == "cpu":
         msg += "; on the CPU the trace has no device activity (occupancy needs --device cuda)"
     click.echo(msg, err=True)

@@ -373,3 +373,22 @@ def test_report_survives_a_sidecar_with_wrongly_typed_fields(tmp_path):
     (tmp_path / "Y.gaptrace.json").write_text(json.dumps({"graphs": "x", "rounds": 5, "unprofiled_round_ms": {}}))
     r = _gaptrace("report", str(trace), "-o", str(tmp_path / "Y.html"))
     assert r.returncode == 0 and "Traceback" not in r.stderr and (tmp_path / "Y.html").stat().st_size > 0
+
+
+def test_a_fifo_as_the_trace_is_refused_not_read(tmp_path):
+    """A FIFO given as the trace (nothing will ever write it): one line, exit 2, at once (reading it would block)."""
+    fifo = tmp_path / "t.json"
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", str(fifo)], capture_output=True, text=True,
+                       timeout=60)
+    _one_error_line(r, "not a regular file")
+
+
+def test_report_wrote_line_escapes_the_path(tmp_path):
+    """The 'wrote PATH' line escapes a newline or ESC in the output path, as error lines do."""
+    trace = tmp_path / "t.json.gz"
+    shutil.copy(PROBE, trace)
+    out = tmp_path / "we\nird\x1b[31m.html"
+    r = _gaptrace("report", str(trace), "-o", str(out))
+    assert r.returncode == 0 and out.exists()
+    assert len(r.stdout.strip().splitlines()) == 1 and "we\\nird\\x1b[31m.html" in r.stdout

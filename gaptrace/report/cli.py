@@ -52,4 +52,4 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
         click.echo(clean_text(f"gaptrace: warning: {escape_line(w)}"), err=True)
     side = f" (with capture sidecar {info['sidecar']})" if info["sidecar"] else ""
     # clean_text: a path from argv bytes that are not UTF-8 holds lone surrogates a strict stdout cannot encode
-    click.echo(clean_text(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB){side}"))
+    click.echo(escape_line(clean_text(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB){side}")))
