@@ -120,7 +120,6 @@ def run(args) -> dict:
         pass
 
     def hook(i: int) -> None:  # i rounds enqueued: the next round's replays are timed (or not) from here
-        nonlocal cap
         timing[0] = W <= i < W + T or i > W + T
         if i == W + T:
             cap.__enter__()

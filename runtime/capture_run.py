@@ -91,7 +91,6 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
     """
     from gaptrace.capture import Capture
 
-    B = setup.rcfg.block_size
     need = warmup_rounds + 1 + rounds + 2
     check_queue(setup.rcfg.batch_size, len(texts), max_new_tokens, queue)
     # both outputs checked before the engine is built and the decode runs

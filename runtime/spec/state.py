@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache.linear_state import LinearStatePool
-from ..cache.paged import make_kv_pools, token_map
+from ..cache.paged import make_kv_pools
 
 
 @dataclass
