@@ -18,9 +18,11 @@ __all__ = ["resolve_output", "write_text_atomic", "make_readable", "set_output_m
 def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     """The real path to write ``path`` to; ValueError (one line naming the path) when it cannot be written safely.
 
-    Follows symlinks; refuses a missing or unwritable directory, a non-regular existing target, and any of
+    Follows symlinks; refuses an empty path, a missing or unwritable directory, a non-regular existing target, and any of
     ``inputs`` (paths that do not exist are skipped; a symlink to an input counts as the input).
     """
+    if not path or path.endswith(os.sep):
+        raise ValueError(f"{path!r}: the output path is empty or ends in a separator; give a file name")
     real = os.path.realpath(path)
     d = os.path.dirname(real)
     if not os.path.isdir(d):

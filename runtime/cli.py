@@ -197,6 +197,9 @@ def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None,
     from gaptrace.capture import sidecar_path
     from gaptrace.outputs import resolve_output
 
+    if shrink_at_round is not None and shrink_at_round > warmup_rounds + active_rounds:
+        fail(f"--shrink-at-round {shrink_at_round} is after the capture's last round ({warmup_rounds} warm-up + 1 + "
+             f"{active_rounds} profiled): the batch would never shrink inside it")
     # both outputs checked before the progress bar and the decode: links followed; devices, FIFOs, directories,
     # unwritable directories and the inputs (prompts file, model directories) refused
     inputs = capture_inputs(o.get("prompts_file"), (o.get("model_dir"), o.get("draft_dir")))

@@ -392,3 +392,14 @@ def test_report_wrote_line_escapes_the_path(tmp_path):
     r = _gaptrace("report", str(trace), "-o", str(out))
     assert r.returncode == 0 and out.exists()
     assert len(r.stdout.strip().splitlines()) == 1 and "we\\nird\\x1b[31m.html" in r.stdout
+
+
+def test_capture_refuses_an_empty_output_and_a_shrink_after_the_capture(tmp_path):
+    """`-o ''` names no file, and `--shrink-at-round N` past the capture's rounds would be silently ignored: both
+    are one line, exit 2, before any decode."""
+    base = ("capture", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "--prompt", "hi",
+            "--max-new-tokens", "40", "--warmup-rounds", "1", "--rounds", "2")
+    _one_error_line(_gaptrace(*base, "-o", ""), "empty")
+    r = _gaptrace(*base, "--shrink-at-round", "100", "-o", str(tmp_path / "s.json.gz"))
+    _one_error_line(r, "--shrink-at-round 100")
+    assert os.listdir(tmp_path) == []
