@@ -108,3 +108,13 @@ def test_a_newline_in_a_name_cannot_forge_a_row_or_a_second_error_line(tmp_path)
         assert "\r" not in out
     r = run("analyze", str(p), "--window", "no\nsuch\rwindow", code=2)
     assert len(r.output.strip().splitlines()) == 1 and "no\\nsuch\\rwindow" in r.output
+
+
+def test_report_html_holds_no_raw_control_bytes(traces, tmp_path):
+    """The HTML report of the hostile trace: names shown with their controls as visible escapes (as in the text
+    output), no raw ESC, BEL, CSI or bidi override anywhere in the page (the charts' JSON escapes them too)."""
+    out = tmp_path / "r.html"
+    run("report", traces[1], "-o", str(out))
+    page = out.read_text(encoding="utf-8")
+    assert not [c for c in RAW if c in page]
+    assert "\\x1b[31mRED" in page

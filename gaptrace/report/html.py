@@ -23,8 +23,12 @@ __all__ = ["h", "fmt_ms", "fmt_us", "fmt_pct", "table", "kv_table", "page", "plo
 
 def h(s: object) -> str:
     """``html.escape(str(s))`` (quotes too, so the result is safe in attributes), lone surrogates (a path from
-    argv bytes that are not UTF-8, a sidecar string) replaced by U+FFFD so the page can be written as UTF-8."""
-    return html.escape(clean_text("" if s is None else str(s)), quote=True)
+    argv bytes that are not UTF-8, a sidecar string) replaced by U+FFFD so the page can be written as UTF-8, and
+    other non-printable characters (ESC, BEL, bidi overrides from trace names) shown as escapes, as the text output
+    shows them (:func:`gaptrace.cli.escape_controls`)."""
+    from gaptrace.cli import escape_controls
+
+    return html.escape(escape_controls(clean_text("" if s is None else str(s))), quote=True)
 
 
 def _num(x: Any) -> float | None:
@@ -100,8 +104,12 @@ def _finite(obj):
 
 def figures_script(figures: dict[str, dict]) -> str:
     """``var FIGURES = {...};`` followed by the report's renderer. The JSON has ``<``, ``>``, ``&`` and the
-    JavaScript line separators escaped as ``\\uXXXX``, so no string in it can close the script element."""
-    blob = clean_text(json.dumps(_finite(figures), separators=(",", ":"), allow_nan=False, ensure_ascii=False))
+    JavaScript line separators escaped as ``\\uXXXX``, so no string in it can close the script element; the other
+    non-printable characters (C1 controls, bidi overrides from trace names) as JSON escapes too (same values)."""
+    from gaptrace.cli import escape_json_controls
+
+    blob = escape_json_controls(clean_text(json.dumps(_finite(figures), separators=(",", ":"), allow_nan=False,
+                                                      ensure_ascii=False)))
     for ch, rep in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
                     ("\u2029", "\\u2029")):
         blob = blob.replace(ch, rep)
