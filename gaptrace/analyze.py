@@ -42,7 +42,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from gaptrace.cli import escape_controls, escape_json_controls, escape_line, escape_strings, memory_limit_option
+from gaptrace.cli import escape_json_controls, escape_line, escape_strings, memory_limit_option
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError, clean_text
 
 __all__ = ["run_analysis", "idle_sites", "findings", "unlinked_warning", "analyze", "to_jsonable", "dumps_json"]
@@ -489,7 +489,7 @@ def render_text(res: dict, top: int = 15) -> str:
             parts.append(line)
     if res["warnings"]:
         parts += ["", "Warnings:"] + [f"  - {w}" for w in res["warnings"]]
-    return escape_controls("\n".join(parts))
+    return "\n".join(parts)  # every string from res was escaped above
 
 
 def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:

@@ -5,9 +5,9 @@ machine without torch. Every command turns bad input into one line on stderr and
 """
 from __future__ import annotations
 
+import errno
 import importlib
 import json
-import errno
 import os
 import re
 import sys
@@ -125,14 +125,19 @@ def escape_controls(text: str) -> str:
     is replaced by its ``repr`` escape (``\\x1b``, ``\\x07``, ``\\u202e``), except tab and newline. Printable
     text (µ, →, CJK) is unchanged. Names in a trace are untrusted: raw, an ESC in a kernel name could drive the
     terminal that prints the analysis."""
-    return _NOT_PLAIN.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
+    return _repr_escape(_NOT_PLAIN, text)
+
+
+def _repr_escape(candidates: re.Pattern, text: str) -> str:
+    """Each match of ``candidates`` in ``text`` that is not printable replaced by its ``repr`` escape."""
+    return candidates.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
 
 
 def escape_line(text: str) -> str:
     """:func:`escape_controls` that also escapes tab, newline and carriage return: ``text`` stays on one line. For
     strings from a trace inside a line of output (a newline in a frame name could forge a row or a second error
     line)."""
-    return _NOT_ASCII_PRINTABLE.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
+    return _repr_escape(_NOT_ASCII_PRINTABLE, text)
 
 
 def escape_strings(obj):

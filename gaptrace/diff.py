@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from gaptrace.analyze import dumps_json, no_gpu_message, rounds_not_found, run_analysis, sidecar_or_warn
-from gaptrace.cli import escape_controls, escape_strings, memory_limit_option
+from gaptrace.cli import escape_strings, memory_limit_option
 from gaptrace.trace import TraceError
 
 __all__ = ["diff", "render_diff"]
@@ -40,7 +40,7 @@ def render_diff(d: dict) -> str:
         for kind in ("vanished", "appeared", "changed"):
             for r in part[kind][:8]:
                 lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {r[key]}")
-    return escape_controls("\n".join(lines))
+    return "\n".join(lines)  # every string from d was escaped above
 
 
 @click.command()

@@ -50,30 +50,16 @@ def capture_inputs(prompts_file: str | None = None, model_dirs: tuple[str | None
     return tuple(out)
 
 
-def _cli_inputs() -> tuple[str, ...]:
-    """The inputs named on the running ``gaptrace capture`` command line (its click parameters), when called from it
-    without ``inputs``; () outside click."""
-    try:
-        import click
-    except ImportError:  # pragma: no cover - click is a dependency
-        return ()
-    ctx = click.get_current_context(silent=True)
-    if ctx is None:
-        return ()
-    p = ctx.params
-    return capture_inputs(p.get("prompts_file"), (p.get("model_dir"), p.get("draft_dir")))
-
-
 def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
                    max_new_tokens: int | None = None, on_round: Callable[[int], None] | None = None,
                    shrink_at_round: int | None = None, queue: bool = False,
-                   inputs: tuple[str, ...] | None = None) -> dict:
+                   inputs: tuple[str, ...] = ()) -> dict:
     """Run the decode, write the trace to ``path`` and its sidecar; return the sidecar dict.
 
     Both outputs are checked before anything runs (:class:`gaptrace.capture.Capture`): a missing or unwritable
     directory, a directory/device/FIFO at either path (symlinks are followed), or an output that is one of
-    ``inputs`` (:func:`capture_inputs`; default: the prompts file and model directories of the running
-    ``gaptrace capture`` command) raises ValueError (one line). A failed write (ENOSPC, ...) removes its temporaries
+    ``inputs`` (:func:`capture_inputs`: the CLI passes its prompts file and model directories) raises ValueError
+    (one line). A failed write (ENOSPC, ...) removes its temporaries
     and raises ValueError (one line naming the output).
 
     ``queue``: keep every prompt when there are more than the batch size: the rest wait and are admitted (prefilled)
@@ -95,7 +81,7 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
     check_queue(setup.rcfg.batch_size, len(texts), max_new_tokens, queue)
     # both outputs checked before the engine is built and the decode runs
     cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds,
-                  inputs=_cli_inputs() if inputs is None else tuple(inputs))
+                  inputs=tuple(inputs))
     try:
         return _run_capture(cap, setup, texts, path, warmup_rounds, rounds, max_new_tokens, on_round,
                             shrink_at_round, queue, need)

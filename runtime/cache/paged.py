@@ -75,11 +75,22 @@ class BlockManager:
         return rows
 
 
-def token_map(page_rows: torch.Tensor, page_size: int, width: int) -> torch.Tensor:
-    """page_rows [n, max_pages] -> token slots [n, width]: column j holds page_rows[:, j // P] * P + j % P.
-    Fixed shape, device arithmetic only."""
-    j = torch.arange(width, device=page_rows.device)
-    return page_rows[:, j // page_size] * page_size + j % page_size
+def token_columns(width: int, page_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(page index j // P, offset j % P) of the token positions j in [0, width), [width] long each: the constants
+    :func:`token_map` reads (made once per decode state, so no CUDA graph recomputes them)."""
+    j = torch.arange(width, device=device)
+    return j // page_size, j % page_size
+
+
+def token_map(page_rows: torch.Tensor, page_size: int, width: int, rows: torch.Tensor | None = None,
+              columns: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """page_rows [n, max_pages] -> token slots [n, width]: column j holds page_rows[:, j // P] * P + j % P. With
+    ``rows`` [m], page_rows is the whole page table and the result [m, width] covers those slots (one gather, not
+    two); ``columns`` = :func:`token_columns` (width, P) made once (no arange in a CUDA graph). Fixed shape, device
+    arithmetic only."""
+    col_page, col_offset = columns if columns is not None else token_columns(width, page_size, page_rows.device)
+    pages = page_rows[:, col_page] if rows is None else page_rows[rows[:, None], col_page]
+    return torch.add(col_offset, pages, alpha=page_size)
 
 
 def make_kv_pools(cfg, num_token_slots: int, device, dtype) -> tuple[list, list]:

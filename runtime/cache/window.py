@@ -34,3 +34,9 @@ def draft_window_bound(L_plan, W: int, P: int):
     """
     cap = rect_width(W, P)
     return L_plan - (L_plan - cap) * (L_plan > cap)
+
+
+def window_mask(rect_len, rect_cols):
+    """[nb, W + P - 1] bool: column j of the draft's window rectangle holds a window token (j < c(L)); rect_len
+    [nb] = c(L) per row, ``rect_cols`` = the column indices 0 .. W + P - 2 (``DecodeState.rect_cols``)."""
+    return rect_cols < rect_len[:, None]

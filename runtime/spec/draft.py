@@ -20,7 +20,7 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
     states [n_linear, nb, B, ...] float32: the draft's linear state after each step, or None). With ``topk`` k > 0
     (draft trees, runtime/spec/tree.py) also (logp [nb, B, k] float32, ids [nb, B, k] long): each step's top-k
     tokens and log-probabilities, sorted descending."""
-    B, nb = st.block_size, rows.shape[0]
+    B = st.block_size
     ar = st.block_index
     L, tok = st.lengths[rows], st.last_tok[rows]
     # once per block, not per step: the positions, step j's mask (row j: the window, then block columns <= j) and,
@@ -28,9 +28,7 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
     pos = L[:, None] + ar                                                             # nb, B
     blk_slots = st.token_map(rows).gather(1, pos.clamp(max=st.max_len - 1))
     read = torch.cat([rect, blk_slots], 1)
-    window = st.rect_cols < rect_len[:, None]                                         # = plan.window_mask
-    masks = torch.cat([window[:, None, :].expand(nb, B, st.rect_width),
-                       st.block_causal.expand(nb, B, B)], 2)                                      # nb, B, W + P - 1 + B
+    masks = st.draft_masks(rect_len)                                                  # nb, B, W + P - 1 + B
     rope = None
     if st.fused and model.full_layers:
         rope = model.rope_tables(pos)

@@ -39,7 +39,3 @@ def rect_packed(st: DecodeState, rows: torch.Tensor):
     rect[:, :width].masked_scatter_(keep, packed)
     return rect, c
 
-
-def window_mask(rect_len: torch.Tensor, width: int) -> torch.Tensor:
-    """[nb, width] bool: column j of the rectangle holds a window token (j < c(L))."""
-    return torch.arange(width, device=rect_len.device) < rect_len[:, None]

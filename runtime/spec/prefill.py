@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ..cache.paged import token_map
 from ..cache.window import window_start
 from ..models.model import CacheView, Transformer
 from .state import DecodeState
@@ -21,7 +20,7 @@ def prefill_request(target: Transformer, draft: Transformer, st: DecodeState, sl
     as a [1] device tensor (no host sync). ``chunk_ids(a, b)``: where chunk [a, b)'s ids come from instead of
     ``ids[a:b]`` (the fault token-list-rebuild); same values."""
     n, dev = ids.shape[0], ids.device
-    tmap = token_map(st.page_table[slot:slot + 1], st.page_size, st.max_len)
+    tmap = st.token_map(torch.full((1,), slot, dtype=torch.long, device=dev))
     cols = torch.arange(st.max_len, device=dev)
     s_t = s_d = logits = None
     for a in range(0, n, chunk):

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..cache.linear_state import LinearStatePool
-from ..cache.paged import make_kv_pools
+from ..cache.paged import make_kv_pools, token_columns, token_map
+from ..cache.window import window_mask
 
 
 @dataclass
@@ -44,7 +45,7 @@ class DecodeState:
     def __post_init__(self):
         dev = self.page_table.device
         self.cols = torch.arange(self.max_len, device=dev)
-        self.col_page, self.col_offset = self.cols // self.page_size, self.cols % self.page_size
+        self.col_page, self.col_offset = token_columns(self.max_len, self.page_size, dev)
         self.rect_cols = torch.arange(self.rect_width, device=dev)
         self.block_index = torch.arange(self.block_size, device=dev)
         self.block_causal = self.block_index[None, :] <= self.block_index[:, None]
@@ -88,9 +89,16 @@ class DecodeState:
         return kv(target_cfg) + kv(draft_cfg) + lin(target_cfg) + lin(draft_cfg) + tables + buffers + gather
 
     def token_map(self, rows: torch.Tensor) -> torch.Tensor:
-        """Token slots of positions [0, max_len) for the slots in ``rows`` [nb] -> [nb, max_len]."""
-        # = paged.token_map(page_table[rows], P, max_len) in two nodes: one gather, one multiply-add
-        return torch.add(self.col_offset, self.page_table[rows[:, None], self.col_page], alpha=self.page_size)
+        """Token slots of positions [0, max_len) for the slots in ``rows`` [nb] -> [nb, max_len] (paged.token_map)."""
+        return token_map(self.page_table, self.page_size, self.max_len, rows, (self.col_page, self.col_offset))
+
+    def draft_masks(self, rect_len: torch.Tensor) -> torch.Tensor:
+        """[nb, B, W + P - 1 + B] bool: draft step j's mask over its block's columns, the window rectangle (column c
+        open when c < c(L): plan.window_mask) then the block's own positions (open up to j). The draft block and the
+        tree's draft re-feed read the same columns."""
+        nb, B = rect_len.shape[0], self.block_size
+        return torch.cat([window_mask(rect_len, self.rect_cols)[:, None, :].expand(nb, B, self.rect_width),
+                          self.block_causal.expand(nb, B, B)], 2)
 
     @property
     def rect_width(self) -> int:

@@ -40,7 +40,6 @@ import numpy as np
 import torch
 
 from ..models.model import CacheView, Transformer
-from .plan import window_mask
 from .state import DecodeState
 
 LOGP_FLOOR = -1e4  # draft log-probabilities are floored here: every candidate score stays finite (a -inf would
@@ -240,15 +239,13 @@ def draft_refeed(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: 
     draft's KV of those positions (its block held its own greedy chain, which a tree path may leave at any
     depth) and returns its linear states after each of the B tokens [n_linear, nb, B, ...] (None without linear
     layers), for the commit at tau. Must run before the lengths advance."""
-    B, nb = st.block_size, rows.shape[0]
-    ar = torch.arange(B, device=rows.device)
+    B = st.block_size
     L = st.lengths[rows]
     tokens = torch.cat([st.last_tok[rows][:, None], emitted[:, : B - 1]], 1)
-    pos = L[:, None] + ar
+    pos = L[:, None] + st.block_index
     blk = st.token_map(rows).gather(1, pos.clamp(max=st.max_len - 1))
     read = torch.cat([rect, blk], 1)
-    mask = torch.cat([window_mask(rect_len, st.rect_width)[:, None, :].expand(nb, B, st.rect_width),
-                      (ar[None, :] <= ar[:, None]).expand(nb, B, B)], 2)
+    mask = st.draft_masks(rect_len)
     cache = CacheView(st.drf_k, st.drf_v, blk, read, mask, st.drf_lin.gather(rows), all_states=True,
                       fused=st.fused)
     _, states = model(tokens, pos, cache)
