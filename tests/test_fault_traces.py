@@ -98,6 +98,64 @@ def test_token_list_rebuild_is_present_but_small(preset):
     assert not [f for f in res["findings"] if "token_list_rebuild" in f["summary"]]
 
 
+LONG = "h200_tiny_overlap_bs2_B8_long60k"  # two ~59k-token prompts prefilled in 2,048-token chunks in the window
+
+
+@pytest.fixture(scope="module")
+def long_pair():
+    return tuple(analysis(os.path.join(FAULTS, f"{LONG}{sfx}.json.gz")) for sfx in ("", "_token-list-rebuild"))
+
+
+def test_token_list_rebuild_is_the_first_finding_on_long_prompts(long_pair):
+    """The rebuild costs O(context) host time a prefill chunk (~2.5 ms at 59k tokens): with the prefill's GDN inputs
+    made in one node (models.fused.gdn_inputs) the eager prefill's own dispatch no longer outweighs it, and the first
+    finding is the fault's frame in its range. Every figure from the raw JSON (tests/_idle_reference.py): the
+    window's idle, and the idle while the host was inside the fault's frame (the site is charged only the moments
+    its own frame is the innermost one with a source file, so at most that) and inside its NVTX range."""
+    import gzip
+    import json
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from _idle_reference import Busy, device_intervals
+
+    clean, res = long_pair
+    first = res["findings"][0]
+    assert first["kind"] == "idle_site" and first["range"] == "token_list_rebuild"
+    assert first["site"] == "runtime/faults.py(151): token_list_rebuild"
+    with gzip.open(os.path.join(FAULTS, f"{LONG}_token-list-rebuild.json.gz")) as f:
+        ev = json.load(f)["traceEvents"]
+    rounds = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "user_annotation" and e["name"] == "round"]
+    busy = Busy(device_intervals(ev), min(s for s, _ in rounds), max(e for _, e in rounds))
+    dev = res["devices"][0]
+    assert abs(busy.idle - dev["idle_us"]) < 1.0
+    frame = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "python_function"
+             and e["name"].endswith("runtime/faults.py(151): token_list_rebuild")]
+    rng = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "user_annotation"
+           and e["name"] == "token_list_rebuild"]
+    assert len(frame) == len(rng) >= 29  # one per prefill chunk in the window
+    site = res["idle_sites"][0]
+    assert site["site"] == first["site"] and abs(first["idle_share"] - site["idle_us"] / busy.idle) < 1e-9
+    under_frame, under_range = busy.idle_under_union(frame), busy.idle_under_union(rng)
+    assert 0.7 * under_frame < site["idle_us"] <= under_frame + 1.0   # 24.9 of 33.3 ms
+    assert first["idle_share"] > 0.08 and under_range / busy.idle > 0.1  # 9%; 32.4 ms (11%) inside the range
+    # ahead of every other site, the eager prefill's own frames included
+    assert all(s["idle_us"] < site["idle_us"] for s in res["idle_sites"][1:])
+    # the clean capture of the same decode: no such range, no sync finding above 5%
+    assert not [f for f in clean["findings"] if "token_list_rebuild" in f["summary"]]
+    assert not [f for f in clean["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
+
+
+def test_token_list_rebuild_diff_on_long_prompts(long_pair):
+    """gaptrace diff clean -> fault: the same GPU work (busy within 1%), idle +76%, Tround +17%, the fault's frame
+    among the appeared ones; TPOT loses with τ unchanged."""
+    d = diff_analyses(*long_pair)
+    m = d["metrics"]
+    assert abs(m["busy_us"]["rel"]) < 0.01 and m["idle_us"]["rel"] > 0.5 and m["t_round_us"]["rel"] > 0.1
+    assert m["tau"]["rel"] == 0 and m["tpot_us"]["rel"] > 0.1
+    assert "runtime/faults.py: token_list_rebuild" in {r["frame"] for r in d["frames"]["appeared"]}
+
+
 def test_clean_overlap_has_no_sync_finding_above_5_percent(clean_bench):
     assert not [f for f in clean_bench["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
 

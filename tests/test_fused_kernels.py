@@ -220,6 +220,37 @@ for dt in (torch.float32, torch.bfloat16):
             if s0 is not None:  # the start state is read
                 assert not torch.allclose(out.float(), lay(x, s0 + 1, every, None, True)[0].float())
 
+# a long prefill chunk's inputs in one node (gdn_inputs) against project(): from column ranges of one merged
+# projection (rows strided), grouped value heads, bs 2; on CUDA with fla the whole layer (fla's chunked kernel fed
+# by gdn_inputs, the gated norm fused) against the eager layer (fla fed by project) from a start state
+from gaptrace.runtime.models import gdn as _gdn
+for dt in (torch.float32, torch.bfloat16):
+    lay = layer.to(dt)
+    x = torch.randn(2, 9, 32).to(dt) * 3
+    with torch.no_grad():
+        qg = x @ torch.cat([lay.in_proj_qkv.weight, lay.in_proj_gates.weight]).T
+        qkv, gates = qg[..., :lay.in_proj_qkv.out_features], qg[..., lay.in_proj_qkv.out_features:]
+        got = fused.gdn_inputs(qkv, gates, lay.A_log, lay.dt_bias, 2, 4, 16, 32)
+        q, k, v, g, beta, _ = lay.project(x)
+    for a, b in zip(got, (q, k, v, g, beta.to(dt))):
+        assert a.is_contiguous() and a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, **TOL[dt])
+    assert torch.equal(got[2], v)
+    assert not torch.allclose(got[0].float(), got[1].float(), atol=1e-2)  # q and k from their own columns
+    if _gdn.fla_available() and not INTERPRET:
+        s0 = torch.randn(2, 4, 16, 32) * 0.1
+        xl = torch.randn(2, 70, 32).to(dt)
+        with torch.no_grad():
+            out_ref, s_ref = lay(xl, s0)
+            out, s_f = lay(xl, s0, False, None, True)
+            # truth: the reference recurrence (return_all) in float32; fla's tl.dot rounds its operands (tf32 in a
+            # float32 run), so both fla paths are held to the eager one's error, not to each other element-wise
+            true_out, true_s = copy.deepcopy(lay).float()(xl.float(), s0, True)
+        rel = lambda a, b: float((a.float() - b).norm() / b.norm())  # noqa: E731
+        assert rel(out, true_out) <= 1.25 * rel(out_ref, true_out) + 1e-3, (rel(out, true_out), rel(out_ref, true_out))
+        assert rel(s_f, true_s[:, -1]) <= 1.25 * rel(s_ref, true_s[:, -1]) + 1e-3
+        assert rel(out, true_out) < 2e-2
+
 # the start states read from a pool by row (the verify's: no gathered copy) equal the gathered ones, bit for bit
 with torch.no_grad():
     lay = layer.float()

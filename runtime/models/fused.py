@@ -466,6 +466,59 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
 
 
 @triton.jit
+def _gdn_inputs_kernel(qkv_ptr, gates_ptr, alog_ptr, dtb_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_qt, s_gt,
+                       HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    i_t = tl.program_id(0).to(tl.int64)   # flat token index b * T + t
+    i_hv = tl.program_id(1)
+    i_hk = i_hv // (HV // HK)
+    o_k = tl.arange(0, K)
+    o_v = tl.arange(0, V)
+    src = qkv_ptr + i_t * s_qt
+    q = tl.load(src + i_hk * K + o_k).to(tl.float32)
+    k = tl.load(src + HK * K + i_hk * K + o_k).to(tl.float32)
+    # F.normalize(x.float(), dim=-1, eps=1e-6) then the cast to the activation dtype (gdn.GatedDeltaNet.project)
+    q = q / tl.maximum(tl.sqrt(tl.sum(q * q, 0)), 1e-6)
+    k = k / tl.maximum(tl.sqrt(tl.sum(k * k, 0)), 1e-6)
+    dst = (i_t * HV + i_hv)
+    tl.store(q_ptr + dst * K + o_k, q.to(q_ptr.dtype.element_ty))
+    tl.store(k_ptr + dst * K + o_k, k.to(k_ptr.dtype.element_ty))
+    tl.store(v_ptr + dst * V + o_v, tl.load(src + 2 * HK * K + i_hv * V + o_v))
+    gts = gates_ptr + i_t * s_gt
+    x_a = tl.load(gts + HV + i_hv).to(tl.float32) + tl.load(dtb_ptr + i_hv).to(tl.float32)
+    sp = tl.where(x_a > 20.0, x_a, tl.log(1.0 + tl.exp(tl.minimum(x_a, 20.0))))   # F.softplus, threshold 20
+    tl.store(g_ptr + dst, -tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32)) * sp)
+    beta = 1.0 / (1.0 + tl.exp(-tl.load(gts + i_hv).to(tl.float32)))
+    tl.store(beta_ptr + dst, beta.to(beta_ptr.dtype.element_ty))
+
+
+def gdn_inputs(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, hv: int,
+               dk: int, dv: int):
+    """The gated delta rule's per-token inputs in one node (gdn.GatedDeltaNet.project's ~25 eager ops for a long
+    prefill chunk, whose recurrence runs in flash-linear-attention's chunked kernel; Yang, Kautz, Hatamizadeh 2024).
+
+    qkv [bs, T, 2*hk*dk + hv*dv] (q | k | v, in_proj_qkv's output), gates [bs, T, 3*hv] (b | a | z; z not read):
+    each may be a column range of one merged projection (rows strided, last dim unit-stride). A_log, dt_bias [hv].
+    dk, dv powers of two. Returns contiguous (q, k [bs, T, hv, dk] L2-normalised, value head h reading key head
+    h // (hv / hk); v [bs, T, hv, dv], all in qkv's dtype; g [bs, T, hv] float32 = -exp(A_log) * softplus(a +
+    dt_bias); beta [bs, T, hv] in qkv's dtype = sigmoid(b)): what ``project`` returns, beta cast as
+    ``gated_delta_rule_fla`` casts it."""
+    bs, T, _ = qkv.shape
+    if qkv.stride(-1) != 1 or gates.stride(-1) != 1 or (bs > 1 and (qkv.stride(0) != T * qkv.stride(1)
+                                                                     or gates.stride(0) != T * gates.stride(1))):
+        qkv, gates = qkv.contiguous(), gates.contiguous()
+    dev, dt = qkv.device, qkv.dtype
+    q = torch.empty(bs, T, hv, dk, device=dev, dtype=dt)
+    k = torch.empty_like(q)
+    v = torch.empty(bs, T, hv, dv, device=dev, dtype=dt)
+    g = torch.empty(bs, T, hv, device=dev, dtype=torch.float32)
+    beta = torch.empty(bs, T, hv, device=dev, dtype=dt)
+    if bs and T:
+        _gdn_inputs_kernel[(bs * T, hv)](qkv, gates, A_log, dt_bias, q, k, v, g, beta, qkv.stride(1),
+                                         gates.stride(1), HK=hk, HV=hv, K=dk, V=dv, num_warps=1)
+    return q, k, v, g, beta
+
+
+@triton.jit
 def _commit_states_kernel(src_ptr, dst_ptr, rows_ptr, idx_ptr, n, s_src_l, s_src_b, s_src_t, s_dst_l, s_dst_s,
                           BLOCK: tl.constexpr):
     lyr = tl.program_id(0).to(tl.int64)

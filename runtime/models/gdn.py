@@ -148,19 +148,28 @@ class GatedDeltaNet(nn.Module):
         """x [bs, T, hidden], state [bs, Hv, dk, dv] float32 or None -> (out [bs, T, hidden], state(s) as
         ``gated_delta_rule`` returns them). With ``parents`` [bs, T] (a token tree): ``gated_delta_rule_tree``,
         the state after every token. ``fused``: the chain (decode, verify, draft) as models.fused.gdn_chain and the
-        gated output norm as one kernel; a long prefill (T > 1, one final state) keeps fla's chunked kernel.
+        gated output norm as one kernel; a long prefill on CUDA (T > 1, one final state) keeps fla's chunked kernel,
+        its inputs made in one node (models.fused.gdn_inputs; the eager ``project`` is ~25 host launches a layer).
         ``state_out``: where to put the returned state(s) (a slice of the model's stacked states; written by the
         kernel on the fused chain, copied otherwise). ``state_rows`` [bs]: ``state`` is the layer's whole pool
         [num_slots, Hv, dk, dv] and row b starts from state[state_rows[b]] (read in place on the fused chain)."""
         bs, T, _ = x.shape
-        if fused and parents is None and (return_all or T == 1 or _fla_chunk is None):
-            from .fused import gdn_chain, rms_norm
+        if fused and parents is None:
+            from .fused import gdn_chain, gdn_inputs, rms_norm
             from .layers import merged_weight
             # one GEMM for both projections (their outputs are read in place as two column ranges)
             qg = F.linear(x, merged_weight(self, "_qkv_gates", [self.in_proj_qkv, self.in_proj_gates]))
             qkv, gates = qg[..., :self.in_proj_qkv.out_features], qg[..., self.in_proj_qkv.out_features:]
-            o, new_state = gdn_chain(qkv, gates, self.A_log, self.dt_bias, self.hk, self.hv,
-                                     self.dk, self.dv, state, return_all, state_out, state_rows)
+            if return_all or T == 1 or _fla_chunk is None or not x.is_cuda:
+                o, new_state = gdn_chain(qkv, gates, self.A_log, self.dt_bias, self.hk, self.hv,
+                                         self.dk, self.dv, state, return_all, state_out, state_rows)
+            else:  # a long prefill chunk: the inputs in one node, the recurrence in fla's chunked kernel
+                if state is not None and state_rows is not None:
+                    state = state[state_rows]
+                o, new_state = gated_delta_rule_fla(*gdn_inputs(qkv, gates, self.A_log, self.dt_bias, self.hk,
+                                                                self.hv, self.dk, self.dv), state)
+                if state_out is not None:
+                    new_state = state_out.copy_(new_state)
             o = rms_norm(o, self.norm.weight, self.norm.eps, gate=gates[..., 2 * self.hv:])
             return self.out_proj(o.reshape(bs, T, self.hv * self.dv)), new_state
         if state is not None and state_rows is not None:
