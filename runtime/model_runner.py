@@ -77,6 +77,10 @@ class ModelRunner:
         self.blocks = BlockManager(slots, max_pages, rcfg.page_size)
         self.state = DecodeState.allocate(target.config, draft.config, rcfg, self.blocks.num_pages, self.device,
                                           self.dtype)
+        if rcfg.fused_kernels and not rcfg.tree and "eager-commit-glue" not in rcfg.faults:
+            # the verify hands the commit its layers' projections and the commit recomputes the accepted prefix's
+            # state (a tree's accepted path is not a prefix; the fault's glue needs every per-token state)
+            self.state.tgt_lin.recompute_from(target)
         self.buckets = batch_buckets(rcfg.batch_size)
         self.buffers = {nb: self._new_buffers(nb) for nb in self.buckets}
         self.graphs: dict[tuple[str, int], GraphedCall] = {}

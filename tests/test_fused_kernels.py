@@ -278,6 +278,34 @@ with torch.no_grad():
         o_t, s = fused.gdn_chain(qkv[:, t:t + 1], gates[:, t:t + 1], lay.A_log, lay.dt_bias, 2, 4, 16, 32, s)
         assert torch.equal(o_t[:, 0], o_all[:, t]) and torch.equal(s, s_all[:, t]), t
 
+# the commit by recompute: gdn_recompute over each row's first tau tokens of the stacked projections, in place in
+# the pool, equals the state gdn_chain stores after token tau - 1, bit for bit; every layer in one launch; rows not
+# named keep their state
+with torch.no_grad():
+    lays = [copy.deepcopy(layer).float() for _ in range(3)]
+    for i, l in enumerate(lays):
+        l.A_log.add_(0.1 * i)
+        l.dt_bias.add_(0.2 * i)
+    x = torch.randn(3, 5, 32)
+    pool = torch.randn(3, 6, 4, 16, 32) * 0.1
+    rows, tau = torch.tensor([4, 0, 2]), torch.tensor([5, 1, 3])
+    inputs = torch.stack([torch.cat([l.in_proj_qkv(x), l.in_proj_gates(x)], -1) for l in lays])  # 3, 3, 5, width
+    want = pool.clone()
+    for i, l in enumerate(lays):
+        _, every = fused.gdn_chain(inputs[i][..., :lays[0].in_proj_qkv.out_features],
+                                   inputs[i][..., lays[0].in_proj_qkv.out_features:], l.A_log, l.dt_bias, 2, 4, 16,
+                                   32, pool[i], True, state_rows=rows)
+        want[i, rows] = every[torch.arange(3), tau - 1]
+    got = pool.clone()
+    fused.gdn_recompute(got, inputs, torch.stack([l.A_log for l in lays]), torch.stack([l.dt_bias for l in lays]),
+                        rows, tau, 2, 4, 16, 32)
+    assert torch.equal(got, want)
+    assert torch.equal(got[:, [1, 3, 5]], pool[:, [1, 3, 5]])
+    got2 = pool.clone()
+    fused.gdn_recompute(got2, inputs, torch.stack([l.A_log for l in lays]), torch.stack([l.dt_bias for l in lays]),
+                        rows, tau.clamp(max=2), 2, 4, 16, 32)
+    assert not torch.equal(got2, got)  # the length is read per row
+
 # a whole cached forward of a hybrid model: fused against eager (logits and every linear state)
 mc = ModelConfig(num_layers=4, num_heads=4, num_kv_heads=2, hidden_size=64, head_dim=16, vocab_size=128,
                  intermediate_size=128, layer_types=["linear_attention", "full_attention"] * 2)
@@ -296,6 +324,20 @@ for fz in (False, True):
         outs.append(model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=True, fused=fz)))
 torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-4, atol=1e-4)
 torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-4, atol=1e-4)
+# the verify's recompute mode (CacheView.chain_inputs): the same logits, bit for bit, and the layers' merged
+# projections in place of per-token states; gdn_recompute from them gives the per-token states' last entry
+with torch.no_grad():
+    kp2, vp2 = [p.clone() for p in kp], [p.clone() for p in vp]
+    ci = model(toks, pos, CacheView(kp2, vp2, pos, slots, mask, None, all_states=False, fused=True, chain_inputs=True))
+assert torch.equal(ci[0], outs[1][0])
+lin_ids = model.linear_layers
+assert ci[1].shape == (len(lin_ids), 2, 7, model.model.layers[lin_ids[0]].linear_attn.inputs_width)
+g0 = model.model.layers[lin_ids[0]].linear_attn
+zero = torch.zeros(len(lin_ids), 3, g0.hv, g0.dk, g0.dv)
+fused.gdn_recompute(zero, ci[1].contiguous(), *model.linear_parameters(), torch.tensor([2, 0]), torch.tensor([7, 4]),
+                    g0.hk, g0.hv, g0.dk, g0.dv)
+assert torch.equal(zero[:, 2], outs[1][1][:, 0, 6]) and torch.equal(zero[:, 0], outs[1][1][:, 1, 3])
+assert not zero[:, 1].any()
 # a long prefill chunk (T above PAGED_ATTENTION_MAX_T: SDPA over the gathered columns) against eager
 from gaptrace.runtime.models import layers as _layers
 T_long = _layers.PAGED_ATTENTION_MAX_T + 6

@@ -3,6 +3,9 @@
 ``pool`` is [n_linear, num_slots, Hv, dk, dv] float32. A verify (or a draft block) returns the state after every
 one of its B tokens; ``commit`` keeps, per row, the state after its tau-th token: value-exact, the same numbers a
 recomputation over the accepted tokens gives (seed 000, "The second layer"; tests/test_runtime_cache.py checks it).
+With ``recompute_from(model)`` (the fused target, chain verify) the verify returns each layer's projections of its
+tokens instead, and ``commit`` recomputes the accepted prefix's state in place in one node
+(models.fused.gdn_recompute): the verify no longer writes ~1 MB of state per block token, layer and row.
 """
 from __future__ import annotations
 
@@ -16,8 +19,18 @@ class LinearStatePool:
         n = cfg.layer_types.count("linear_attention")
         self.n_linear = n
         self.fused = fused  # commit through models.fused.commit_states (CUDA + Triton): one node, one pass
+        self.recompute = None  # (A_log, dt_bias [n_linear, Hv], hk, hv, dk, dv): see recompute_from
         self.pool = torch.zeros(n, num_slots, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
                                 cfg.linear_value_head_dim, device=device, dtype=torch.float32)
+
+    def recompute_from(self, model) -> None:
+        """Commit by recompute from now on: ``commit`` takes the verify's stacked projections [n_linear, nb, B,
+        width] (CacheView.chain_inputs) instead of per-token states; ``model``'s linear layers give the
+        parameters (Transformer.linear_parameters, made now: before any graph capture). Fused kernels only."""
+        if not self.n_linear:
+            return
+        g = model.model.layers[model.linear_layers[0]].linear_attn
+        self.recompute = (*model.linear_parameters(), g.hk, g.hv, g.dk, g.dv)
 
     def gather(self, rows: torch.Tensor) -> torch.Tensor | None:
         """States of the slots in ``rows`` [nb] -> [n_linear, nb, Hv, dk, dv] (None without linear layers)."""
@@ -31,7 +44,12 @@ class LinearStatePool:
     def commit(self, rows: torch.Tensor, states_all: torch.Tensor | None, tau: torch.Tensor) -> None:
         """rows [nb] slots; states_all [n_linear, nb, B, Hv, dk, dv] (state after each block token); tau [nb] in
         [1, B]: pool[:, rows[i]] = states_all[:, i, tau[i] - 1]. One gather and one scatter for all layers;
-        fixed shapes, no host sync."""
+        fixed shapes, no host sync. In recompute mode ``states_all`` is the verify's projections [n_linear, nb, B,
+        width] and the same state is recomputed from pool[:, rows[i]] over tokens 0 .. tau[i] - 1 (one node)."""
+        if self.recompute is not None and self.n_linear:
+            from ..models.fused import gdn_recompute
+            gdn_recompute(self.pool, states_all, *self.recompute[:2], rows, tau, *self.recompute[2:])
+            return
         self.commit_at(rows, states_all, tau - 1)
 
     def commit_at(self, rows: torch.Tensor, states_all: torch.Tensor | None, index: torch.Tensor) -> None:

@@ -385,29 +385,43 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     return o
 
 
-# One compiled kernel for every call of a shape: T, the start state and the per-token stores are runtime arguments,
-# not specialisations (a T == 1 decode step and a T == B verify must run the same machine code, or the compiler's
-# contractions could make a token's result depend on the block length)
-@triton.jit(do_not_specialize=["T", "use_h0", "use_rows", "store_all"])
-def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_ptr, rows_ptr, o_ptr, hs_ptr, T,
-                      s_qb, s_qt, s_vb, s_vt, s_ab, s_at, scale, use_h0, use_rows, store_all,
-                      HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+# One compiled kernel for every call of a shape: T, the start state, the per-token stores, the per-row lengths and
+# the layer axis are runtime arguments, not specialisations (a T == 1 decode step, a T == B verify and the commit's
+# recompute of the accepted prefix must run the same machine code, or the compiler's contractions could make a
+# token's result depend on which of them computed it)
+@triton.jit(do_not_specialize=["T", "use_h0", "use_rows", "store", "use_len", "store_o"])
+def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_ptr, rows_ptr, o_ptr, hs_ptr, len_ptr,
+                      T, s_qb, s_qt, s_vb, s_vt, s_ab, s_at, s_ql, s_pl, s_hl, scale, use_h0, use_rows, store, use_len,
+                      store_o, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                      BV: tl.constexpr):
+    # store: 0 the final state into hs[b], 1 the state after every token into hs[b, t], 2 the final state back
+    # into the start state's place (h0[rows[b]] of the pool: the commit's in-place update), 3 no state
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
+    i_l = tl.program_id(2).to(tl.int64)  # layer (the commit runs every linear layer in one launch)
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_hk = i_hv // (HV // HK)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
+    q_ptr += i_l * s_ql
+    k_ptr += i_l * s_ql
+    v_ptr += i_l * s_ql
+    a_ptr += i_l * s_ql
+    b_ptr += i_l * s_ql
+    h0_ptr += i_l * s_hl
     h = tl.zeros([K, BV], dtype=tl.float32)
+    src = i_b
+    if use_rows != 0:
+        src = tl.load(rows_ptr + i_b).to(tl.int64)
     if use_h0 != 0:  # row i_b's start state: h0[i_b], or h0[rows[i_b]] of a whole pool (no gathered copy)
-        src = i_b
-        if use_rows != 0:
-            src = tl.load(rows_ptr + i_b).to(tl.int64)
         h += tl.load(h0_ptr + (src * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :])
-    neg_a = -tl.exp(tl.load(alog_ptr + i_hv).to(tl.float32))
-    dtb = tl.load(dtb_ptr + i_hv).to(tl.float32)
-    for t in range(T):
+    n_t = T
+    if use_len != 0:  # this row's own length (the commit: its accepted tokens)
+        n_t = tl.load(len_ptr + i_b).to(tl.int32)
+    neg_a = -tl.exp(tl.load(alog_ptr + i_l * s_pl + i_hv).to(tl.float32))
+    dtb = tl.load(dtb_ptr + i_l * s_pl + i_hv).to(tl.float32)
+    for t in range(n_t):
         q = tl.load(q_ptr + i_b * s_qb + t * s_qt + i_hk * K + o_k).to(tl.float32)
         k = tl.load(k_ptr + i_b * s_qb + t * s_qt + i_hk * K + o_k).to(tl.float32)
         # F.normalize(x.float(), eps=1e-6) then the cast to the activation dtype (gdn.GatedDeltaNet.project)
@@ -421,17 +435,21 @@ def _gdn_chain_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, h0_p
         h = h * tl.exp(g)
         u = (v - tl.sum(h * k[:, None], 0)) * beta
         h = h + k[:, None] * u[None, :]
-        o = tl.sum(h * q[:, None], 0)
-        tl.store(o_ptr + ((i_b * T + t) * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
-        if store_all != 0:
+        if store_o != 0:
+            o = tl.sum(h * q[:, None], 0)
+            tl.store(o_ptr + ((i_b * T + t) * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
+        if store == 1:
             tl.store(hs_ptr + ((i_b * T + t) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :], h)
-    if store_all == 0:
+    if store == 0:
         tl.store(hs_ptr + i_bh * K * V + o_k[:, None] * V + o_v[None, :], h)
+    if store == 2:
+        tl.store(h0_ptr + (src * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :], h)
 
 
 def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, hk: int, hv: int,
               dk: int, dv: int, state: torch.Tensor | None = None, return_all: bool = False,
-              state_out: torch.Tensor | None = None, state_rows: torch.Tensor | None = None):
+              state_out: torch.Tensor | None = None, state_rows: torch.Tensor | None = None,
+              store_states: bool = True):
     """The gated delta rule over a chain of tokens, from the layer's raw projections (gdn.GatedDeltaNet.project +
     gdn.gated_delta_rule_ref in one node; Yang, Kautz, Hatamizadeh 2024).
 
@@ -441,13 +459,15 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
     state [bs, hv, dk, dv] float32, or with ``return_all`` the state after every token [bs, T, hv, dk, dv]).
     ``state_out``: a contiguous float32 tensor of that shape to write the state(s) into (a layer's slice of the
     model's stacked states: no stacking copy afterwards). ``state_rows`` [bs] long: ``state`` is a whole pool
-    [num_slots, hv, dk, dv] float32 and row b starts from state[state_rows[b]], read in place."""
+    [num_slots, hv, dk, dv] float32 and row b starts from state[state_rows[b]], read in place.
+    ``store_states=False``: no state written at all (returns (o, None)): the fused verify, whose commit recomputes
+    the accepted prefix's state (``gdn_recompute``)."""
     bs, T, _ = qkv.shape
     # read in place (slices of one merged projection are fine): only the last dim must be unit-stride
     qkv, gates = (x if x.stride(-1) == 1 else x.contiguous() for x in (qkv, gates))
     nq = hk * dk
     o = torch.empty(bs, T, hv, dv, device=qkv.device, dtype=qkv.dtype)
-    shape = (bs, T, hv, dk, dv) if return_all else (bs, hv, dk, dv)
+    shape = ((bs, T, hv, dk, dv) if return_all else (bs, hv, dk, dv)) if store_states else (1,)
     hs = state_out if state_out is not None else torch.empty(shape, device=qkv.device, dtype=torch.float32)
     if tuple(hs.shape) != shape or hs.dtype != torch.float32 or not hs.is_contiguous():
         raise ValueError(f"state_out must be a contiguous float32 {shape}, got {tuple(hs.shape)} {hs.dtype}")
@@ -455,14 +475,41 @@ def gdn_chain(qkv: torch.Tensor, gates: torch.Tensor, A_log: torch.Tensor, dt_bi
     rows = state_rows.contiguous() if state_rows is not None and state is not None else hs
     bv = min(dv, 32)
     if bs and T:
-        _gdn_chain_kernel[(dv // bv, bs * hv)](
-            qkv, qkv[..., nq:], qkv[..., 2 * nq:], gates[..., hv:], gates, A_log, dt_bias, h0, rows, o, hs, T,
-            qkv.stride(0), qkv.stride(1), qkv.stride(0), qkv.stride(1), gates.stride(0), gates.stride(1),
-            dk ** -0.5, int(state is not None), int(state is not None and state_rows is not None), int(return_all),
-            HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=4)
-    elif state is not None and not return_all:
+        _gdn_chain_kernel[(dv // bv, bs * hv, 1)](
+            qkv, qkv[..., nq:], qkv[..., 2 * nq:], gates[..., hv:], gates, A_log, dt_bias, h0, rows, o, hs, hs, T,
+            qkv.stride(0), qkv.stride(1), qkv.stride(0), qkv.stride(1), gates.stride(0), gates.stride(1), 0, 0, 0,
+            dk ** -0.5, int(state is not None), int(state is not None and state_rows is not None),
+            (1 if return_all else 0) if store_states else 3, 0, 1, HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=4)
+    elif state is not None and not return_all and store_states:
         hs.copy_(state if state_rows is None else state[state_rows])
-    return o, hs
+    return o, (hs if store_states else None)
+
+
+def gdn_recompute(pool: torch.Tensor, inputs: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+                  rows: torch.Tensor, n_tokens: torch.Tensor, hk: int, hv: int, dk: int, dv: int) -> None:
+    """The linear-state commit by recompute, in place, every layer in one node: for each linear layer l and row i,
+    pool[l, rows[i]] <- the gated delta rule run from pool[l, rows[i]] over the first n_tokens[i] tokens of that
+    row's verify inputs (Yang, Kautz, Hatamizadeh 2024). The same compiled kernel as ``gdn_chain``, so the state
+    equals, bit for bit, the one the verify would have stored after token n_tokens[i] - 1, without the verify
+    writing the state after every block token (~1 MB a token, layer and row on the bench preset).
+
+    pool [n_linear, num_slots, hv, dk, dv] float32 contiguous (LinearStatePool.pool); inputs [n_linear, nb, T,
+    2*hk*dk + hv*dv + 3*hv] (each layer's merged q|k|v|b|a|z projection of the verify's tokens, as the fused
+    verify stacks them); A_log, dt_bias [n_linear, hv] (each layer's parameters, stacked); rows [nb] long, distinct
+    slots; n_tokens [nb] integer in [0, T]. Fixed shapes, no host sync."""
+    nl, nb, T, width = inputs.shape
+    if nl == 0 or nb == 0:
+        return
+    if not (pool.is_contiguous() and inputs.is_contiguous() and pool.dtype == torch.float32):
+        raise ValueError("gdn_recompute needs a contiguous float32 pool and contiguous inputs")
+    nq, gates = hk * dk, 2 * hk * dk + hv * dv
+    A_log, dt_bias = A_log.contiguous(), dt_bias.contiguous()
+    bv = min(dv, 32)
+    _gdn_chain_kernel[(dv // bv, nb * hv, nl)](
+        inputs, inputs[..., nq:], inputs[..., 2 * nq:], inputs[..., gates + hv:], inputs[..., gates:], A_log, dt_bias,
+        pool, rows.contiguous(), pool, pool, n_tokens.contiguous(), T, inputs.stride(1), inputs.stride(2),
+        inputs.stride(1), inputs.stride(2), inputs.stride(1), inputs.stride(2), inputs.stride(0), A_log.stride(0),
+        pool.stride(0), dk ** -0.5, 1, 1, 2, 1, 0, HK=hk, HV=hv, K=dk, V=dv, BV=bv, num_warps=4)
 
 
 @triton.jit

@@ -124,6 +124,11 @@ class GatedDeltaNet(nn.Module):
         self.norm = RMSNorm(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.hv * self.dv, cfg.hidden_size, bias=False)
 
+    @property
+    def inputs_width(self) -> int:
+        """Columns of the merged q|k|v|b|a|z projection (what ``inputs_out`` holds per token)."""
+        return self.in_proj_qkv.out_features + self.in_proj_gates.out_features
+
     def project(self, x: torch.Tensor):
         """x [bs, T, hidden] -> (q, k [bs, T, Hv, dk] L2-normalised, v [bs, T, Hv, dv], g, beta, z [bs, T, Hv])."""
         bs, T, _ = x.shape
@@ -144,7 +149,7 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, state: torch.Tensor | None = None, return_all: bool = False,
                 parents: torch.Tensor | None = None, fused: bool = False, state_out: torch.Tensor | None = None,
-                state_rows: torch.Tensor | None = None):
+                state_rows: torch.Tensor | None = None, inputs_out: torch.Tensor | None = None):
         """x [bs, T, hidden], state [bs, Hv, dk, dv] float32 or None -> (out [bs, T, hidden], state(s) as
         ``gated_delta_rule`` returns them). With ``parents`` [bs, T] (a token tree): ``gated_delta_rule_tree``,
         the state after every token. ``fused``: the chain (decode, verify, draft) as models.fused.gdn_chain and the
@@ -152,15 +157,24 @@ class GatedDeltaNet(nn.Module):
         its inputs made in one node (models.fused.gdn_inputs; the eager ``project`` is ~25 host launches a layer).
         ``state_out``: where to put the returned state(s) (a slice of the model's stacked states; written by the
         kernel on the fused chain, copied otherwise). ``state_rows`` [bs]: ``state`` is the layer's whole pool
-        [num_slots, Hv, dk, dv] and row b starts from state[state_rows[b]] (read in place on the fused chain)."""
+        [num_slots, Hv, dk, dv] and row b starts from state[state_rows[b]] (read in place on the fused chain).
+        ``inputs_out`` [bs, T, ``inputs_width``] (fused only; the verify's): the merged q|k|v|b|a|z projection is
+        written there and returned in place of the states, and no state is stored (the commit recomputes the
+        accepted prefix's state from it: models.fused.gdn_recompute)."""
         bs, T, _ = x.shape
         if fused and parents is None:
             from .fused import gdn_chain, gdn_inputs, rms_norm
             from .layers import merged_weight
             # one GEMM for both projections (their outputs are read in place as two column ranges)
-            qg = F.linear(x, merged_weight(self, "_qkv_gates", [self.in_proj_qkv, self.in_proj_gates]))
+            w = merged_weight(self, "_qkv_gates", [self.in_proj_qkv, self.in_proj_gates])
+            # F.linear without a bias is matmul(x, w.t()); with ``out`` the same GEMM writes the caller's buffer
+            qg = F.linear(x, w) if inputs_out is None else torch.matmul(x, w.t(), out=inputs_out)
             qkv, gates = qg[..., :self.in_proj_qkv.out_features], qg[..., self.in_proj_qkv.out_features:]
-            if return_all or T == 1 or _fla_chunk is None or not x.is_cuda:
+            if inputs_out is not None:
+                o, _ = gdn_chain(qkv, gates, self.A_log, self.dt_bias, self.hk, self.hv, self.dk, self.dv, state,
+                                 False, None, state_rows, store_states=False)
+                new_state = inputs_out
+            elif return_all or T == 1 or _fla_chunk is None or not x.is_cuda:
                 o, new_state = gdn_chain(qkv, gates, self.A_log, self.dt_bias, self.hk, self.hv,
                                          self.dk, self.dv, state, return_all, state_out, state_rows)
             else:  # a long prefill chunk: the inputs in one node, the recurrence in fla's chunked kernel

@@ -95,15 +95,22 @@ def merged_weight(module: nn.Module, name: str, parts: list) -> torch.Tensor:
     gate|up), so the fused path runs one GEMM instead of several. Made once and cached on ``module`` under
     ``name``; the layers' own weights are re-pointed at slices of it (no second copy; a checkpoint load into them
     writes the merged tensor)."""
+    return merged_parameters(module, name, [p.weight for p in parts])
+
+
+def merged_parameters(module: nn.Module, name: str, params: list, stack: bool = False) -> torch.Tensor:
+    """``params`` (nn.Parameters) as one tensor, concatenated along dim 0 (or with ``stack``, stacked along a new
+    dim 0: every linear layer's A_log as [n_linear, Hv]); cached on ``module`` under ``name``, the parameters
+    re-pointed at its slices (no second copy; a checkpoint load into them writes the merged tensor)."""
     w = getattr(module, name, None)
-    # rebuilt only when the weights moved (``module.to(...)`` gives the first one new storage); a checkpoint load
-    # copies into the slices in place and keeps the merged tensor valid
-    if w is None or parts[0].weight.data_ptr() != w.data_ptr():
-        w = torch.cat([p.weight.detach() for p in parts])
+    # rebuilt only when the parameters moved (``module.to(...)`` gives the first one new storage); a checkpoint
+    # load copies into the slices in place and keeps the merged tensor valid
+    if w is None or params[0].data_ptr() != w.data_ptr():
+        w = (torch.stack if stack else torch.cat)([p.detach() for p in params])
         o = 0
-        for p in parts:
-            n = p.weight.shape[0]
-            p.weight.data = w[o:o + n]
+        for p in params:
+            n = 1 if stack else p.shape[0]
+            p.data = w[o] if stack else w[o:o + n]
             o += n
         object.__setattr__(module, name, w)  # a plain attribute: not a parameter, not in state_dict
     return w

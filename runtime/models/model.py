@@ -27,6 +27,9 @@ class CacheView:
     lin_state: [n_linear, bs, Hv, dk, dv] float32, the recurrent states before these tokens (None = zeros); with
     ``lin_rows`` [bs] the whole pool [n_linear, num_slots, Hv, dk, dv], row b's state at [:, lin_rows[b]].
     all_states: return the state after every token ([n_linear, bs, T, Hv, dk, dv]) instead of the final one.
+    chain_inputs (fused only; the verify's): return every linear layer's merged q|k|v|b|a|z projection of these
+    tokens ([n_linear, bs, T, width], the activation dtype) and store no state: the caller recomputes the state
+    it keeps (models.fused.gdn_recompute) instead of the forward writing one per token.
     parents: the T tokens form a tree (draft-tree verify): token t's parent index (< t; -1 = the root, continuing
     from ``lin_state``); linear layers then run ``gdn.gated_delta_rule_tree`` and return every token's state.
     Full-attention layers get the tree through ``read_mask`` (ancestor-only) and ``positions`` (depth).
@@ -47,6 +50,7 @@ class CacheView:
     fused: bool = False  # the fused Triton kernels of models/fused.py (RuntimeConfig.kernels; CUDA + Triton only)
     lin_rows: torch.Tensor | None = None  # [bs]: lin_state is the whole pool (see above)
     rope: tuple | None = None  # fused: (cos, sin) [bs, T, D/2] of these positions made by the caller (a draft block's)
+    chain_inputs: bool = False  # fused: return the linear layers' projections instead of states (see above)
 
 
 def norm(mod: RMSNorm, x: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -122,6 +126,14 @@ class Transformer(nn.Module):
             self._rope_inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, positions.device)
         return rope_tables(positions, cfg.head_dim, cfg.rope_theta, self._rope_inv_freq)
 
+    def linear_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every linear layer's (A_log, dt_bias), stacked: two [n_linear, Hv] tensors (made once, the layers'
+        parameters re-pointed at their rows: layers.merged_parameters), for ``models.fused.gdn_recompute``."""
+        from .layers import merged_parameters
+        gdn = [self.model.layers[i].linear_attn for i in self.linear_layers]
+        return (merged_parameters(self, "_A_log_all", [g.A_log for g in gdn], stack=True),
+                merged_parameters(self, "_dt_bias_all", [g.dt_bias for g in gdn], stack=True))
+
     def logits(self, h: torch.Tensor, fused: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
         """Final norm and LM head: h [bs, T, hidden] (plus a pending ``residual``) -> [bs, T, vocab]."""
         _, h = add_norm(self.model.norm, h, residual, fused)
@@ -135,7 +147,8 @@ class Transformer(nn.Module):
         linear layers use fla's chunked kernel). With ``cache``: full-attention layers write their K/V into the
         pools and attend over the masked gathered columns; linear layers continue from ``cache.lin_state``;
         returns (logits, states) where states is [n_linear, bs, Hv, dk, dv] (or per token with
-        ``cache.all_states``), or None when the model has no linear layers.
+        ``cache.all_states``; the linear layers' projections with ``cache.chain_inputs``), or None when the model
+        has no linear layers.
         """
         bs, T = tokens.shape
         if positions is None:
@@ -145,11 +158,16 @@ class Transformer(nn.Module):
         if fused and self.full_layers:  # once per forward (or per draft block: cache.rope), for every attention layer
             rope = cache.rope if cache.rope is not None else self.rope_tables(positions)
         stacked = None  # fused: the layers write their states into one buffer (no stacking copy: ~100 MB a layer)
+        inputs = fused and cache.chain_inputs and cache.parents is None
         if fused and self.linear_layers:
             g = self.model.layers[self.linear_layers[0]].linear_attn
             per_token = cache.all_states or cache.parents is not None
-            stacked = torch.empty((len(self.linear_layers), bs) + ((T,) if per_token else ()) + (g.hv, g.dk, g.dv),
-                                  device=tokens.device, dtype=torch.float32)
+            if inputs:
+                stacked = torch.empty((len(self.linear_layers), bs, T, g.inputs_width), device=tokens.device,
+                                      dtype=self.model.embed_tokens.weight.dtype)
+            else:
+                stacked = torch.empty((len(self.linear_layers), bs) + ((T,) if per_token else ()) +
+                                      (g.hv, g.dk, g.dv), device=tokens.device, dtype=torch.float32)
         h = self.model.embed_tokens(tokens)
         new_states, full_i, lin_i = [], 0, 0
         res = None  # the block output not yet added to the residual stream h (added inside the next norm)
@@ -164,10 +182,11 @@ class Transformer(nn.Module):
                 full_i += 1
             else:
                 state = None if cache is None or cache.lin_state is None else cache.lin_state[lin_i]
+                out = None if stacked is None else stacked[lin_i]
                 res, st = layer.linear_attn(x, state, cache is not None and cache.all_states,
                                             None if cache is None else cache.parents, fused,
-                                            None if stacked is None else stacked[lin_i],
-                                            None if cache is None else cache.lin_rows)
+                                            None if inputs else out, None if cache is None else cache.lin_rows,
+                                            out if inputs else None)
                 new_states.append(st)
                 lin_i += 1
             h, x = add_norm(layer.post_attention_layernorm, h, res, fused)

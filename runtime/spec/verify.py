@@ -12,7 +12,8 @@ from .state import DecodeState
 
 def verify_block(model: Transformer, st: DecodeState, rows: torch.Tensor, draft_tokens: torch.Tensor):
     """rows [nb]; draft_tokens [nb, B] (d1 .. dB). Returns (pred [nb, B] long: the target's greedy token after
-    each block prefix, states [n_linear, nb, B, Hv, dk, dv] float32 or None)."""
+    each block prefix, states [n_linear, nb, B, Hv, dk, dv] float32 or None; in recompute mode the layers'
+    projections [n_linear, nb, B, width] instead, which ``LinearStatePool.commit`` takes)."""
     B = st.block_size
     ar = st.block_index
     L = st.lengths[rows]
@@ -23,6 +24,9 @@ def verify_block(model: Transformer, st: DecodeState, rows: torch.Tensor, draft_
     mask = st.cols[None, None, :] <= pos[:, :, None]
     # the linear states are read from the pool by row (no gathered copy of every layer's states)
     lin = st.tgt_lin.pool if st.tgt_lin.n_linear else None
-    cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, lin, all_states=True, fused=st.fused, lin_rows=rows)
+    # recompute mode (LinearStatePool.recompute_from): the layers' projections instead of a state per token
+    chain = st.tgt_lin.recompute is not None
+    cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, lin, all_states=not chain, fused=st.fused, lin_rows=rows,
+                      chain_inputs=chain)
     logits, states = model(tokens, pos, cache)
     return logits.argmax(-1), states
