@@ -70,6 +70,21 @@ for dt in (torch.float32, torch.bfloat16):
     ref = torch.nn.functional.silu(gu[..., :1100]) * gu[..., 1100:]
     torch.testing.assert_close(fused.silu_mul(gu), ref, **TOL[dt])
 
+# greedy tokens (+ their embeddings) in one node against torch.argmax and the table lookup: ties within a block and
+# across blocks resolve to the first index; strided rows (a [nb, 1, V] logits' last position); no table
+for dt in (torch.float32, torch.bfloat16):
+    for V in (1000, 9000):
+        x = torch.randn(4, 3, V).to(dt)
+        x[0, 1, 5] = x[0, 1, 700] = 50.0        # a tie in one block
+        x[1, 2, 100] = x[1, 2, V - 3] = 60.0    # a tie across blocks (V = 9000: 100 and 8997)
+        x[2, 0, V - 1] = 70.0                   # the last column
+        table = torch.randn(V, 24).to(dt)
+        tok, emb = fused.argmax_embed(x[:, 1:], table)
+        assert torch.equal(tok, x[:, 1:].argmax(-1)) and torch.equal(emb, table[tok])
+        assert tok[0, 0] == 5 and tok[1, 1] == 100
+        tok2, none = fused.argmax_embed(x)
+        assert none is None and torch.equal(tok2, x.argmax(-1)) and tok2[2, 0] == V - 1
+
 # the attention prologue: q/k RMSNorm + RoPE from the merged q|k|v row (read in place), positions up to 4k (large
 # angles), with and without the norm, k and v written into the pools at the write slots; T = 1 (a draft step, whose
 # q|k|v view has a meaningless token stride) and T = 3, the tables as slices of a wider block's (a draft step's)
@@ -351,7 +366,18 @@ for fz in (False, True):
     kp2, vp2 = [p.clone() for p in kl], [p.clone() for p in vl]
     with torch.no_grad():
         louts.append(model(ltoks, lpos, CacheView(kp2, vp2, lslots.gather(1, lpos), lslots, lmask, None, fused=fz)))
-torch.testing.assert_close(louts[1][0], louts[0][0], rtol=1e-4, atol=1e-4)
+if _gdn.fla_available() and not INTERPRET:
+    # on CUDA both paths run fla's chunked kernel (tf32 dots), fed by project() or by gdn_inputs: each within the
+    # other's error of the reference recurrence (all_states: no fla), not element-wise equal
+    with torch.no_grad():
+        kp2, vp2 = [p.clone() for p in kl], [p.clone() for p in vl]
+        truth = model(ltoks, lpos, CacheView(kp2, vp2, lslots.gather(1, lpos), lslots, lmask, None,
+                                             all_states=True))[0]
+    rel = lambda a: float((a - truth).norm() / truth.norm())  # noqa: E731
+    assert rel(louts[1][0]) <= 2 * rel(louts[0][0]) + 1e-4 and rel(louts[1][0]) < 1e-2, (rel(louts[1][0]),
+                                                                                          rel(louts[0][0]))
+else:
+    torch.testing.assert_close(louts[1][0], louts[0][0], rtol=1e-4, atol=1e-4)
 
 # a caller's RoPE tables (a draft block's, sliced per step) give the same forward as the model's own, bit for bit
 cos, sin = fused.rope_tables(torch.cat([pos, pos + 7], 1), 16, mc.rope_theta)

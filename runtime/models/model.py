@@ -140,8 +140,10 @@ class Transformer(nn.Module):
         w = self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
         return torch.nn.functional.linear(h, w)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: CacheView | None = None):
-        """tokens [bs, T] long; positions [bs, T] long (default 0..T-1).
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, cache: CacheView | None = None,
+                embeds: torch.Tensor | None = None):
+        """tokens [bs, T] long; positions [bs, T] long (default 0..T-1); ``embeds`` [bs, T, hidden]: the tokens'
+        embeddings already looked up (a draft step's, by ``fused.argmax_embed``), else ``embed_tokens(tokens)``.
 
         Without ``cache``: returns logits [bs, T, vocab] of a plain causal forward (training; on CUDA the
         linear layers use fla's chunked kernel). With ``cache``: full-attention layers write their K/V into the
@@ -168,7 +170,7 @@ class Transformer(nn.Module):
             else:
                 stacked = torch.empty((len(self.linear_layers), bs) + ((T,) if per_token else ()) +
                                       (g.hv, g.dk, g.dv), device=tokens.device, dtype=torch.float32)
-        h = self.model.embed_tokens(tokens)
+        h = self.model.embed_tokens(tokens) if embeds is None else embeds
         new_states, full_i, lin_i = [], 0, 0
         res = None  # the block output not yet added to the residual stream h (added inside the next norm)
         for layer in self.model.layers:

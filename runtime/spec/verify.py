@@ -29,4 +29,7 @@ def verify_block(model: Transformer, st: DecodeState, rows: torch.Tensor, draft_
     cache = CacheView(st.tgt_k, st.tgt_v, write, tmap, mask, lin, all_states=not chain, fused=st.fused, lin_rows=rows,
                       chain_inputs=chain)
     logits, states = model(tokens, pos, cache)
+    if st.fused:
+        from ..models.fused import argmax_embed
+        return argmax_embed(logits)[0], states
     return logits.argmax(-1), states
