@@ -69,3 +69,24 @@ def test_bench_graph_span_cpu_smoke():
     out = run("benchmarks/bench_graph_span.py", "--preset", "tiny", "--device", "cpu", "--batch-size", "2", "-B", "4",
               "--warmup-rounds", "1", "--timed-rounds", "2", "--profiled-rounds", "1")
     assert "bubble per gap" in out
+
+
+def test_bench_pdl_chain_smoke(tmp_path):
+    """The chain runs in Triton's interpreter on the CPU (plain and gemm variants; the PDL ones need CUDA and say so),
+    and the trace arithmetic: union and gaps of overlapping, touching and separate intervals."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+    import os
+
+    out = run("benchmarks/bench_pdl_chain.py", "--device", "cpu", "--nodes", "3", "--replays", "1", "--elements",
+              "2048", "--gemm-k", "256", "--out", str(tmp_path))
+    assert "| pdl | needs CUDA" in out
+    res = json.loads((tmp_path / "pdl_chain.json").read_text())["results"]
+    assert set(res) == {"plain", "gemm+plain"} and res["plain"]["nodes"] == 3 and res["gemm+plain"]["nodes"] == 6
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from bench_pdl_chain import span_busy_gaps
+
+    r = span_busy_gaps([0, 2, 3, 10, 10.5], [4, 3, 6, 11, 12])  # [0,6) overlapped, a 4 µs gap, [10,12) overlapped
+    assert r["span_us"] == 12 and r["gap_sum_us"] == 4 and abs(r["busy_share"] - 8 / 12) < 1e-12
+    assert r["gap_median_us"] == 0 and r["kernels"] == 5
