@@ -4,7 +4,7 @@ Input: two dicts from :func:`gaptrace.analyze.run_analysis`. Output (:func:`diff
 
 - ``metrics``: {name: {a, b, delta, rel}} for occupancy, busy_us, idle_us, window_us, t_round_us, t_gpu_us,
   t_host_us, t_serial_us, tau, tpot_us, kappa_us_per_node, blocked_us (Σ over sync sites), idle_after_us;
-  delta = b − a, rel = delta / a (None where a is 0 or either side is missing);
+  delta = b − a, rel = delta / a (0 where both are 0; None where only a is 0 or either side is missing);
 - ``frames``: idle by frame, {vanished: [...], appeared: [...], changed: [...] (frames in both whose idle differs)}
   (frame, a_us, b_us, delta_us),
   each sorted by |delta|; frames are matched without line numbers and step counters (:func:`_frame_key`), so
@@ -62,7 +62,7 @@ def _delta(a: float | None, b: float | None) -> dict[str, float | None]:
     if a is None or b is None:
         return {"a": a, "b": b, "delta": None, "rel": None}
     d = b - a
-    return {"a": a, "b": b, "delta": d, "rel": (d / a) if a else None}
+    return {"a": a, "b": b, "delta": d, "rel": (d / a) if a else (0.0 if d == 0 else None)}
 
 
 def _keyed_diff(a_rows: list[dict], b_rows: list[dict], key, value: str, limit: int = 25) -> dict[str, list]:
@@ -108,12 +108,13 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
         round_saving = (ra - rb) / ra   # fraction of the round B saves
         tau_loss = (ta - tb) / ta       # fraction of accept length B gives up
         tpot_ratio = (rb / tb) / (ra / ta)
+        verdict = "B wins" if tpot_ratio < 1 else ("neither wins: the same TPOT" if tpot_ratio == 1 else "B loses")
         accept = {
             "round_saving": round_saving, "tau_loss": tau_loss, "tpot_ratio": tpot_ratio,
             "wins": tpot_ratio < 1.0,
             "statement": (f"B {'saves' if round_saving >= 0 else 'adds'} {abs(round_saving):.1%} of Tround and "
                           f"{'gives up' if tau_loss >= 0 else 'gains'} {abs(tau_loss):.1%} of τ: "
-                          f"TPOT changes by {tpot_ratio - 1:+.1%}, so B {'wins' if tpot_ratio < 1 else 'loses'} "
+                          f"TPOT changes by {tpot_ratio - 1:+.1%}, so {verdict} "
                           "(TPOT = Tround/τ; a change wins only if its round saving exceeds its τ loss)"),
         }
     return {"a": a.get("trace"), "b": b.get("trace"), "metrics": metrics, "frames": frames, "syncs": syncs,

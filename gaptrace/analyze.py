@@ -504,16 +504,35 @@ def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
     return None
 
 
-def sidecar_or_warn(trace_path: str) -> dict | None:
+def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None) -> dict | None:
     """The capture sidecar next to ``trace_path`` (:func:`gaptrace.capture.read_sidecar_checked`), or None; one
     ``gaptrace: warning:`` line on stderr when one is there but cannot be used (not JSON, nested too deeply, not an
-    object, a bad analysis_window): the analysis goes on without it."""
-    from gaptrace.capture import read_sidecar_checked
+    object, a bad analysis_window, or, given the loaded ``trace`` and no explicit ``window``, an analysis_window
+    naming no annotation in it: :func:`sidecar_window_problem`): the analysis goes on without it."""
+    import os
+
+    from gaptrace.capture import read_sidecar_checked, sidecar_path
 
     side, why = read_sidecar_checked(trace_path)
+    if why is None and side is not None and trace is not None and window is None:
+        why = sidecar_window_problem(side, trace, sidecar_path(os.fspath(trace_path).rstrip("/")))
+        side = None if why is not None else side
     if why is not None:
         click.echo(f"gaptrace: warning: capture sidecar ignored: {escape_line(why)}", err=True)
     return side
+
+
+def sidecar_window_problem(sidecar: dict, trace, path: str) -> str | None:
+    """One line when the sidecar's ``analysis_window`` names no annotation in ``trace`` (the sidecar then describes
+    another capture); None when it is absent or found."""
+    named = sidecar.get("analysis_window")
+    if not isinstance(named, str):
+        return None
+    ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
+    if (ua == named).any():
+        return None
+    return (f"{path}: the capture sidecar's analysis_window {json.dumps(named)[:80]} names no annotation in the "
+            "trace (a sidecar of another capture?)")
 
 
 def no_gpu_message(trace_path: str) -> str:
@@ -544,7 +563,7 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
 
     try:
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
-        res = run_analysis(trace, window=window, device=device, sidecar=sidecar_or_warn(trace_path),
+        res = run_analysis(trace, window=window, device=device, sidecar=sidecar_or_warn(trace_path, trace, window),
                            round_name=round_name)
     except TraceError as e:
         fail(str(e))

@@ -37,9 +37,12 @@ def render_diff(d: dict) -> str:
         lines += ["", "Accept length: " + d["accept_length"]["statement"]]
     for title, part, key in (("Idle by frame", d["frames"], "frame"), ("Blocking syncs (blocked µs)", d["syncs"], "site")):
         lines += ["", f"{title}:"]
+        n = len(lines)
         for kind in ("vanished", "appeared", "changed"):
             for r in part[kind][:8]:
                 lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {r[key]}")
+        if len(lines) == n:
+            lines.append("  (no change)")
     return "\n".join(lines)  # every string from d was escaped above
 
 
@@ -66,8 +69,10 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
         for g in gates:
             parse_gate(g)
         limit = memory_limit_bytes(memory_limit_gb)
-        res = [run_analysis(load_trace(p, memory_limit_bytes=limit), window=window, sidecar=sidecar_or_warn(p), round_name=round_name)
-               for p in (trace_a, trace_b)]
+        res = []
+        for p in (trace_a, trace_b):
+            tr = load_trace(p, memory_limit_bytes=limit)
+            res.append(run_analysis(tr, window=window, sidecar=sidecar_or_warn(p, tr, window), round_name=round_name))
     except (TraceError, GateError) as e:
         fail(str(e))
     for p, r in zip((trace_a, trace_b), res):

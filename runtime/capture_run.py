@@ -104,6 +104,7 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
     config = {"preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler,
               "device": rc.device, "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": B,
               "page_size": rc.page_size, "window": rc.window, "max_seq_len": rc.max_seq_len,
+              "prefill_chunk": rc.prefill_chunk,
               "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
               "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes), "faults": list(rc.faults),
               "kernels": "fused" if rc.fused_kernels else "eager", "queue": queue,

@@ -69,3 +69,37 @@ def test_diff_cli_on_real_traces():
     assert r.returncode == 1 and "TRIPPED" in r.stdout
     r = _cli("diff", A_PATH, B_PATH, "--fail-if", "occupancy <")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_diff_of_a_trace_against_itself_says_no_change(tmp_path):
+    """Identical traces: every rel is 0 (0 -> 0 included, so a rel gate does not trip on 'undefined'), neither side
+    wins the accept-length inequality, and the frame and sync sections say "(no change)" instead of empty headings."""
+    f = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
+    r = _cli("diff", f, f, "--fail-if", "rel_idle_after_us > 0", "--fail-if", "rel_occupancy != 0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "so neither wins: the same TPOT" in r.stdout and "so B loses" not in r.stdout
+    assert r.stdout.count("  (no change)") == 2
+    d = json.loads(_cli("diff", f, f, "--json").stdout)
+    assert all(m["rel"] == 0 for m in d["metrics"].values() if m["a"] is not None)
+
+
+def test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace(tmp_path):
+    """A sidecar whose analysis_window names no annotation of its trace (another capture's) is ignored with one
+    warning line, as report does, instead of silently analysing the whole trace against the other side's rounds."""
+    import shutil
+
+    src = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12"
+    dst = tmp_path / "t.json.gz"
+    shutil.copy(src + ".json.gz", dst)
+    side = json.loads(open(src + ".gaptrace.json").read())
+    side["analysis_window"] = "nonexistent_range"
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
+    for args in (("analyze", str(dst)), ("diff", src + ".json.gz", str(dst))):
+        r = _cli(*args)
+        assert r.returncode == 0, r.stderr
+        warn = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(warn) == 1 and warn[0].startswith("gaptrace: warning: capture sidecar ignored:")
+        assert '"nonexistent_range" names no annotation' in warn[0]
+    # an explicit --window is the user's choice: no warning
+    r = _cli("analyze", str(dst), "--window", "round")
+    assert r.returncode == 0 and not r.stderr.strip()

@@ -160,6 +160,7 @@ def test_eager_glue_ops_per_layer(capture_all):
 def test_shrink_at_round(capture_all):
     side = json.loads(capture_all.with_name("all.gaptrace.json").read_text())
     assert side["config"]["faults"] == list(CHAIN_FAULTS) and side["config"]["shrink_at_round"] == 5
+    assert side["config"]["prefill_chunk"] > 0  # the chunk the per-chunk faults ran at (token-list-rebuild)
     # round 5's results finish the cut request; round 6 still carries it (void), round 7 runs in bucket 2
     assert [len(x["accepted"]) for x in side["rounds"]] == [3, 2, 2, 2]
 

@@ -58,19 +58,6 @@ def load_sidecar(path: str) -> dict:
     return data
 
 
-def _sidecar_window_problem(sidecar: dict, trace: Trace, path: str) -> str | None:
-    """One line when the sidecar's ``analysis_window`` names no annotation in the trace (the sidecar then describes
-    another capture); None when it is absent or found."""
-    named = sidecar.get("analysis_window")
-    if not isinstance(named, str):
-        return None
-    ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
-    if (ua == named).any():
-        return None
-    return (f"{path}: the capture sidecar's analysis_window {json.dumps(named)[:80]} names no annotation in the "
-            "trace (a sidecar of another capture?)")
-
-
 # ---------------------------------------------------------------------------------------------- data
 def _points_from_analysis(fit: dict | None) -> pd.DataFrame | None:
     pts = (fit or {}).get("points")
@@ -431,7 +418,7 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     without GPU activity (nothing to report on); nothing is written then.
     """
     from gaptrace import load_trace
-    from gaptrace.analyze import run_analysis
+    from gaptrace.analyze import run_analysis, sidecar_window_problem
 
     from gaptrace.capture import sidecar_path as implicit_sidecar
     from gaptrace.outputs import resolve_output
@@ -460,7 +447,7 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     if trace.device.empty:
         raise TraceError(f"{path_in}: the trace has no GPU activity (kernel/memcpy/memset): no occupancy or idle "
                          "gaps to report; profile with ProfilerActivity.CUDA on a GPU machine")
-    why = _sidecar_window_problem(sidecar, trace, sidecar_path) if sidecar is not None and window is None else None
+    why = sidecar_window_problem(sidecar, trace, sidecar_path) if sidecar is not None and window is None else None
     if why is not None:
         if named:
             raise TraceError(why)
