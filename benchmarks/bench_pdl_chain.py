@@ -41,6 +41,11 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=300, help="Triton nodes in the chain")
     ap.add_argument("--elements", type=int, default=8 * 2048)
     ap.add_argument("--gemm-k", type=int, default=1024, help="the GEMM variants' K (rows = elements / K)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the buffers' and the GEMM's dtype (bfloat16: cuBLAS's nvjet kernels, as the runtime's)")
+    ap.add_argument("--profiler", default="plain", choices=["plain", "gaptrace"],
+                    help="the profiled replay's settings: CPU + CUDA activity only, or gaptrace capture's (Python "
+                         "stacks, CUDA sync events: gaptrace.capture.profiler_kwargs)")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--out", default=None, help="write pdl_chain.json/.md here")
     args = ap.parse_args(argv)
@@ -69,7 +74,8 @@ def main(argv=None) -> int:
     cuda = dev.type == "cuda"
     n, block = args.elements, 1024
     rows = max(1, n // args.gemm_k)
-    w = torch.randn(args.gemm_k, args.gemm_k, device=dev) / args.gemm_k ** 0.5
+    dtype = getattr(torch, args.dtype)
+    w = (torch.randn(args.gemm_k, args.gemm_k, device=dev) / args.gemm_k ** 0.5).to(dtype)
 
     def chain(pdl: bool, gemm: bool, bufs):
         a, b = bufs
@@ -90,7 +96,7 @@ def main(argv=None) -> int:
                 "unsupported (no triton.language.extra.cuda.gdc_*)"
             rows_out.append([name, why] + ["–"] * 7)
             continue
-        x0 = torch.linspace(-1, 1, n, device=dev)
+        x0 = torch.linspace(-1, 1, n, device=dev).to(dtype)
         bufs = [x0.clone(), torch.empty_like(x0)]
         r = {"nodes": args.nodes * (2 if gemm else 1)}
         try:
@@ -114,7 +120,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
                 out = res.clone()
                 r["replay_us"] = statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
-                r.update(_profiled(g, bufs, x0, torch))
+                r.update(_profiled(g, bufs, x0, torch, args.profiler))
         except Exception as exc:  # noqa: BLE001 - a variant this Triton/driver cannot run is a row, not a crash
             rows_out.append([name, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"] + ["–"] * 7)
             continue
@@ -135,24 +141,27 @@ def main(argv=None) -> int:
         "# PDL across CUDA-graph nodes", "",
         ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")) + f", triton "
         f"{triton.__version__}", "",
-        f"{args.nodes} Triton nodes of {n} floats each (+ a [{rows}, {args.gemm_k}] x [{args.gemm_k}, "
+        f"{args.nodes} Triton nodes of {n} {args.dtype} each (+ a [{rows}, {args.gemm_k}] x [{args.gemm_k}, "
         f"{args.gemm_k}] GEMM before each in the gemm variants); {args.replays} unprofiled replays timed with CUDA "
-        "events; one profiled replay read by gaptrace (span, busy = union of the launch's kernels, gaps between "
+        f"events; one profiled replay ({args.profiler} profiler settings) read by gaptrace (span, busy = union of the launch's kernels, gaps between "
         "them). With PDL a node's kernel record starts before it may read its input, so its spin in gdc_wait "
         "counts as busy in the trace.", "",
         md_table(head, rows_out)])
     return print_and_write(args.out, "pdl_chain", {"args": vars(args), "results": results}, text)
 
 
-def _profiled(g, bufs, x0, torch) -> dict:
+def _profiled(g, bufs, x0, torch, settings: str = "plain") -> dict:
     """One replay under torch.profiler (CUDA activity), read back with gaptrace: the graph launch's kernels' span,
     busy share (union / span) and the gaps between them (``span_busy_gaps``)."""
     import gaptrace
     from torch.profiler import ProfilerActivity, profile
 
+    from gaptrace.capture import profiler_kwargs
+
     bufs[0].copy_(x0)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    kw = profiler_kwargs() if settings == "gaptrace" else {"activities": [ProfilerActivity.CPU, ProfilerActivity.CUDA]}
+    with profile(**kw) as prof:
         g.replay()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as d:
