@@ -46,6 +46,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profiler", default="plain", choices=["plain", "gaptrace"],
                     help="the profiled replay's settings: CPU + CUDA activity only, or gaptrace capture's (Python "
                          "stacks, CUDA sync events: gaptrace.capture.profiler_kwargs)")
+    ap.add_argument("--distinct", type=int, default=1,
+                    help="distinct compiled Triton kernels the chain cycles through (a constexpr salt; the runtime's "
+                         "round runs ~20 different kernels): does a cold kernel widen the gap before it?")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--out", default=None, help="write pdl_chain.json/.md here")
     args = ap.parse_args(argv)
@@ -62,13 +65,13 @@ def main(argv=None) -> int:
         gdc_wait = None
 
     @triton.jit
-    def _step(x_ptr, y_ptr, n, PDL: tl.constexpr, BLOCK: tl.constexpr):
+    def _step(x_ptr, y_ptr, n, PDL: tl.constexpr, BLOCK: tl.constexpr, SALT: tl.constexpr):
         if PDL:
             gdc_launch_dependents()  # the next node may be scheduled now; it waits for this one in gdc_wait
             gdc_wait()               # this node's input is the previous node's output
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
-        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m) * 1.0001 + 1.0, mask=m)
+        tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m) * 1.0001 + 1.0 + SALT * 1e-30, mask=m)
 
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -79,12 +82,12 @@ def main(argv=None) -> int:
 
     def chain(pdl: bool, gemm: bool, bufs):
         a, b = bufs
-        for _ in range(args.nodes):
+        for i in range(args.nodes):
             if gemm:
                 torch.mm(a.view(rows, -1)[:, :args.gemm_k], w, out=b.view(rows, -1)[:, :args.gemm_k])
                 a, b = b, a
             kw = {"launch_pdl": True} if pdl and cuda else {}
-            _step[(triton.cdiv(n, block),)](a, b, n, PDL=pdl, BLOCK=block, **kw)
+            _step[(triton.cdiv(n, block),)](a, b, n, PDL=pdl, BLOCK=block, SALT=i % args.distinct, **kw)
             a, b = b, a
         return a
 
@@ -141,7 +144,7 @@ def main(argv=None) -> int:
         "# PDL across CUDA-graph nodes", "",
         ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")) + f", triton "
         f"{triton.__version__}", "",
-        f"{args.nodes} Triton nodes of {n} {args.dtype} each (+ a [{rows}, {args.gemm_k}] x [{args.gemm_k}, "
+        f"{args.nodes} Triton nodes ({args.distinct} distinct compiled kernels) of {n} {args.dtype} each (+ a [{rows}, {args.gemm_k}] x [{args.gemm_k}, "
         f"{args.gemm_k}] GEMM before each in the gemm variants); {args.replays} unprofiled replays timed with CUDA "
         f"events; one profiled replay ({args.profiler} profiler settings) read by gaptrace (span, busy = union of the launch's kernels, gaps between "
         "them). With PDL a node's kernel record starts before it may read its input, so its spin in gdc_wait "
