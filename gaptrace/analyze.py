@@ -469,7 +469,12 @@ def render_text(res: dict, top: int = 15) -> str:
     rr = res.get("rounds")
     if rr:
         m = rr["summary"]
-        parts += ["", f"Verify rounds ({m['rounds']} periods of '{m['annotation']}'): {m['verdict']}, {m['bound']}-bound"]
+        head = f"Verify rounds ({m['rounds']} periods of '{m['annotation']}'): {m['verdict']}, {m['bound']}-bound"
+        mean_bound = "GPU" if m["t_gpu_us"] >= m["t_host_us"] else "host"
+        if mean_bound != m["bound"]:  # the verdict and bound come from the median round, the figures are means
+            head += (f" (in the median round; the means below are {mean_bound}-bound: some rounds differ, e.g. one "
+                     "holding a prefill or a compile)")
+        parts += ["", head]
         line = (f"  mean Tround {m['t_round_us']:,.0f} µs = TGPU {m['t_gpu_us']:,.0f} + Tserial {m['t_serial_us']:,.0f} "
                 f"(device idle in the round); "
                 f"Thost {m['t_host_us']:,.0f} µs; max(TGPU, Thost) is {1 - m['overlap_excess']:.0%} of Tround")

@@ -145,6 +145,13 @@ def test_token_list_rebuild_is_the_first_finding_on_long_prompts(long_pair):
     assert under_range - res["idle_split"]["device_side_us"] <= rng_row["inclusive_idle_us"] <= under_range + 1.0
     # ahead of every other site, the eager prefill's own frames included
     assert all(s["idle_us"] < site["idle_us"] for s in res["idle_sites"][1:])
+    # one of the three rounds holds the prefill: the median round is GPU-bound, the means host-bound; the text says
+    # which is which instead of printing "GPU-bound" over host-bound means
+    from gaptrace.analyze import render_text
+
+    m = res["rounds"]["summary"]
+    assert m["bound"] == "GPU" and m["t_host_us"] > m["t_gpu_us"]
+    assert "GPU-bound (in the median round; the means below are host-bound" in render_text(res, 5)
     # the clean capture of the same decode: no such range, no sync finding above 5%
     assert not [f for f in clean["findings"] if "token_list_rebuild" in f["summary"]]
     assert not [f for f in clean["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
