@@ -403,7 +403,8 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
             "before kernels that were already launched (launch latency between queued kernels, CUDA-graph node "
             "bubbles); no host code caused it, and the findings below explain the rest"
             + (f"; {_ms(split['graph_node_us'])} of it in {split['graph_node_gaps']} gaps between the nodes of one "
-               f"CUDA-graph launch (median {split['graph_node_median_us']:.2f} µs each: fewer nodes is the only cut)"
+               f"CUDA-graph launch (median {split['graph_node_median_us']:.2f} µs each; no host change removes them, "
+               "fewer or overlapped nodes (programmatic dependent launch) do)"
                if split["graph_node_gaps"] else ""))
     if out["findings"]:
         out["headline"].append(out["findings"][0]["summary"])
