@@ -29,6 +29,7 @@ or long rounds are the workload's own (a smaller batch bucket, a JIT compile) an
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -88,7 +89,8 @@ def _round_taus(sidecar: dict | None) -> list[float] | None:
     out = []
     for r in rounds:
         t = r.get("tau") if isinstance(r, dict) else r
-        out.append(float(t) if isinstance(t, (int, float)) else float("nan"))
+        ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
+        out.append(float(t) if ok else float("nan"))  # what gaptrace.capture.sidecar_field_problems names
     return out
 
 

@@ -525,7 +525,21 @@ def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None) -> d
         side = None if why is not None else side
     if why is not None:
         click.echo(f"gaptrace: warning: capture sidecar ignored: {escape_line(why)}", err=True)
+    elif side is not None and (msg := sidecar_fields_warning(side)) is not None:
+        click.echo(f"gaptrace: warning: {escape_line(msg)}", err=True)
     return side
+
+
+def sidecar_fields_warning(side: dict) -> str | None:
+    """One line naming the sidecar fields the analyses skip (:func:`gaptrace.capture.sidecar_field_problems`; at
+    most 4 named, then a count), or None."""
+    from gaptrace.capture import sidecar_field_problems
+
+    bad = sidecar_field_problems(side)
+    if not bad:
+        return None
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    return f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}"
 
 
 def sidecar_window_problem(sidecar: dict, trace, path: str) -> str | None:

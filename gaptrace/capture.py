@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -72,6 +73,39 @@ def sidecar_problem(obj: Any) -> str | None:
     if w is not None and (not isinstance(w, str) or not w):
         return f"its analysis_window is {json.dumps(w)[:60]}, not an annotation name"
     return None
+
+
+def _positive(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def sidecar_field_problems(obj: dict) -> list[str]:
+    """The fields of a usable sidecar (:func:`sidecar_problem` passed) that the analyses will skip, each as
+    ``name (why)``: ``unprofiled_round_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
+    finite number >= 0, a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
+    unprofiled launch), ``rounds`` or ``graphs`` not a list. Empty when every field present is usable; the caller
+    says what was skipped (one warning line), since a skipped field silently drops a figure (τ, TPOT, the
+    profiler check, the launch fit's unprofiled points)."""
+    out: list[str] = []
+    u = obj.get("unprofiled_round_ms")
+    if u is not None:
+        if isinstance(u, list):
+            out += [f"unprofiled_round_ms[{i}] (not a positive number)" for i, v in enumerate(u) if not _positive(v)]
+        elif not _positive(u):
+            out.append("unprofiled_round_ms (not a positive number)")
+    for key in ("rounds", "graphs"):
+        if key in obj and not isinstance(obj[key], list):
+            out.append(f"{key} (not a list)")
+    for i, r in enumerate(obj.get("rounds") if isinstance(obj.get("rounds"), list) else []):
+        t = r.get("tau") if isinstance(r, dict) else r
+        if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                                  and t >= 0):
+            out.append(f"rounds[{i}].tau (not a finite number >= 0)")
+    for i, g in enumerate(obj.get("graphs") if isinstance(obj.get("graphs"), list) else []):
+        us = g.get("unprofiled_launch_us") if isinstance(g, dict) else None
+        if not isinstance(g, dict) or not _positive(g.get("nodes")) or not (us is None or _positive(us)):
+            out.append(f"graphs[{i}] (needs positive nodes and unprofiled_launch_us)")
+    return out
 
 
 def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:

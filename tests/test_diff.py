@@ -103,3 +103,35 @@ def test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace(tmp_p
     # an explicit --window is the user's choice: no warning
     r = _cli("analyze", str(dst), "--window", "round")
     assert r.returncode == 0 and not r.stderr.strip()
+
+
+def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
+    """Wrong-typed sidecar fields (a string round time, a boolean or infinite τ, a graph without nodes) used to be
+    dropped without a word, silently removing τ, TPOT or the profiler check: analyze, diff and report now name them
+    in one warning line and go on (the fields are still skipped; the rest of the sidecar is used)."""
+    import shutil
+
+    src = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12"
+    dst = tmp_path / "t.json.gz"
+    shutil.copy(src + ".json.gz", dst)
+    side = json.loads(open(src + ".gaptrace.json").read())
+    side["unprofiled_round_ms"] = "abc"
+    side["rounds"][1]["tau"] = True
+    side["rounds"][2]["tau"] = 1e400  # json.dumps writes Infinity
+    side["graphs"][0]["nodes"] = -3
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
+    for args in (("analyze", str(dst)), ("diff", src + ".json.gz", str(dst)),
+                 ("report", str(dst), "-o", str(tmp_path / "r.html"))):
+        r = _cli(*args)
+        assert r.returncode == 0, r.stderr
+        warn = [ln for ln in r.stderr.splitlines() if ln.startswith("gaptrace: warning:")]
+        assert len(warn) == 1, r.stderr
+        for name in ("unprofiled_round_ms (not a positive number)", "rounds[1].tau", "rounds[2].tau", "graphs[0]"):
+            assert name in warn[0], warn[0]
+    # the τ of the good rounds is still read: the window is the sidecar's, τ is there
+    res = json.loads(_cli("analyze", str(dst), "--json").stdout)
+    assert res["window_source"] == "sidecar" and res["rounds"]["summary"]["tau"] > 0
+    assert "unprofiled_round_us" not in res["rounds"]["summary"]
+    # the shipped sidecar itself has nothing to skip
+    r = _cli("analyze", src + ".json.gz")
+    assert "gaptrace: warning" not in r.stderr

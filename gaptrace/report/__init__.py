@@ -418,7 +418,7 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     without GPU activity (nothing to report on); nothing is written then.
     """
     from gaptrace import load_trace
-    from gaptrace.analyze import run_analysis, sidecar_window_problem
+    from gaptrace.analyze import run_analysis, sidecar_fields_warning, sidecar_window_problem
 
     from gaptrace.capture import sidecar_path as implicit_sidecar
     from gaptrace.outputs import resolve_output
@@ -453,8 +453,10 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
             raise TraceError(why)
         extra.append(f"capture sidecar ignored: {why}")
         sidecar, sidecar_path = None, None
+    if sidecar is not None and (msg := sidecar_fields_warning(sidecar)) is not None:
+        extra.append(msg)
     analysis = run_analysis(trace, window=window, device=device, sidecar=sidecar, round_name=round_name)
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
     write_text_atomic(path_out_real, text, prefix=".gaptrace-report-")
     return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path,
-            "sidecar_warnings": [w for w in extra if w.startswith("capture sidecar ignored")]}
+            "sidecar_warnings": [w for w in extra if w.startswith("capture sidecar ")]}

@@ -48,7 +48,7 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
         fail(str(e))
     except OSError as e:
         fail(f"{out}: cannot write the report: {e.strerror or e}")
-    for w in info.get("sidecar_warnings") or ():  # the trace is still reported on, without the sidecar
+    for w in info.get("sidecar_warnings") or ():  # reported on without the sidecar, or without its bad fields
         click.echo(clean_text(f"gaptrace: warning: {escape_line(w)}"), err=True)
     side = f" (with capture sidecar {info['sidecar']})" if info["sidecar"] else ""
     # clean_text: a path from argv bytes that are not UTF-8 holds lone surrogates a strict stdout cannot encode
