@@ -29,13 +29,13 @@ or long rounds are the workload's own (a smaller batch bucket, a JIT compile) an
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from gaptrace.capture import positive_number, usable_tau
 from gaptrace.trace import Trace
 
 from .launch_fit import launch_inflation_us, launch_points
@@ -89,8 +89,7 @@ def _round_taus(sidecar: dict | None) -> list[float] | None:
     out = []
     for r in rounds:
         t = r.get("tau") if isinstance(r, dict) else r
-        ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
-        out.append(float(t) if ok else float("nan"))  # what gaptrace.capture.sidecar_field_problems names
+        out.append(float(t) if usable_tau(t) else float("nan"))  # sidecar_field_problems names the others
     return out
 
 
@@ -196,10 +195,10 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         "bound_less_inflation": "GPU" if med["t_gpu_us"] >= med["t_host_less_inflation_us"] else "host",
     }
     unprof = (sidecar or {}).get("unprofiled_round_ms")
-    if isinstance(unprof, list):
-        vals = [float(v) for v in unprof if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if isinstance(unprof, list):  # the items sidecar_field_problems does not name as skipped
+        vals = [float(v) for v in unprof if positive_number(v)]
         unprof = float(np.median(vals)) if vals else None
-    if isinstance(unprof, (int, float)) and not isinstance(unprof, bool) and np.isfinite(unprof) and unprof > 0:
+    if positive_number(unprof):
         summary["unprofiled_round_us"] = float(unprof) * 1e3
         summary["profiler_excess_us"] = mean["t_round_us"] - float(unprof) * 1e3
         if kappa_us_per_node is not None:

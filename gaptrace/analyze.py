@@ -290,14 +290,15 @@ def unlinked_warning(links: dict[str, int]) -> str | None:
 def _unprofiled_launches(sidecar: dict | None) -> dict[int, float] | None:
     """{nodes: unprofiled launch µs} from a sidecar's ``graphs`` list; malformed entries are skipped (the sidecar
     is optional, untrusted input)."""
+    from gaptrace.capture import positive_number
+
     out = {}
     graphs = sidecar.get("graphs") if isinstance(sidecar, dict) else None
     for g in graphs if isinstance(graphs, list) else []:
         if not isinstance(g, dict):
             continue
         n, us = g.get("nodes"), g.get("unprofiled_launch_us")
-        if isinstance(n, (int, float)) and isinstance(us, (int, float)) and not isinstance(n, bool) \
-                and math.isfinite(n) and math.isfinite(us) and n > 0 and us > 0:
+        if positive_number(n) and positive_number(us):
             out[int(n)] = float(us)
     return out or None
 
@@ -513,33 +514,37 @@ def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
 def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None) -> dict | None:
     """The capture sidecar next to ``trace_path`` (:func:`gaptrace.capture.read_sidecar_checked`), or None; one
     ``gaptrace: warning:`` line on stderr when one is there but cannot be used (not JSON, nested too deeply, not an
-    object, a bad analysis_window, or, given the loaded ``trace`` and no explicit ``window``, an analysis_window
-    naming no annotation in it: :func:`sidecar_window_problem`): the analysis goes on without it."""
+    object, a bad analysis_window, or, given the loaded ``trace``, what :func:`check_sidecar` refuses), or when some
+    of its fields will be skipped: the analysis goes on without it (or them)."""
     import os
 
     from gaptrace.capture import read_sidecar_checked, sidecar_path
 
     side, why = read_sidecar_checked(trace_path)
-    if why is None and side is not None and trace is not None and window is None:
-        why = sidecar_window_problem(side, trace, sidecar_path(os.fspath(trace_path).rstrip("/")))
-        side = None if why is not None else side
+    fields = None
+    if side is not None and trace is not None:
+        side, why, fields = check_sidecar(side, trace, window, sidecar_path(os.fspath(trace_path).rstrip("/")))
     if why is not None:
         click.echo(f"gaptrace: warning: capture sidecar ignored: {escape_line(why)}", err=True)
-    elif side is not None and (msg := sidecar_fields_warning(side)) is not None:
-        click.echo(f"gaptrace: warning: {escape_line(msg)}", err=True)
+    elif fields is not None:
+        click.echo(f"gaptrace: warning: {escape_line(fields)}", err=True)
     return side
 
 
-def sidecar_fields_warning(side: dict) -> str | None:
-    """One line naming the sidecar fields the analyses skip (:func:`gaptrace.capture.sidecar_field_problems`; at
-    most 4 named, then a count), or None."""
+def check_sidecar(side: dict, trace, window: str | None, path: str) -> tuple[dict | None, str | None, str | None]:
+    """A read sidecar checked against the loaded ``trace`` (analyze, diff and report): (sidecar, None, fields) to
+    use it, where ``fields`` is None or one line naming the fields the analyses skip
+    (:func:`gaptrace.capture.sidecar_field_problems`; at most 4 named, then a count); (None, why, None) when,
+    without an explicit ``window``, its analysis_window names no annotation in the trace
+    (:func:`sidecar_window_problem`)."""
     from gaptrace.capture import sidecar_field_problems
 
+    why = sidecar_window_problem(side, trace, path) if window is None else None
+    if why is not None:
+        return None, why, None
     bad = sidecar_field_problems(side)
-    if not bad:
-        return None
     more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-    return f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}"
+    return side, None, (f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}" if bad else None)
 
 
 def sidecar_window_problem(sidecar: dict, trace, path: str) -> str | None:

@@ -31,7 +31,7 @@ from typing import Any
 from gaptrace.outputs import discard, resolve_output, set_output_mode, write_text_atomic
 
 __all__ = ["Capture", "sidecar_path", "write_json_atomic", "read_sidecar", "read_sidecar_checked", "sidecar_problem",
-           "load_sidecar_checked"]
+           "load_sidecar_checked", "sidecar_field_problems", "positive_number", "usable_tau"]
 
 SIDECAR_SUFFIX = ".gaptrace.json"
 
@@ -75,8 +75,15 @@ def sidecar_problem(obj: Any) -> str | None:
     return None
 
 
-def _positive(v: Any) -> bool:
+def positive_number(v: Any) -> bool:
+    """A JSON number (not a boolean), finite and > 0: what a sidecar's round times, node counts and launch costs
+    must be for the analyses to use them."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def usable_tau(t: Any) -> bool:
+    """A sidecar round's ``tau``: a JSON number (not a boolean), finite and >= 0."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
 
 
 def sidecar_field_problems(obj: dict) -> list[str]:
@@ -90,20 +97,19 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     u = obj.get("unprofiled_round_ms")
     if u is not None:
         if isinstance(u, list):
-            out += [f"unprofiled_round_ms[{i}] (not a positive number)" for i, v in enumerate(u) if not _positive(v)]
-        elif not _positive(u):
+            out += [f"unprofiled_round_ms[{i}] (not a positive number)" for i, v in enumerate(u) if not positive_number(v)]
+        elif not positive_number(u):
             out.append("unprofiled_round_ms (not a positive number)")
     for key in ("rounds", "graphs"):
         if key in obj and not isinstance(obj[key], list):
             out.append(f"{key} (not a list)")
     for i, r in enumerate(obj.get("rounds") if isinstance(obj.get("rounds"), list) else []):
         t = r.get("tau") if isinstance(r, dict) else r
-        if t is not None and not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
-                                  and t >= 0):
+        if t is not None and not usable_tau(t):
             out.append(f"rounds[{i}].tau (not a finite number >= 0)")
     for i, g in enumerate(obj.get("graphs") if isinstance(obj.get("graphs"), list) else []):
         us = g.get("unprofiled_launch_us") if isinstance(g, dict) else None
-        if not isinstance(g, dict) or not _positive(g.get("nodes")) or not (us is None or _positive(us)):
+        if not isinstance(g, dict) or not positive_number(g.get("nodes")) or not (us is None or positive_number(us)):
             out.append(f"graphs[{i}] (needs positive nodes and unprofiled_launch_us)")
     return out
 

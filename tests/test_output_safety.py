@@ -38,27 +38,21 @@ def _temporaries(d) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------- report: inputs
-def test_report_refuses_to_overwrite_the_implicit_sidecar(tmp_path):
+@pytest.mark.parametrize("name, named, msg", [
+    ("f.gaptrace.json", False, ("overwrite the input", "f.gaptrace.json")),   # the sidecar next to the trace
+    ("other.json", True, ("overwrite the input",)),                          # the one --sidecar names
+])
+def test_report_refuses_to_overwrite_its_sidecar(tmp_path, name, named, msg):
     trace = tmp_path / "f.json.gz"
     shutil.copy(PROBE, trace)
-    side = tmp_path / "f.gaptrace.json"
+    side = tmp_path / name
     side.write_text(json.dumps({"config": {"x": 1}}))
     before = side.read_bytes()
-    r = _gaptrace("report", str(trace), "-o", str(side))
-    _one_error_line(r, "overwrite the input", "f.gaptrace.json")
+    r = _gaptrace("report", str(trace), *(("--sidecar", str(side)) if named else ()), "-o", str(side))
+    _one_error_line(r, *msg)
     assert side.read_bytes() == before
-    assert _temporaries(tmp_path) == []
-
-
-def test_report_refuses_to_overwrite_a_named_sidecar(tmp_path):
-    trace = tmp_path / "f.json.gz"
-    shutil.copy(PROBE, trace)
-    side = tmp_path / "other.json"
-    side.write_text(json.dumps({"config": {"x": 1}}))
-    before = side.read_bytes()
-    r = _gaptrace("report", str(trace), "--sidecar", str(side), "-o", str(side))
-    _one_error_line(r, "overwrite the input")
-    assert side.read_bytes() == before
+    if not named:
+        assert _temporaries(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------ report: bad implicit sidecars

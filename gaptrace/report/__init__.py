@@ -418,7 +418,7 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     without GPU activity (nothing to report on); nothing is written then.
     """
     from gaptrace import load_trace
-    from gaptrace.analyze import run_analysis, sidecar_fields_warning, sidecar_window_problem
+    from gaptrace.analyze import check_sidecar, run_analysis
 
     from gaptrace.capture import sidecar_path as implicit_sidecar
     from gaptrace.outputs import resolve_output
@@ -447,14 +447,14 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     if trace.device.empty:
         raise TraceError(f"{path_in}: the trace has no GPU activity (kernel/memcpy/memset): no occupancy or idle "
                          "gaps to report; profile with ProfilerActivity.CUDA on a GPU machine")
-    why = sidecar_window_problem(sidecar, trace, sidecar_path) if sidecar is not None and window is None else None
-    if why is not None:
-        if named:
-            raise TraceError(why)
-        extra.append(f"capture sidecar ignored: {why}")
-        sidecar, sidecar_path = None, None
-    if sidecar is not None and (msg := sidecar_fields_warning(sidecar)) is not None:
-        extra.append(msg)
+    if sidecar is not None:
+        sidecar, why, fields = check_sidecar(sidecar, trace, window, sidecar_path)
+        if why is not None:
+            if named:
+                raise TraceError(why)
+            extra.append(f"capture sidecar ignored: {why}")
+            sidecar_path = None
+        extra += [fields] if fields is not None else []
     analysis = run_analysis(trace, window=window, device=device, sidecar=sidecar, round_name=round_name)
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
     write_text_atomic(path_out_real, text, prefix=".gaptrace-report-")

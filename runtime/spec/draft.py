@@ -35,12 +35,13 @@ def draft_block(model: Transformer, st: DecodeState, rows: torch.Tensor, rect: t
     state = st.drf_lin.gather(rows)
     tokens, states, tops = [], [], []
     emb = None  # fused: step j + 1's input embedding, looked up with step j's argmax in one node
+    if st.fused:
+        from ..models.fused import argmax_embed  # Triton: imported only on the fused path
     for j in range(B):
         cache = CacheView(st.drf_k, st.drf_v, blk_slots[:, j:j + 1], read, masks[:, j:j + 1], state, fused=st.fused,
                           rope=None if rope is None else (rope[0][:, j:j + 1], rope[1][:, j:j + 1]))
         logits, state = model(tok[:, None], pos[:, j:j + 1], cache, emb)
         if st.fused:
-            from ..models.fused import argmax_embed
             tok, emb = argmax_embed(logits[:, -1], model.model.embed_tokens.weight if j < B - 1 else None)
             emb = None if emb is None else emb[:, None]
         else:
