@@ -78,12 +78,22 @@ def sidecar_problem(obj: Any) -> str | None:
 def positive_number(v: Any) -> bool:
     """A JSON number (not a boolean), finite and > 0: what a sidecar's round times, node counts and launch costs
     must be for the analyses to use them."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return _finite(v) and v > 0
 
 
 def usable_tau(t: Any) -> bool:
     """A sidecar round's ``tau``: a JSON number (not a boolean), finite and >= 0."""
-    return isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0
+    return _finite(t) and t >= 0
+
+
+def _finite(v: Any) -> bool:
+    """A JSON number (not a boolean) that is a finite float; an integer too large for a float (10**400) is not."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def sidecar_field_problems(obj: dict) -> list[str]:
@@ -105,8 +115,8 @@ def sidecar_field_problems(obj: dict) -> list[str]:
             out.append(f"{key} (not a list)")
     for i, r in enumerate(obj.get("rounds") if isinstance(obj.get("rounds"), list) else []):
         t = r.get("tau") if isinstance(r, dict) else r
-        if t is not None and not usable_tau(t):
-            out.append(f"rounds[{i}].tau (not a finite number >= 0)")
+        if not usable_tau(t):  # a round without τ drops out of the τ mean: say so
+            out.append(f"rounds[{i}].tau (missing, or not a finite number >= 0)")
     for i, g in enumerate(obj.get("graphs") if isinstance(obj.get("graphs"), list) else []):
         us = g.get("unprofiled_launch_us") if isinstance(g, dict) else None
         if not isinstance(g, dict) or not positive_number(g.get("nodes")) or not (us is None or positive_number(us)):

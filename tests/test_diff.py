@@ -119,6 +119,10 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     side["rounds"][1]["tau"] = True
     side["rounds"][2]["tau"] = 1e400  # json.dumps writes Infinity
     side["graphs"][0]["nodes"] = -3
+    side["graphs"][1]["nodes"] = 10 ** 400  # an integer no float holds: skipped, not an OverflowError traceback
+    del side["rounds"][3]["tau"]  # a round without τ drops out of the τ mean: named too
+    side["rounds"][4]["tau"] = 10 ** 400
+    side["profiled_step_ms"] = [10 ** 400]  # only shown by the report's Capture section: shown as it is
     (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
     for args in (("analyze", str(dst)), ("diff", src + ".json.gz", str(dst)),
                  ("report", str(dst), "-o", str(tmp_path / "r.html"))):
@@ -126,8 +130,14 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
         assert r.returncode == 0, r.stderr
         warn = [ln for ln in r.stderr.splitlines() if ln.startswith("gaptrace: warning:")]
         assert len(warn) == 1, r.stderr
-        for name in ("unprofiled_round_ms (not a positive number)", "rounds[1].tau", "rounds[2].tau", "graphs[0]"):
+        for name in ("unprofiled_round_ms (not a positive number)", "rounds[1].tau", "rounds[2].tau", "rounds[3].tau"):
             assert name in warn[0], warn[0]
+        assert warn[0].endswith("and 3 more")  # rounds[4].tau, graphs[0], graphs[1]: four named, then a count
+    from gaptrace.capture import sidecar_field_problems
+
+    bad = sidecar_field_problems(json.loads((tmp_path / "t.gaptrace.json").read_text()))
+    assert [b.split(" ")[0] for b in bad] == ["unprofiled_round_ms", "rounds[1].tau", "rounds[2].tau", "rounds[3].tau",
+                                             "rounds[4].tau", "graphs[0]", "graphs[1]"]
     # the τ of the good rounds is still read: the window is the sidecar's, τ is there
     res = json.loads(_cli("analyze", str(dst), "--json").stdout)
     assert res["window_source"] == "sidecar" and res["rounds"]["summary"]["tau"] > 0

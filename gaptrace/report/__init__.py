@@ -203,13 +203,14 @@ def _sidecar_graphs(sidecar: dict | None) -> pd.DataFrame | None:
     graphs = (sidecar or {}).get("graphs")
     if not isinstance(graphs, list):
         return None
-    rows = [g for g in graphs if isinstance(g, dict)]
-    df = pd.DataFrame({"name": [str(g.get("name", "")) for g in rows],
-                       "nodes": pd.to_numeric(pd.Series([g.get("nodes") for g in rows], dtype=object),
-                                              errors="coerce"),
-                       "unprofiled_launch_us": pd.to_numeric(
-                           pd.Series([g.get("unprofiled_launch_us") for g in rows], dtype=object), errors="coerce")})
-    return df.dropna(subset=["nodes", "unprofiled_launch_us"]).reset_index(drop=True)
+    from gaptrace.capture import positive_number
+
+    # the graphs the launch fit can use: the same rule as the analysis (capture.sidecar_field_problems names the rest)
+    rows = [g for g in graphs if isinstance(g, dict) and positive_number(g.get("nodes"))
+            and positive_number(g.get("unprofiled_launch_us"))]
+    return pd.DataFrame({"name": [str(g.get("name", "")) for g in rows],
+                         "nodes": [float(g["nodes"]) for g in rows],
+                         "unprofiled_launch_us": [float(g["unprofiled_launch_us"]) for g in rows]})
 
 
 def _launch_fit(trace: Trace, analysis: dict, sidecar: dict | None, figures: dict) -> str:
@@ -271,8 +272,10 @@ _ROUND_COLS = [  # (normalised key candidates, header, formatter)
 def _norm_round(r: dict, side: dict | None) -> dict:
     """A round's fields keyed without underscores and in lower case; τ from the sidecar's round when the analysis
     has none; TPOT = Tround / τ when missing."""
+    from gaptrace.capture import usable_tau
+
     norm = {k.replace("_", "").lower(): v for k, v in r.items()}
-    if norm.get("tau") is None and side and side.get("tau") is not None:
+    if norm.get("tau") is None and side and usable_tau(side.get("tau")):  # the analysis' own rule for τ
         norm["tau"] = side["tau"]
     if norm.get("tpotus") is None:
         try:
@@ -329,7 +332,10 @@ def _rounds(analysis: dict, sidecar: dict | None, figures: dict) -> str:
 def _summary(v: Any) -> Any:
     """A list of numbers as "n values: median, min, max"; anything else unchanged."""
     if isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-        a = np.asarray(v, dtype=float)
+        try:
+            a = np.asarray(v, dtype=float)
+        except OverflowError:  # an integer no float holds (untrusted sidecar): shown as it is
+            return v
         return f"{len(a)} values: median {np.median(a):,.3f}, min {a.min():,.3f}, max {a.max():,.3f}"
     return v
 
@@ -345,7 +351,7 @@ def _sidecar_section(sidecar: dict | None, sidecar_path: str | None) -> str:
             out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: the "
                        f"profiler adds {h(f'{mp - mu:,.3f}')} ms per step ({h(fmt_pct((mp - mu) / mu))}).</p>"
                        if mu > 0 else "")
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             pass
     config = sidecar.get("config")
     if isinstance(config, dict) and config:
