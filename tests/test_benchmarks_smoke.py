@@ -90,3 +90,33 @@ def test_bench_pdl_chain_smoke(tmp_path):
     r = span_busy_gaps([0, 2, 3, 10, 10.5], [4, 3, 6, 11, 12])  # [0,6) overlapped, a 4 µs gap, [10,12) overlapped
     assert r["span_us"] == 12 and r["gap_sum_us"] == 4 and abs(r["busy_share"] - 8 / 12) < 1e-12
     assert r["gap_median_us"] == 0 and r["kernels"] == 5
+
+
+def test_bench_node_gap_smoke(tmp_path):
+    """Every chain kind runs in Triton's interpreter on the CPU (4 nodes each, both graph kinds), and the gap-by-
+    direction arithmetic."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+    import math
+    import os
+
+    out = run("benchmarks/bench_node_gap.py", "--device", "cpu", "--nodes", "4", "--replays", "1", "--out",
+              str(tmp_path))
+    assert "| add_rms_norm-96 | keep_graph | 4 |" in out
+    res = json.loads((tmp_path / "node_gap.json").read_text())["results"]
+    assert len(res) == 14 and all(r["nodes"] == 4 for r in res.values())
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    from bench_node_gap import direction_gaps
+
+    d = direction_gaps(["nvjet", "_norm", "nvjet", "_norm"], [0, 2, 5, 9], [1.5, 4, 8.5, 10])
+    assert d == {"GEMM -> Triton": 0.5, "Triton -> GEMM": 1.0}  # gaps 0.5 and 0.5 after nvjet, 1.0 after _norm
+    assert math.isnan(direction_gaps(["_a", "_b"], [0, 1], [0.5, 2])["GEMM -> Triton"])
+
+
+def test_bench_graph_alone_smoke(tmp_path):
+    """The script builds the engine and decodes on the CPU (eager: no graphs, one row saying so)."""
+    pytest.importorskip("torch")
+    out = run("benchmarks/bench_graph_alone.py", "--device", "cpu", "--preset", "tiny", "--batch-size", "2",
+              "--block", "4", "--rounds", "2", "--out", str(tmp_path))
+    assert "(no CUDA graphs on this device)" in out and (tmp_path / "graph_alone.json").exists()

@@ -1,0 +1,140 @@
+"""The runtime's own CUDA graphs replayed alone: are their ~0.45 µs node bubbles the graph's, or the decode loop's?
+(issue 6; bench_node_gap's chains of the same kernels show 0.1-0.26 µs.)
+
+Builds the engine as benchmarks/bench_runtime.py does (bench preset, fused kernels), decodes ``--rounds`` rounds so
+every graph is captured and its buffers hold a real round, then replays each of the draft, verify and commit graphs
+of the batch's bucket on its own: ``--replays`` back-to-back replays timed with CUDA events (device time per
+replay), and ``--profiled`` back-to-back replays under torch.profiler (CPU + CUDA activity), read by gaptrace:
+kernels per replay, busy time (union of the replay's kernels) and the gaps between its nodes (median, sum, per
+replay). A replay rewrites the same cache slots with the same inputs; nothing is decoded from it. A table, not a
+test.
+
+    python benchmarks/bench_graph_alone.py --device cuda --out results
+    python benchmarks/bench_graph_alone.py --device cpu --preset tiny --batch-size 2 --block 4   # smoke (no graphs)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="bench")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--block", type=int, default=12)
+    ap.add_argument("--scheduler", default="overlap")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds decoded before the replays")
+    ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--profiled", type=int, default=5)
+    ap.add_argument("--out", default=None, help="write graph_alone.json/.md here")
+    args = ap.parse_args(argv)
+    import torch
+
+    from bench_pdl_chain import span_busy_gaps
+    from bench_runtime import _Stop
+
+    from gaptrace.runtime.capture_run import fill_batch
+    from gaptrace.runtime.cli import read_prompts_file
+    from gaptrace.runtime.engine import Engine
+    from gaptrace.runtime.session import build_setup, encode_prompts
+
+    setup = build_setup(args.preset, device=args.device, batch_size=args.batch_size)
+    rc = setup.rcfg.replace(scheduler=args.scheduler, batch_size=args.batch_size, block_size=args.block,
+                            kernels="fused" if args.device == "cuda" else "eager")
+    cs = dataclasses.replace(setup, rcfg=rc)
+    texts = read_prompts_file(os.path.join(os.path.dirname(HERE), "fixtures", "prompts", "heldout.jsonl"))
+    max_new = (args.rounds + 3) * args.block
+    ids = encode_prompts(cs, fill_batch(texts, args.batch_size), max_new)
+    engine = Engine(cs.target, cs.draft, rc, cs.eos_token_id)
+
+    def hook(i: int) -> None:
+        if i >= args.rounds:
+            raise _Stop
+
+    try:
+        engine.generate(ids, max_new, on_round=hook)
+    except _Stop:
+        pass
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()  # SYNC (deliberate, outside any measurement): the abandoned rounds drained
+    graphs = {f"{p}_bs{nb}": g for (p, nb), g in sorted(engine.runner.graphs.items()) if nb == max(
+        n for (_, n) in engine.runner.graphs)} if engine.runner.graphs else {}
+    head = ["graph", "nodes", "replay µs (events)", "kernels / replay", "busy µs / replay", "median gap µs",
+            "gap sum µs / replay", "gap sum / replay time"]
+    rows, results = [], {}
+    for name, g in graphs.items():
+        spans = []
+        for _ in range(args.replays):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g()
+            e.record()
+            spans.append((s, e))
+        torch.cuda.synchronize()
+        replay_us = statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
+        r = {"nodes": g.num_nodes, "replay_us": replay_us, **_profiled_replays(g, args.profiled, torch, span_busy_gaps)}
+        results[name] = r
+        rows.append([name, fmt(g.num_nodes), fmt(replay_us, 1), fmt(r.get("kernels_per_replay"), 1),
+                     fmt(r.get("busy_us_per_replay"), 1), fmt(r.get("gap_median_us"), 3),
+                     fmt(r.get("gap_sum_us_per_replay"), 1),
+                     fmt(r["gap_sum_us_per_replay"] / replay_us if r.get("gap_sum_us_per_replay") else None, 3)])
+    if not graphs:
+        rows.append(["(no CUDA graphs on this device)"] + ["–"] * (len(head) - 1))
+    text = "\n".join([
+        "# The runtime's CUDA graphs replayed alone", "",
+        ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
+        f"Preset {args.preset}, bs {args.batch_size}, B {args.block}, fused kernels, after {args.rounds} decoded "
+        f"rounds; {args.replays} replays timed with CUDA events (median), {args.profiled} back-to-back replays "
+        "profiled (CPU + CUDA activity) and read by gaptrace; gaps are between nodes of one replay.", "",
+        md_table(head, rows)])
+    return print_and_write(args.out, "graph_alone", {"args": vars(args), "results": results}, text)
+
+
+def _profiled_replays(g, n: int, torch, span_busy_gaps) -> dict:
+    """``n`` back-to-back replays of GraphedCall ``g`` under the profiler: per replay (kernels grouped by their
+    cudaGraphLaunch correlation id) the kernel count, busy µs and gaps; returns per-replay medians and the median
+    of all gaps."""
+    import numpy as np
+
+    import gaptrace
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            g()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "alone.json")
+        prof.export_chrome_trace(path)
+        dev = gaptrace.load_trace(path).device.sort_values("ts_us")
+    per, gaps = [], []
+    for _, k in dev.groupby("correlation", sort=False):
+        s, e = k["ts_us"].to_numpy(float), k["end_us"].to_numpy(float)
+        if len(s) < 2:
+            continue
+        r = span_busy_gaps(s, e)
+        per.append(r)
+        gaps.extend(np.maximum(s[1:] - np.maximum.accumulate(e)[:-1], 0.0))
+    if not per:
+        return {}
+    return {"kernels_per_replay": statistics.median(r["kernels"] for r in per),
+            "busy_us_per_replay": statistics.median(r["span_us"] * r["busy_share"] for r in per),
+            "gap_sum_us_per_replay": statistics.median(r["gap_sum_us"] for r in per),
+            "gap_median_us": float(np.median(gaps))}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
