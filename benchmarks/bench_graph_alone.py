@@ -97,7 +97,9 @@ def main(argv=None) -> int:
         ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
         f"Preset {args.preset}, bs {args.batch_size}, B {args.block}, fused kernels, after {args.rounds} decoded "
         f"rounds; {args.replays} replays timed with CUDA events (median), {args.profiled} back-to-back replays "
-        "profiled (CPU + CUDA activity) and read by gaptrace; gaps are between nodes of one replay.", "",
+        f"profiled (CPU + CUDA activity) and read by gaptrace; gaps are between nodes of one replay. Graphs the engine "
+        f"captured: {len(engine.runner.graphs)}. Device memory "
+        f"reserved by PyTorch: {torch.cuda.memory_reserved() / 2 ** 30 if cuda else 0:.1f} GiB.", "",
         md_table(head, rows)])
     return print_and_write(args.out, "graph_alone", {"args": vars(args), "results": results}, text)
 

@@ -47,8 +47,19 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--nodes", type=int, default=300)
     ap.add_argument("--elements", type=int, default=8 * 2048)
-    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of " + ", ".join(KINDS))
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, in order, repeats allowed; of "
+                    + ", ".join(KINDS))
     ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--graphs", default="both", choices=["both", "default", "keep_graph"],
+                    help="which graph kinds to make per chain")
+    ap.add_argument("--no-profile", action="store_true", help="CUDA-event timings only: no profiler session in "
+                    "the process (does a profiler session leave later chains slower?)")
+    ap.add_argument("--keep-alive", action="store_true", help="keep every chain's graph alive to the end (do more "
+                    "live graphs slow the later ones?)")
+    ap.add_argument("--pool", default="own", choices=["own", "shared"], help="each graph its own memory pool "
+                    "(torch's default) or one pool for all (the runtime's)")
+    ap.add_argument("--hold-gb", type=int, default=0, help="device memory to allocate and touch first, GiB (the "
+                    "runtime holds weights, KV pools and states: does a large footprint widen the gap?)")
     ap.add_argument("--carveout", type=int, default=None, help="Triton kernels' preferred shared-memory carveout, "
                     "percent (default: unset)")
     ap.add_argument("--out", default=None, help="write node_gap.json/.md here")
@@ -75,6 +86,7 @@ def main(argv=None) -> int:
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     carved = set_triton_carveout(args.carveout) if args.carveout is not None and cuda else None
+    held = [torch.ones(2 ** 30, dtype=torch.uint8, device=dev) for _ in range(args.hold_gb if cuda else 0)]
     bf16 = torch.bfloat16
     rows, hidden = 8, 1024
 
@@ -121,10 +133,14 @@ def main(argv=None) -> int:
     head = ["kind", "graph", "nodes", "replay µs (events)", "µs / node", "profiled span µs", "busy share",
             "median gap µs", "gap sum µs"]
     rows_out, results = [], {}
-    for kind in kinds:
-        for keep in (False, True):
+    graph_kinds = {"both": (False, True), "default": (False,), "keep_graph": (True,)}[args.graphs]
+    alive = []
+    pool = torch.cuda.graph_pool_handle() if cuda and args.pool == "shared" else None
+    for i, kind in enumerate(kinds):
+        for keep in graph_kinds:
             bufs, fn = make(kind)
-            name = f"{kind} {'keep_graph' if keep else 'default'}"
+            label = kind + (f" #{i + 1}" if kinds.count(kind) > 1 else "")
+            name = f"{label} {'keep_graph' if keep else 'default'}"
             r = {}
             try:
                 if not cuda:
@@ -135,33 +151,28 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
                     fn(bufs)  # compile + warm up outside the capture
                     g = torch.cuda.CUDAGraph(keep_graph=True) if keep else torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
+                    with torch.cuda.graph(g, pool=pool):
                         fn(bufs)
                     if keep:
                         g.instantiate()
                     from gaptrace.runtime.graphs import graph_node_count
                     nodes = graph_node_count(g) if keep else None
-                    spans = []
-                    for _ in range(args.replays):
-                        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        s.record()
-                        g.replay()
-                        e.record()
-                        spans.append((s, e))
-                    torch.cuda.synchronize()
-                    r["replay_us"] = statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
-                    r.update(_profiled(g, [bufs[0], bufs[0]], x0[0], torch))
-                    if kind.startswith("gemm"):
+                    r["replay_us"] = timed_replay_us(g, args.replays, torch)
+                    if args.keep_alive:
+                        alive.append(g)
+                    if not args.no_profile:
+                        r.update(_profiled(g, [bufs[0], bufs[0]], x0[0], torch))
+                    if kind.startswith("gemm") and not args.no_profile:
                         r["gap_median_by_direction_us"] = _direction_gaps(g, torch)
                     nodes = nodes or r.get("kernels")
             except Exception as exc:  # noqa: BLE001 - a variant this machine cannot run is a row, not a crash
-                rows_out.append([kind, "keep_graph" if keep else "default",
+                rows_out.append([label, "keep_graph" if keep else "default",
                                  f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"] + ["–"] * 6)
                 continue
             r["nodes"] = nodes
             results[name] = r
             per = r.get("replay_us", float("nan")) / nodes if nodes else float("nan")
-            rows_out.append([kind, "keep_graph" if keep else "default", fmt(nodes), fmt(r.get("replay_us"), 1),
+            rows_out.append([label, "keep_graph" if keep else "default", fmt(nodes), fmt(r.get("replay_us"), 1),
                              fmt(per, 3), fmt(r.get("span_us"), 1), fmt(r.get("busy_share"), 3),
                              fmt(r.get("gap_median_us"), 3), fmt(r.get("gap_sum_us"), 1)])
     text = "\n".join([
@@ -169,14 +180,31 @@ def main(argv=None) -> int:
         ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")) +
         f", triton {triton.__version__}", "",
         f"Chains of {args.nodes} dependent nodes of one kernel kind in one CUDA graph; {args.replays} unprofiled "
-        "replays timed with CUDA events; one profiled replay (CPU + CUDA activity) read by gaptrace. Triton "
+        f"replays timed with CUDA events; one profiled replay (CPU + CUDA activity) read by gaptrace; {len(held)} "
+        "GiB of device memory held. Triton "
         f"kernels' preferred shared-memory carveout: "
         f"{'unset' if carved is None else f'{args.carveout}% ({carved[0]} kernels set, {carved[1]} refused)'}.", "",
-        md_table(head, rows_out)] + [
+        md_table(head, rows_out)] + ([
+        "\nRe-timed at the end (every graph kept alive): " + ", ".join(
+            f"#{i + 1} {timed_replay_us(g, args.replays, torch):.1f} µs" for i, g in enumerate(alive))]
+        if alive else []) + [
         f"\nGap medians by direction, {k}: " + ", ".join(f"{d} {v:.3f} µs" for d, v in r["gap_median_by_direction_us"]
                                                          .items())
         for k, r in results.items() if r.get("gap_median_by_direction_us")])
     return print_and_write(args.out, "node_gap", {"args": vars(args), "results": results}, text)
+
+
+def timed_replay_us(g, replays: int, torch) -> float:
+    """Median device time of ``replays`` replays of graph ``g``, each between two CUDA events (µs)."""
+    spans = []
+    for _ in range(replays):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        spans.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
 
 
 def set_triton_carveout(pct: int) -> list:
