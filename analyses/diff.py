@@ -10,6 +10,9 @@ Input: two dicts from :func:`gaptrace.analyze.run_analysis`. Output (:func:`diff
   each sorted by |delta|; frames are matched without line numbers and step counters (:func:`_frame_key`), so
   the same function in two versions of the code is one frame;
 - ``syncs``: the same for blocking-sync sites (keyed by call + site + ATen op);
+- ``warnings``: [str]; says when A and B were analysed over different windows (one over its capture sidecar's
+  analysis_window, the other over its whole trace or another annotation): their metrics then describe different
+  spans (``--window NAME`` analyses the same annotation in both);
 - ``accept_length``: seed 000's inequality for the pair. TPOT = Tround / τ, so B's TPOT is lower exactly when
   (1 + ΔTround/Tround) < (1 + Δτ/τ); to first order a change that costs accept length wins only if it cuts the
   round by a larger fraction: −ΔTround/Tround > −Δτ/τ ("a change wins only if ΔTround/Tround > Δτ/τ", in the
@@ -118,7 +121,23 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
                           "(TPOT = Tround/τ; a change wins only if its round saving exceeds its τ loss)"),
         }
     return {"a": a.get("trace"), "b": b.get("trace"), "metrics": metrics, "frames": frames, "syncs": syncs,
-            "accept_length": accept}
+            "accept_length": accept, "warnings": _window_warnings(a, b)}
+
+
+def _window_warnings(a: dict, b: dict) -> list[str]:
+    """One line when A and B were analysed over different windows (``window`` / ``window_source`` of
+    :func:`gaptrace.analyze.run_analysis`), else none."""
+    def span(r: dict) -> str:
+        w = r.get("window")
+        if w is None:
+            return "its whole trace (first to last device activity)"
+        how = "its capture sidecar's analysis_window" if r.get("window_source") == "sidecar" else "the annotation"
+        return f"{how} {w!r}"
+
+    if a.get("window") == b.get("window"):
+        return []
+    return [f"A is analysed over {span(a)}, B over {span(b)}: the windows differ, so occupancy, idle and the "
+            "rounds compare different spans (--window NAME analyses the same annotation in both)"]
 
 
 def parse_gate(expr: str) -> tuple[str, str, float]:

@@ -511,11 +511,13 @@ def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
     return None
 
 
-def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None) -> dict | None:
+def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, notes: list | None = None) -> dict | None:
     """The capture sidecar next to ``trace_path`` (:func:`gaptrace.capture.read_sidecar_checked`), or None; one
     ``gaptrace: warning:`` line on stderr when one is there but cannot be used (not JSON, nested too deeply, not an
     object, a bad analysis_window, or, given the loaded ``trace``, what :func:`check_sidecar` refuses), or when some
-    of its fields will be skipped: the analysis goes on without it (or them)."""
+    of its fields will be skipped: the analysis goes on without it (or them). The same line, without the
+    ``gaptrace: warning:`` prefix, is appended to ``notes`` when given (the ``warnings`` of ``--json`` output, so
+    a CI that reads only the JSON learns it too)."""
     import os
 
     from gaptrace.capture import read_sidecar_checked, sidecar_path
@@ -524,10 +526,11 @@ def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None) -> d
     fields = None
     if side is not None and trace is not None:
         side, why, fields = check_sidecar(side, trace, window, sidecar_path(os.fspath(trace_path).rstrip("/")))
-    if why is not None:
-        click.echo(f"gaptrace: warning: capture sidecar ignored: {escape_line(why)}", err=True)
-    elif fields is not None:
-        click.echo(f"gaptrace: warning: {escape_line(fields)}", err=True)
+    line = f"capture sidecar ignored: {why}" if why is not None else fields
+    if line is not None:
+        click.echo(f"gaptrace: warning: {escape_line(line)}", err=True)
+        if notes is not None:
+            notes.append(clean_text(line))
     return side
 
 
@@ -588,8 +591,9 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
 
     try:
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
-        res = run_analysis(trace, window=window, device=device, sidecar=sidecar_or_warn(trace_path, trace, window),
-                           round_name=round_name)
+        notes: list[str] = []  # the sidecar's warning (stderr), also in --json's warnings
+        res = run_analysis(trace, window=window, device=device,
+                           sidecar=sidecar_or_warn(trace_path, trace, window, notes), round_name=round_name)
     except TraceError as e:
         fail(str(e))
     if not res["devices"]:
@@ -597,6 +601,7 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
     if (msg := rounds_not_found(res, trace_path, round_name)) is not None:
         fail(msg)
     if as_json:
+        res["warnings"] = notes + res["warnings"]
         click.echo(dumps_json(res))
     else:
         click.echo(render_text(res, top))

@@ -99,14 +99,16 @@ def _finite(v: Any) -> bool:
 def sidecar_field_problems(obj: dict) -> list[str]:
     """The fields of a usable sidecar (:func:`sidecar_problem` passed) that the analyses will skip, each as
     ``name (why)``: ``unprofiled_round_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
-    finite number >= 0, a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
+    finite number >= 0 (an empty list too), a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
     unprofiled launch), ``rounds`` or ``graphs`` not a list. Empty when every field present is usable; the caller
     says what was skipped (one warning line), since a skipped field silently drops a figure (τ, TPOT, the
     profiler check, the launch fit's unprofiled points)."""
     out: list[str] = []
     u = obj.get("unprofiled_round_ms")
     if u is not None:
-        if isinstance(u, list):
+        if isinstance(u, list) and not u:  # no unprofiled round: the profiler-cost check has nothing to compare
+            out.append("unprofiled_round_ms (an empty list)")
+        elif isinstance(u, list):
             out += [f"unprofiled_round_ms[{i}] (not a positive number)" for i, v in enumerate(u) if not positive_number(v)]
         elif not positive_number(u):
             out.append("unprofiled_round_ms (not a positive number)")

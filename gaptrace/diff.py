@@ -43,6 +43,8 @@ def render_diff(d: dict) -> str:
                 lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {r[key]}")
         if len(lines) == n:
             lines.append("  (no change)")
+    if d.get("warnings"):
+        lines += ["", "Warnings:"] + [f"  - {w}" for w in d["warnings"]]
     return "\n".join(lines)  # every string from d was escaped above
 
 
@@ -69,10 +71,13 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
         for g in gates:
             parse_gate(g)
         limit = memory_limit_bytes(memory_limit_gb)
-        res = []
-        for p in (trace_a, trace_b):
+        res, notes = [], []  # notes: the sidecars' warnings (stderr), also in --json's warnings
+        for side, p in (("A", trace_a), ("B", trace_b)):
             tr = load_trace(p, memory_limit_bytes=limit)
-            res.append(run_analysis(tr, window=window, sidecar=sidecar_or_warn(p, tr, window), round_name=round_name))
+            side_notes: list[str] = []
+            res.append(run_analysis(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, side_notes),
+                                    round_name=round_name))
+            notes += [f"{side}: {n}" for n in side_notes]
     except (TraceError, GateError) as e:
         fail(str(e))
     for p, r in zip((trace_a, trace_b), res):
@@ -83,6 +88,7 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
     d = diff_analyses(*res)
     d["gates"] = check_gates(d, list(gates))
     if as_json:
+        d["warnings"] = notes + d["warnings"]
         click.echo(dumps_json(d))
     else:
         click.echo(render_diff(d))

@@ -92,6 +92,7 @@ def test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace(tmp_p
     dst = tmp_path / "t.json.gz"
     shutil.copy(src + ".json.gz", dst)
     side = json.loads(open(src + ".gaptrace.json").read())
+    side_window = side["analysis_window"]
     side["analysis_window"] = "nonexistent_range"
     (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
     for args in (("analyze", str(dst)), ("diff", src + ".json.gz", str(dst))):
@@ -103,6 +104,20 @@ def test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace(tmp_p
     # an explicit --window is the user's choice: no warning
     r = _cli("analyze", str(dst), "--window", "round")
     assert r.returncode == 0 and not r.stderr.strip()
+    # a CI that reads only --json learns it too, and diff says that A and B now cover different spans
+    res = json.loads(_cli("analyze", str(dst), "--json").stdout)
+    assert res["window"] is None and res["warnings"][0].startswith("capture sidecar ignored: ")
+    assert '"nonexistent_range" names no annotation' in res["warnings"][0]
+    d = json.loads(_cli("diff", src + ".json.gz", str(dst), "--json").stdout)
+    assert d["warnings"][0].startswith("B: capture sidecar ignored: ") and len(d["warnings"]) == 2
+    assert d["warnings"][1].startswith(f"A is analysed over its capture sidecar's analysis_window "
+                                       f"{side_window!r}, B over its whole trace") and "windows differ" in d["warnings"][1]
+    text = _cli("diff", src + ".json.gz", str(dst)).stdout
+    assert "Warnings:\n  - A is analysed over its capture sidecar's analysis_window" in text
+    # the same window on both sides: no warning
+    assert json.loads(_cli("diff", src + ".json.gz", src + ".json.gz", "--json").stdout)["warnings"] == []
+    d = json.loads(_cli("diff", src + ".json.gz", str(dst), "--json", "--window", "round").stdout)
+    assert d["warnings"] == []
 
 
 def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
@@ -142,6 +157,10 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     res = json.loads(_cli("analyze", str(dst), "--json").stdout)
     assert res["window_source"] == "sidecar" and res["rounds"]["summary"]["tau"] > 0
     assert "unprofiled_round_us" not in res["rounds"]["summary"]
+    assert res["warnings"][0].startswith("capture sidecar fields skipped: unprofiled_round_ms (not a positive")
+    # an empty list of unprofiled round times drops the profiler check too: named, not silent
+    assert sidecar_field_problems({"unprofiled_round_ms": []}) == ["unprofiled_round_ms (an empty list)"]
+    assert sidecar_field_problems({"unprofiled_round_ms": [3.9, 4.1]}) == []
     # the shipped sidecar itself has nothing to skip
     r = _cli("analyze", src + ".json.gz")
     assert "gaptrace: warning" not in r.stderr
