@@ -120,3 +120,18 @@ def test_bench_graph_alone_smoke(tmp_path):
     out = run("benchmarks/bench_graph_alone.py", "--device", "cpu", "--preset", "tiny", "--batch-size", "2",
               "--block", "4", "--rounds", "2", "--out", str(tmp_path))
     assert "(no CUDA graphs on this device)" in out and (tmp_path / "graph_alone.json").exists()
+
+
+def test_bench_bubble_trigger_smoke(tmp_path):
+    """Every stage runs on the CPU (the CUDA-only ones are skipped), in the order given; an unknown stage is refused."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+
+    out = run("benchmarks/bench_bubble_trigger.py", "--device", "cpu", "--nodes", "3", "--batches", "1",
+              "--replays", "1", "--out", str(tmp_path))
+    res = json.loads((tmp_path / "bubble_trigger.json").read_text())["results"]
+    assert [r["stage"] for r in res][:4] == ["none", "none", "eager", "none"] and "| 13 | none |" in out
+    r = subprocess.run([sys.executable, "benchmarks/bench_bubble_trigger.py", "--device", "cpu", "--stages", "nap"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown stage 'nap'" in r.stderr

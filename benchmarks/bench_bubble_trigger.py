@@ -1,0 +1,142 @@
+"""What makes a process's graph-node bubble step up? (issue 6.) One fresh process, one chain graph, its replay
+time followed while other CUDA work happens in between.
+
+Session 7 saw the bubble between dependent graph nodes grow during a process's life, unprofiled: chains of the
+runtime's add_rms_norm replay at ~1.29 µs a node in the first three graphs a process makes and ~1.47 µs from the
+fourth on (every graph, old ones too; benchmarks/results/h200_2026-11-30_s7), and the graph-launch probe's first
+replays leave 0.256 µs between nodes where every later one leaves 0.416 µs. This script captures one chain of
+``--nodes`` add_rms_norm nodes ([8, 1024] bfloat16, the bench draft's shape) and times ``--batches`` batches of
+``--replays`` replays (CUDA events, median per batch) after each stage of ``--stages``, in order:
+
+- ``none``: nothing (the baseline, and a check that replay time is stable);
+- ``eager``: the chain's ``--nodes`` kernels launched eagerly once;
+- ``graph``: another graph of the same chain captured (and kept: the process then holds one more);
+- ``replays``: 1,000 more replays of the chain graph;
+- ``events``: 200 CUDA events made and recorded;
+- ``gemm``: one cuBLAS GEMM [8, 1024] x [1024, 1536] bfloat16 (the draft's q|k|v; cuBLAS's sm90 kernels launch
+  with thread-block clusters);
+- ``gemm-big``: one [4096, 4096] x [4096, 4096] bfloat16 GEMM;
+- ``profiler``: one torch.profiler session (CPU + CUDA activity) around one replay.
+
+A stage name may repeat. The table gives each stage's median replay µs and µs per node; a step up after a stage
+names the trigger. A table, not a test.
+
+    python benchmarks/bench_bubble_trigger.py --device cuda --out results
+    python benchmarks/bench_bubble_trigger.py --device cpu --nodes 3 --batches 1 --replays 1     # smoke
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+
+STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler")
+DEFAULT = "none,none,eager,none,graph,graph,graph,replays,events,gemm,gemm-big,profiler,none"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--nodes", type=int, default=300)
+    ap.add_argument("--stages", default=DEFAULT, help="comma-separated, in order, repeats allowed; of " +
+                    ", ".join(STAGES))
+    ap.add_argument("--batches", type=int, default=5, help="timed batches after each stage")
+    ap.add_argument("--replays", type=int, default=10, help="replays per batch")
+    ap.add_argument("--out", default=None, help="write bubble_trigger.json/.md here")
+    args = ap.parse_args(argv)
+    stages = [s for s in args.stages.split(",") if s]
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        ap.error(f"unknown stage {bad[0]!r} (known: {', '.join(STAGES)})")
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+    import torch
+
+    from gaptrace.runtime.models import fused
+
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    bf16 = torch.bfloat16
+    w = torch.ones(1024, device=dev, dtype=bf16)
+    h0, r0 = (torch.randn(8, 1024, device=dev).to(bf16) for _ in range(2))
+
+    def chain():
+        h, r = h0, r0
+        for _ in range(args.nodes):
+            h, r = fused.add_rms_norm(h, r, w, 1e-6)
+        return r
+
+    def capture():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain()
+        return g
+
+    kept = []  # graphs made by the ``graph`` stage: the process holds them to the end
+
+    def run_stage(name: str) -> None:
+        if name == "eager":
+            chain()
+        elif name == "graph" and cuda:
+            kept.append(capture())
+        elif name == "replays" and cuda:
+            for _ in range(1000):
+                g.replay()
+        elif name == "events" and cuda:
+            for _ in range(200):
+                torch.cuda.Event(enable_timing=True).record()
+        elif name == "gemm":
+            torch.randn(8, 1024, device=dev).to(bf16) @ torch.randn(1024, 1536, device=dev).to(bf16)
+        elif name == "gemm-big" and cuda:
+            a = torch.randn(4096, 4096, device=dev).to(bf16)
+            a @ a
+        elif name == "profiler" and cuda:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+                g.replay()
+                torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
+
+    def timed() -> list[float]:
+        out = []
+        for _ in range(args.batches):
+            spans = []
+            for _ in range(args.replays):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                g.replay()
+                e.record()
+                spans.append((s, e))
+            torch.cuda.synchronize()
+            out.append(statistics.median(s.elapsed_time(e) * 1000 for s, e in spans))
+        return out
+
+    chain()  # compile + warm up outside the capture
+    g = capture() if cuda else None
+    rows, results = [], []
+    for i, name in enumerate(stages):
+        run_stage(name)
+        batches = timed() if cuda else []
+        med = statistics.median(batches) if batches else None
+        results.append({"stage": name, "batch_median_us": batches, "replay_us": med})
+        rows.append([str(i + 1), name, fmt(med, 1), fmt(med / args.nodes if med else None, 3),
+                     " ".join(f"{b:.1f}" for b in batches) or "–"])
+    text = "\n".join([
+        "# When does the graph-node bubble step up?", "",
+        ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
+        f"One graph of {args.nodes} dependent add_rms_norm nodes ([8, 1024] bfloat16); after each stage "
+        f"{args.batches} batches of {args.replays} replays timed with CUDA events (median per batch); graphs the "
+        f"process holds at the end: {1 + len(kept) if cuda else 0}.", "",
+        md_table(["#", "stage (then timed)", "replay µs", "µs / node", "batch medians µs"], rows)])
+    return print_and_write(args.out, "bubble_trigger", {"args": vars(args), "results": results}, text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
