@@ -34,6 +34,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _gpu import name_list, timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler")
@@ -50,10 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=10, help="replays per batch")
     ap.add_argument("--out", default=None, help="write bubble_trigger.json/.md here")
     args = ap.parse_args(argv)
-    stages = [s for s in args.stages.split(",") if s]
-    bad = [s for s in stages if s not in STAGES]
-    if bad:
-        ap.error(f"unknown stage {bad[0]!r} (known: {', '.join(STAGES)})")
+    stages = name_list(ap, args.stages, STAGES, "stage")
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     import torch
@@ -105,18 +103,7 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
 
     def timed() -> list[float]:
-        out = []
-        for _ in range(args.batches):
-            spans = []
-            for _ in range(args.replays):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                g.replay()
-                e.record()
-                spans.append((s, e))
-            torch.cuda.synchronize()
-            out.append(statistics.median(s.elapsed_time(e) * 1000 for s, e in spans))
-        return out
+        return [timed_replay_us(g.replay, args.replays, torch) for _ in range(args.batches)]
 
     chain()  # compile + warm up outside the capture
     g = capture() if cuda else None

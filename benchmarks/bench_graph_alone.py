@@ -24,6 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _gpu import timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 
@@ -75,15 +76,7 @@ def main(argv=None) -> int:
             "gap sum µs / replay", "gap sum / replay time"]
     rows, results = [], {}
     for name, g in graphs.items():
-        spans = []
-        for _ in range(args.replays):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g()
-            e.record()
-            spans.append((s, e))
-        torch.cuda.synchronize()
-        replay_us = statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
+        replay_us = timed_replay_us(g, args.replays, torch)
         r = {"nodes": g.num_nodes, "replay_us": replay_us, **_profiled_replays(g, args.profiled, torch, span_busy_gaps)}
         results[name] = r
         rows.append([name, fmt(g.num_nodes), fmt(replay_us, 1), fmt(r.get("kernels_per_replay"), 1),

@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _gpu import name_list, timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 KINDS = ("triton-step", "triton-step-1cta", "torch-add", "add_rms_norm", "add_rms_norm-96", "gemm+add_rms_norm",
@@ -64,10 +64,7 @@ def main(argv=None) -> int:
                     "percent (default: unset)")
     ap.add_argument("--out", default=None, help="write node_gap.json/.md here")
     args = ap.parse_args(argv)
-    kinds = [k for k in args.kinds.split(",") if k]
-    bad = [k for k in kinds if k not in KINDS]
-    if bad:
-        ap.error(f"unknown kind {bad[0]!r} (known: {', '.join(KINDS)})")
+    kinds = name_list(ap, args.kinds, KINDS, "kind")
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     import torch
@@ -157,7 +154,7 @@ def main(argv=None) -> int:
                         g.instantiate()
                     from gaptrace.runtime.graphs import graph_node_count
                     nodes = graph_node_count(g) if keep else None
-                    r["replay_us"] = timed_replay_us(g, args.replays, torch)
+                    r["replay_us"] = timed_replay_us(g.replay, args.replays, torch)
                     if args.keep_alive:
                         alive.append(g)
                     if not args.no_profile:
@@ -186,25 +183,12 @@ def main(argv=None) -> int:
         f"{'unset' if carved is None else f'{args.carveout}% ({carved[0]} kernels set, {carved[1]} refused)'}.", "",
         md_table(head, rows_out)] + ([
         "\nRe-timed at the end (every graph kept alive): " + ", ".join(
-            f"#{i + 1} {timed_replay_us(g, args.replays, torch):.1f} µs" for i, g in enumerate(alive))]
+            f"#{i + 1} {timed_replay_us(g.replay, args.replays, torch):.1f} µs" for i, g in enumerate(alive))]
         if alive else []) + [
         f"\nGap medians by direction, {k}: " + ", ".join(f"{d} {v:.3f} µs" for d, v in r["gap_median_by_direction_us"]
                                                          .items())
         for k, r in results.items() if r.get("gap_median_by_direction_us")])
     return print_and_write(args.out, "node_gap", {"args": vars(args), "results": results}, text)
-
-
-def timed_replay_us(g, replays: int, torch) -> float:
-    """Median device time of ``replays`` replays of graph ``g``, each between two CUDA events (µs)."""
-    spans = []
-    for _ in range(replays):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        spans.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
 
 
 def set_triton_carveout(pct: int) -> list:
@@ -232,8 +216,6 @@ def set_triton_carveout(pct: int) -> list:
 def _direction_gaps(g, torch) -> dict:
     """One profiled replay of graph ``g``: the median gap (µs) after a GEMM and after a Triton kernel."""
     import tempfile
-
-    import numpy as np
 
     import gaptrace
     from torch.profiler import ProfilerActivity, profile

@@ -23,15 +23,14 @@ checked equal across variants. A table, not a test.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from _gpu import timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 
@@ -112,17 +111,8 @@ def main(argv=None) -> int:
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g):
                     res = chain(pdl, gemm, bufs)
-                spans = []
-                for _ in range(args.replays):
-                    bufs[0].copy_(x0)
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    g.replay()
-                    e.record()
-                    spans.append((s, e))
-                torch.cuda.synchronize()
+                r["replay_us"] = timed_replay_us(g.replay, args.replays, torch, prepare=lambda: bufs[0].copy_(x0))
                 out = res.clone()
-                r["replay_us"] = statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
                 r.update(_profiled(g, bufs, x0, torch, args.profiler))
         except Exception as exc:  # noqa: BLE001 - a variant this Triton/driver cannot run is a row, not a crash
             rows_out.append([name, f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"] + ["–"] * 7)

@@ -32,7 +32,6 @@ method; the tables are printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
