@@ -11,6 +11,9 @@
 #                  README.md fixtures/prompts), in the same call: OUT/baseline/runtime.json for the before/after ratios
 #   bench          benchmarks/bench_runtime.py: bs 8, B 12, overlap + sync, kernels fused and eager side by side
 #                  (bench preset); the fused bs-8 B-12 traces come back (tar under OUT)
+#   bubble         benchmarks/bench_bubble_trigger.py twice, each in a fresh process: its default order (graphs first,
+#                  then cuBLAS GEMMs and a profiler session) and the GEMMs and the profiler first, then the graphs
+#                  (which stage raises the graph-node bubble; issue 6)
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
 #                  fused kernels (resumes the bench step's runtime.json)
 #   tlrbench       benchmarks/bench_token_list_rebuild.py: one prefill with and without the fault, by prompt length
@@ -66,6 +69,10 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
     tlrbench)
       step tlrbench "$TLR_LIMIT_S" "$PY" benchmarks/bench_token_list_rebuild.py --device cuda --tokens "$TLRB_TOKENS" \
         --chunk "$TLR_CHUNK" --out "$OUT" --time-budget-s @BUDGET@ ;;
+    bubble)
+      step bubble_graphs_first 90 "$PY" benchmarks/bench_bubble_trigger.py --out "$OUT/bubble_graphs_first"
+      step bubble_gemm_first 90 "$PY" benchmarks/bench_bubble_trigger.py --out "$OUT/bubble_gemm_first" \
+        --stages none,none,gemm,none,gemm-big,none,profiler,none,graph,graph,graph,none,replays,events,none ;;
     grid)
       step grid 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8,1,32 \
         --blocks 12,8,4 --kernels fused --out "$OUT" --work "$WORK/grid" --resume --time-budget-s @BUDGET@ ;;
