@@ -34,6 +34,8 @@ __all__ = [
     "busy_fraction_bins",
     "device_side_gaps",
     "graph_node_gaps",
+    "node_bubbles",
+    "short_kernel_name",
     "launch_links",
     "fill_device_side",
 ]
@@ -188,11 +190,29 @@ def graph_node_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np.
     bubble the device leaves between graph nodes, which no host code and no launch call can shorten (only fewer
     nodes can). Most are also :func:`device_side_gaps`; those under a launch call still in progress (the profiler
     inflating cudaGraphLaunch) are not, and ``analyze`` counts only the device-side ones as node bubbles."""
+    return _gap_neighbours(trace, key, tl)[0]
+
+
+def _gap_neighbours(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every gap of ``tl``: (same launch: bool, before, after), ``before`` / ``after`` the positions in the
+    device's rows (:func:`_device_rows`) of the activity whose end starts the gap and of the one whose start ends it
+    (meaningful where the bool is True). Memoised per timeline, as :func:`device_side_gaps`."""
+    memo, mk = _timeline_cache(trace), ("neighbours", key, id(tl))
+    hit = memo.get(mk)
+    if hit is not None and hit[0] is tl:
+        return hit[1]
+    res = _gap_neighbours_of(trace, key, tl)
+    memo[mk] = (tl, res)
+    return res
+
+
+def _gap_neighbours_of(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     gaps = tl.gaps()
     out = np.zeros(len(gaps), dtype=bool)
     rows = _device_rows(trace, key)
     if len(gaps) == 0 or rows.empty:
-        return out
+        empty = np.zeros(len(gaps), dtype=np.int64)
+        return out, empty, empty
     ts, end, corr = (rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), rows["correlation"].to_numpy())
     by_ts, by_end = np.argsort(ts, kind="stable"), np.argsort(end, kind="stable")
     g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
@@ -200,7 +220,67 @@ def graph_node_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np.
     j = np.minimum(np.searchsorted(end[by_end], g0, side="left"), len(end) - 1)   # the one whose end starts it
     nxt, prv = by_ts[k], by_end[j]
     out[:] = (ts[nxt] == g1) & (end[prv] == g0) & (corr[nxt] == corr[prv]) & (corr[nxt] >= 0)
-    return out
+    return out, prv, nxt
+
+
+def node_bubbles(trace: Trace, device: int | tuple[int, int] | None = None,
+                 window: str | tuple[float, float] | None = None) -> pd.DataFrame:
+    """The bubbles between two nodes of one CUDA-graph launch (device-side gaps whose two neighbours share a
+    correlation id: :func:`graph_node_gaps` & :func:`device_side_gaps`, the ones ``analyze`` counts), grouped by the
+    kernel pair at the boundary: which node boundaries hold the device-side idle, and so which pairs fusing two
+    kernels into one node, or programmatic dependent launch of the second, would close.
+
+    Returns one row per (before, after) name pair, sorted by ``idle_us`` (descending): before (the activity whose end
+    starts the gap), after (the one whose start ends it), gaps (count), idle_us (their sum), median_us, max_us, share
+    (of all node-bubble idle in the window; the shares sum to 1). Empty when the window has no such gap. Times in µs
+    on the trace's clock; ``window`` and ``device`` as :func:`busy_timeline`.
+    """
+    key = resolve_device(trace, device)
+    tl = busy_timeline(trace, key, window)
+    same, prv, nxt = _gap_neighbours(trace, key, tl)
+    node = same & device_side_gaps(trace, key, tl)
+    cols = ["before", "after", "gaps", "idle_us", "median_us", "max_us", "share"]
+    if not node.any():
+        return pd.DataFrame(columns=cols)
+    names = _device_rows(trace, key)["name"].astype(str).to_numpy()
+    df = pd.DataFrame({"before": names[prv[node]], "after": names[nxt[node]],
+                       "dur": tl.gaps()["dur_us"].to_numpy()[node]})
+    out = (df.groupby(["before", "after"], sort=False)["dur"]
+           .agg(gaps="size", idle_us="sum", median_us="median", max_us="max").reset_index())
+    out["share"] = out["idle_us"] / out["idle_us"].sum()
+    return out.sort_values(["idle_us", "before", "after"], ascending=[False, True, True],
+                           kind="stable").reset_index(drop=True)[cols]
+
+
+def short_kernel_name(name: str, width: int = 60) -> str:
+    """A kernel name for a text table: without a leading ``void``, the parameter list (a "(" right after the name)
+    and, when still longer than ``width``, the contents of template argument lists
+    (``at::native::vectorized_elementwise_kernel<…>``); then at most ``width`` characters."""
+    s = name[5:] if name.startswith("void ") else name
+    depth = 0
+    for i, ch in enumerate(s):  # cut at the parameter list: the first "(" outside template brackets
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth = max(depth - 1, 0)
+        elif ch == "(" and depth == 0 and i > 0 and s[i - 1] != " ":  # "Memcpy DtoH (Device -> Pinned)" stays
+            s = s[:i]
+            break
+    if len(s) > width:
+        out, depth = [], 0
+        for ch in s:
+            if ch == "<":
+                depth += 1
+                if depth == 1:
+                    out.append("<…")
+            elif ch == ">":
+                depth = max(depth - 1, 0)
+                if depth == 0:
+                    out.append(">")
+            elif depth == 0:
+                out.append(ch)
+        s = "".join(out)
+    return s if len(s) <= width else s[:width - 1] + "…"
 
 
 _TIMELINES: dict[int, tuple[weakref.ref, dict]] = {}

@@ -24,6 +24,10 @@
   correlation id (:func:`gaptrace.analyses.occupancy.launch_links`); when none of the window's ``gpu_events``
   joins, host_wait_us, device_side_* and graph_node_* are None (unavailable), and when many do not, a warning
   says so (:func:`unlinked_warning`);
+- ``node_bubbles``: [{before, after, gaps, idle_us, median_us, max_us, share}]: the ``graph_node_*`` bubbles
+  grouped by the kernel pair at the node boundary, sorted by idle_us desc, at most 50 pairs (share over all
+  node-bubble idle; :func:`gaptrace.analyses.occupancy.node_bubbles`): which boundaries a fusion of two kernels
+  into one node, or programmatic dependent launch of the second, would close;
 - ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
 - ``headline``: [str], the occupancy sentence per device followed by the first finding;
 - ``warnings``: [str], the loader's integrity warnings and the analyses' own.
@@ -82,6 +86,9 @@ def dumps_json(obj: Any) -> str:
     """The ``--json`` text of a result dict: :func:`to_jsonable`, indented, non-ASCII kept, every non-printable
     character escaped (:func:`gaptrace.cli.escape_json_controls`: trace names are untrusted)."""
     return escape_json_controls(json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False))
+
+
+NODE_BUBBLE_PAIRS = 50  # kernel pairs kept in ``node_bubbles`` (the JSON); the text shows ``--top`` of them
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -329,7 +336,8 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
             window, window_source = named, "sidecar"
     out: dict[str, Any] = {"trace": clean_text(trace.path), "window": window, "window_source": window_source, "devices": [], "gap_attribution": [],
                            "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
-                           "rounds": None, "idle_split": None, "headline": [], "warnings": warnings}
+                           "rounds": None, "idle_split": None, "node_bubbles": [], "headline": [],
+                           "warnings": warnings}
     has_device = not trace.device.empty
     unprofiled = _unprofiled_launches(sidecar)
     fit = launch_fit.launch_fit(trace, unprofiled)
@@ -360,6 +368,8 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
                          "graph_node_median_us": float(np.median(node_dur)) if len(node_dur) else None,
                          "gpu_events": links["gpu_events"], "unlinked_gpu_events": links["unlinked"],
                          "unlinked_by_cause": {k: links[k] for k in ("no_id", "shared_id", "no_launch")}}
+    if node.any():
+        out["node_bubbles"] = _records(occupancy.node_bubbles(trace, key, window).head(NODE_BUBBLE_PAIRS))
     if links["gpu_events"] and not links["linked"]:
         # no activity joins its launch call: 0 µs device-side would be a claim nobody measured
         out["idle_split"].update(dict.fromkeys(("host_wait_us", "device_side_us", "device_side_share", "graph_node_us",
@@ -455,6 +465,15 @@ def render_text(res: dict, top: int = 15) -> str:
                                                 ("idle_after_us", "idle after µs", ",.0f"),
                                                 ("idle_share", "idle share", ".1%"),
                                                 ("device_busy_during", "GPU busy during", ".0%")], top))
+    if res.get("node_bubbles"):
+        from gaptrace.analyses.occupancy import short_kernel_name
+
+        rows = [dict(r, before=short_kernel_name(r["before"]), after=short_kernel_name(r["after"]))
+                for r in res["node_bubbles"]]
+        parts += ["", "Bubbles between graph nodes, by kernel pair (device-side; share of all node bubbles):"]
+        parts.append(_table(rows, [("before", "before", "s"), ("after", "after", "s"), ("gaps", "gaps", "d"),
+                                   ("idle_us", "idle µs", ",.0f"), ("median_us", "median µs", ".3f"),
+                                   ("share", "share", ".1%")], top))
     fit = res.get("launch_fit")
     parts += ["", "Graph-launch fit t(N) = t0 + κN:"]
     if fit is None:

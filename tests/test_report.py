@@ -179,6 +179,9 @@ def test_hostile_names_are_escaped(tmp_path):
         assert tag not in page
     for p in PAYLOADS[:2]:
         assert html.escape(p) in page  # shown as text in the tables
+    # the node-bubble table's kernel names (shown shortened, whole in the title attribute) are escaped too
+    bubbles = page.split('<h2 id="bubbles">')[1].split("<h2")[0]
+    assert f'title="{html.escape(PAYLOADS[1])}"' in bubbles and 'href="#bubbles"' in page
     blob = re.search(r"var FIGURES = (\{.*?\});\n", text, re.S).group(1)
     assert "document.title" in blob and "<" not in blob and ">" not in blob  # nothing can close the script
     # no chart string carries a tag other than the report's own line breaks and hover suffixes

@@ -62,6 +62,15 @@ def test_analyze_text_escapes_trace_names(traces):
     assert "\\x" not in run("analyze", clean).stdout
 
 
+def test_node_bubble_kernel_names_are_escaped_in_the_text(traces):
+    """The bubbles-by-kernel-pair table names kernels from the trace: shortened, then escaped like every name."""
+    res = json.loads(run("analyze", traces[1], "--json").stdout)
+    assert res["node_bubbles"] and res["node_bubbles"][0]["before"].endswith(HOSTILE)
+    out = run("analyze", traces[1]).stdout
+    section = out.split("Bubbles between graph nodes, by kernel pair")[1].split("\n\n")[0]
+    assert SHOWN in section and not any(c in section for c in RAW)
+
+
 def test_analyze_json_has_no_raw_controls(traces):
     out = run("analyze", traces[1], "--json").stdout_bytes
     assert not any(c.encode() in out for c in RAW)

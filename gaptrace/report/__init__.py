@@ -199,6 +199,30 @@ def _syncs(analysis: dict) -> str:
                     rows, raw_cols=range(10)))
 
 
+def _node_bubbles(analysis: dict) -> str:
+    """The device-side bubbles between two nodes of one graph launch, by the kernel pair at the boundary
+    (``node_bubbles`` of :func:`gaptrace.analyze.run_analysis`); nothing when the trace has none."""
+    pairs = analysis.get("node_bubbles") or []
+    if not pairs:
+        return ""
+    from gaptrace.analyses.occupancy import short_kernel_name
+
+    def name(n: str) -> str:
+        return f'<span title="{h(n)}">{h(short_kernel_name(n))}</span>'
+
+    rows = [(name(str(r.get("before", ""))), name(str(r.get("after", ""))), h(r.get("gaps", "")),
+             h(fmt_ms(r.get("idle_us"))), h(fmt_us(r.get("median_us"), 3)), h(fmt_us(r.get("max_us"), 3)),
+             h(fmt_pct(r.get("share")))) for r in pairs[:40]]
+    split = analysis.get("idle_split") or {}
+    return ('<h2 id="bubbles">Bubbles between graph nodes</h2><p class="how">Device-side idle between two nodes of '
+            f"one CUDA-graph launch ({h(fmt_ms(split.get('graph_node_us')))} ms in "
+            f"{h(split.get('graph_node_gaps', ''))} gaps), by the kernel pair at the boundary (hover a name for the "
+            "full one): no host change removes these; fusing the two kernels into one node, or launching the second "
+            "with programmatic dependent launch, does. Share = of all node-bubble idle.</p>"
+            + table([("before", "frame"), ("after", "frame"), ("gaps", "num"), ("idle (ms)", "num"),
+                     ("median (µs)", "num"), ("max (µs)", "num"), ("share", "num")], rows, raw_cols=range(7)))
+
+
 def _sidecar_graphs(sidecar: dict | None) -> pd.DataFrame | None:
     graphs = (sidecar or {}).get("graphs")
     if not isinstance(graphs, list):
@@ -390,13 +414,15 @@ def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *, 
         f'{" · " + h(versions) if versions else ""} · generated '
         f'{h(_dt.datetime.now().strftime("%Y-%m-%d %H:%M"))} by gaptrace {h(__version__)}</div>'
         '<nav><a href="#occupancy">occupancy</a><a href="#timeline">over time</a><a href="#gaps">idle time</a>'
-        '<a href="#syncs">blocking syncs</a><a href="#launch-fit">launch fit</a><a href="#rounds">rounds</a>'
+        '<a href="#syncs">blocking syncs</a>' + ('<a href="#bubbles">node bubbles</a>' if analysis.get("node_bubbles")
+                                                  else "") + '<a href="#launch-fit">launch fit</a><a href="#rounds">rounds</a>'
         '<a href="#warnings">warnings</a></nav></header>',
         _headline(analysis),
         _devices(analysis),
         _timeline(trace, analysis, figures),
         _gaps(trace, analysis, figures, device),
         _syncs(analysis),
+        _node_bubbles(analysis),
         _launch_fit(trace, analysis, sidecar, figures),
         _rounds(analysis, sidecar, figures),
         _sidecar_section(sidecar, sidecar_path),
