@@ -14,7 +14,6 @@ Every string from the trace or the sidecar is escaped (see :mod:`gaptrace.report
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from typing import Any
 
