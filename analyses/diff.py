@@ -10,6 +10,9 @@ Input: two dicts from :func:`gaptrace.analyze.run_analysis`. Output (:func:`diff
   each sorted by |delta|; frames are matched without line numbers and step counters (:func:`_frame_key`), so
   the same function in two versions of the code is one frame;
 - ``syncs``: the same for blocking-sync sites (keyed by call + site + ATen op);
+- ``bubbles``: the same for the bubbles between graph nodes by kernel pair (``node_bubbles``; rows carry
+  ``before``, ``after`` and ``pair`` = "before -> after"): the boundaries a fusion removed (vanished) or added;
+  None when neither trace has any;
 - ``warnings``: [str]; says when A and B were analysed over different windows (one over its capture sidecar's
   analysis_window, the other over its whole trace or another annotation): their metrics then describe different
   spans (``--window NAME`` analyses the same annotation in both);
@@ -105,6 +108,14 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
     for part in syncs.values():
         for r in part:
             r["site"] = r.pop("key")
+    bubbles = None  # neither trace has bubbles between graph nodes: no section
+    if a.get("node_bubbles") or b.get("node_bubbles"):
+        bubbles = _keyed_diff(a.get("node_bubbles") or [], b.get("node_bubbles") or [],
+                              lambda r: (str(r.get("before")), str(r.get("after"))), "idle_us")
+    for part in (bubbles or {}).values():
+        for r in part:
+            r["before"], r["after"] = r.pop("key")
+            r["pair"] = f"{r['before']} -> {r['after']}"
     accept = None
     ta, tb, ra, rb = sa["tau"], sb["tau"], sa["t_round_us"], sb["t_round_us"]
     if ta and tb and ra and rb:
@@ -121,7 +132,7 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
                           "(TPOT = Tround/τ; a change wins only if its round saving exceeds its τ loss)"),
         }
     return {"a": a.get("trace"), "b": b.get("trace"), "metrics": metrics, "frames": frames, "syncs": syncs,
-            "accept_length": accept, "warnings": _window_warnings(a, b)}
+            "bubbles": bubbles, "accept_length": accept, "warnings": _window_warnings(a, b)}
 
 
 def _window_warnings(a: dict, b: dict) -> list[str]:

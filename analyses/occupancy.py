@@ -263,7 +263,8 @@ def short_kernel_name(name: str, width: int = 60) -> str:
             depth += 1
         elif ch == ">":
             depth = max(depth - 1, 0)
-        elif ch == "(" and depth == 0 and i > 0 and s[i - 1] != " ":  # "Memcpy DtoH (Device -> Pinned)" stays
+        elif (ch == "(" and depth == 0 and i > 0 and s[i - 1] != " "  # "Memcpy DtoH (Device -> Pinned)" stays
+              and not s.startswith("(anonymous namespace)", i)):
             s = s[:i]
             break
     if len(s) > width:

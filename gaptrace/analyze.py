@@ -25,7 +25,7 @@
   joins, host_wait_us, device_side_* and graph_node_* are None (unavailable), and when many do not, a warning
   says so (:func:`unlinked_warning`);
 - ``node_bubbles``: [{before, after, gaps, idle_us, median_us, max_us, share}]: the ``graph_node_*`` bubbles
-  grouped by the kernel pair at the node boundary, sorted by idle_us desc, at most 50 pairs (share over all
+  grouped by the kernel pair at the node boundary, sorted by idle_us desc, every pair (share over all
   node-bubble idle; :func:`gaptrace.analyses.occupancy.node_bubbles`): which boundaries a fusion of two kernels
   into one node, or programmatic dependent launch of the second, would close;
 - ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
@@ -86,9 +86,6 @@ def dumps_json(obj: Any) -> str:
     """The ``--json`` text of a result dict: :func:`to_jsonable`, indented, non-ASCII kept, every non-printable
     character escaped (:func:`gaptrace.cli.escape_json_controls`: trace names are untrusted)."""
     return escape_json_controls(json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False))
-
-
-NODE_BUBBLE_PAIRS = 50  # kernel pairs kept in ``node_bubbles`` (the JSON); the text shows ``--top`` of them
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -369,7 +366,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
                          "gpu_events": links["gpu_events"], "unlinked_gpu_events": links["unlinked"],
                          "unlinked_by_cause": {k: links[k] for k in ("no_id", "shared_id", "no_launch")}}
     if node.any():
-        out["node_bubbles"] = _records(occupancy.node_bubbles(trace, key, window).head(NODE_BUBBLE_PAIRS))
+        out["node_bubbles"] = _records(occupancy.node_bubbles(trace, key, window))  # every pair: diff matches them
     if links["gpu_events"] and not links["linked"]:
         # no activity joins its launch call: 0 µs device-side would be a claim nobody measured
         out["idle_split"].update(dict.fromkeys(("host_wait_us", "device_side_us", "device_side_share", "graph_node_us",

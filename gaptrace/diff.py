@@ -23,6 +23,8 @@ def _fmt(v, name: str) -> str:
 def render_diff(d: dict) -> str:
     """Text form of :func:`gaptrace.analyses.diff.diff_analyses`, non-printable characters of trace names and
     paths escaped, newlines inside them included (:func:`gaptrace.cli.escape_strings`)."""
+    from gaptrace.analyses.occupancy import short_kernel_name
+
     d = escape_strings(d)
     lines = [f"A: {d['a']}", f"B: {d['b']}", "", f"  {'metric':<18} {'A':>12} {'B':>12} {'B-A':>12} {'rel':>8}"]
     for name, m in d["metrics"].items():
@@ -35,12 +37,17 @@ def render_diff(d: dict) -> str:
         lines.append(f"  {name:<18} {_fmt(m['a'], name):>12} {_fmt(m['b'], name):>12} {delta:>12} {rel:>8}")
     if d["accept_length"]:
         lines += ["", "Accept length: " + d["accept_length"]["statement"]]
-    for title, part, key in (("Idle by frame", d["frames"], "frame"), ("Blocking syncs (blocked µs)", d["syncs"], "site")):
+    for title, part, key in (("Idle by frame", d["frames"], "frame"), ("Blocking syncs (blocked µs)", d["syncs"], "site"),
+                             ("Bubbles between graph nodes, by kernel pair", d.get("bubbles"), "pair")):
+        if part is None:
+            continue
         lines += ["", f"{title}:"]
         n = len(lines)
         for kind in ("vanished", "appeared", "changed"):
             for r in part[kind][:8]:
-                lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {r[key]}")
+                shown = (f"{short_kernel_name(r['before'])} -> {short_kernel_name(r['after'])}" if key == "pair"
+                         else r[key])
+                lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {shown}")
         if len(lines) == n:
             lines.append("  (no change)")
     if d.get("warnings"):

@@ -194,3 +194,6 @@ def test_short_kernel_name():
     assert short_kernel_name("void k<int>(float*)") == "k<int>"  # short: the template arguments stay
     assert short_kernel_name("Memcpy DtoH (Device -> Pinned)") == "Memcpy DtoH (Device -> Pinned)"
     assert len(short_kernel_name("x" * 200)) == 60
+    anon = ("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, "
+            "-2>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, long)")
+    assert short_kernel_name(anon) == "at::native::(anonymous namespace)::indexSelectSmallIndex<…>"

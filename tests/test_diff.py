@@ -73,12 +73,13 @@ def test_diff_cli_on_real_traces():
 
 def test_diff_of_a_trace_against_itself_says_no_change(tmp_path):
     """Identical traces: every rel is 0 (0 -> 0 included, so a rel gate does not trip on 'undefined'), neither side
-    wins the accept-length inequality, and the frame and sync sections say "(no change)" instead of empty headings."""
+    wins the accept-length inequality, and the frame, sync and bubble sections say "(no change)" instead of empty
+    headings."""
     f = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
     r = _cli("diff", f, f, "--fail-if", "rel_idle_after_us > 0", "--fail-if", "rel_occupancy != 0")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "so neither wins: the same TPOT" in r.stdout and "so B loses" not in r.stdout
-    assert r.stdout.count("  (no change)") == 2
+    assert r.stdout.count("  (no change)") == 3  # idle by frame, blocking syncs, bubbles between graph nodes
     d = json.loads(_cli("diff", f, f, "--json").stdout)
     assert all(m["rel"] == 0 for m in d["metrics"].values() if m["a"] is not None)
 
@@ -164,3 +165,31 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     # the shipped sidecar itself has nothing to skip
     r = _cli("analyze", src + ".json.gz")
     assert "gaptrace: warning" not in r.stderr
+
+
+def test_diff_bubbles_by_kernel_pair():
+    """The eager overlap capture against the fused one: the elementwise-kernel boundaries vanish, the fused kernels'
+    appear, each with B's (or A's) idle for that pair exactly; a trace against itself changes no pair."""
+    a = "fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12.json.gz"
+    b = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
+    d = json.loads(_cli("diff", a, b, "--json").stdout)
+    rb = json.loads(_cli("analyze", b, "--json").stdout)
+    ra = json.loads(_cli("analyze", a, "--json").stdout)
+    want_b = {(r["before"], r["after"]): r["idle_us"] for r in rb["node_bubbles"]}
+    want_a = {(r["before"], r["after"]): r["idle_us"] for r in ra["node_bubbles"]}
+    appeared = {(r["before"], r["after"]): r["delta_us"] for r in d["bubbles"]["appeared"]}
+    vanished = {(r["before"], r["after"]): r["delta_us"] for r in d["bubbles"]["vanished"]}
+    assert appeared and vanished
+    assert all(v == pytest.approx(want_b[k]) and k not in want_a for k, v in appeared.items())
+    assert all(v == pytest.approx(-want_a[k]) and k not in want_b for k, v in vanished.items())
+    assert ("_qkv_rope_write_kernel", "_paged_attention_kernel") in appeared
+    assert all(r["pair"] == f"{r['before']} -> {r['after']}" for r in d["bubbles"]["changed"])
+    text = _cli("diff", a, b).stdout
+    assert "Bubbles between graph nodes, by kernel pair:\n  vanished" in text
+    assert "_qkv_rope_write_kernel -> _paged_attention_kernel" in text
+    same = json.loads(_cli("diff", b, b, "--json").stdout)["bubbles"]
+    assert same == {"vanished": [], "appeared": [], "changed": []}
+    # traces without graph launches: no bubbles section at all
+    v100 = "fixtures/traces/kineto_v100_resnet50.json.gz"
+    assert json.loads(_cli("diff", v100, v100, "--json").stdout)["bubbles"] is None
+    assert "Bubbles between graph nodes" not in _cli("diff", v100, v100).stdout
