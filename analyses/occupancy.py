@@ -242,11 +242,13 @@ def node_bubbles(trace: Trace, device: int | tuple[int, int] | None = None,
     cols = ["before", "after", "gaps", "idle_us", "median_us", "max_us", "share"]
     if not node.any():
         return pd.DataFrame(columns=cols)
-    names = _device_rows(trace, key)["name"].astype(str).to_numpy()
-    df = pd.DataFrame({"before": names[prv[node]], "after": names[nxt[node]],
-                       "dur": tl.gaps()["dur_us"].to_numpy()[node]})
-    out = (df.groupby(["before", "after"], sort=False)["dur"]
+    name = _device_rows(trace, key)["name"]  # a Categorical over the trace's symbols: group on the codes
+    codes = name.cat.codes.to_numpy()
+    df = pd.DataFrame({"b": codes[prv[node]], "a": codes[nxt[node]], "dur": tl.gaps()["dur_us"].to_numpy()[node]})
+    out = (df.groupby(["b", "a"], sort=False)["dur"]
            .agg(gaps="size", idle_us="sum", median_us="median", max_us="max").reset_index())
+    cats = name.cat.categories.astype(str).to_numpy()
+    out["before"], out["after"] = cats[out["b"].to_numpy()], cats[out["a"].to_numpy()]
     out["share"] = out["idle_us"] / out["idle_us"].sum()
     return out.sort_values(["idle_us", "before", "after"], ascending=[False, True, True],
                            kind="stable").reset_index(drop=True)[cols]
