@@ -88,6 +88,17 @@ def dumps_json(obj: Any) -> str:
     return escape_json_controls(json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False))
 
 
+def _top_pair(pairs: list[dict]) -> str:
+    """The headline's clause on the kernel pair holding the most node-bubble idle (``node_bubbles``' first row)."""
+    if not pairs:
+        return ""
+    from gaptrace.analyses.occupancy import short_kernel_name
+
+    p = pairs[0]
+    return (f"; the costliest boundary is {short_kernel_name(p['before'])} -> {short_kernel_name(p['after'])} "
+            f"({p['gaps']} gaps, median {p['median_us']:.2f} µs, {p['share']:.0%} of the node-bubble idle)")
+
+
 def _records(df: pd.DataFrame) -> list[dict]:
     return [to_jsonable(r) for r in df.to_dict("records")]
 
@@ -412,7 +423,7 @@ def run_analysis(trace: Trace, window: str | None = None, device: int | None = N
             "bubbles); no host code caused it, and the findings below explain the rest"
             + (f"; {_ms(split['graph_node_us'])} of it in {split['graph_node_gaps']} gaps between the nodes of one "
                f"CUDA-graph launch (median {split['graph_node_median_us']:.2f} µs each; no host change removes them, "
-               "fewer or overlapped nodes (programmatic dependent launch) do)"
+               "fewer or overlapped nodes (programmatic dependent launch) do)" + _top_pair(out["node_bubbles"])
                if split["graph_node_gaps"] else ""))
     if out["findings"]:
         out["headline"].append(out["findings"][0]["summary"])

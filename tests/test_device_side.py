@@ -197,3 +197,13 @@ def test_short_kernel_name():
     anon = ("void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, "
             "-2>(at::cuda::detail::TensorInfo<c10::BFloat16, unsigned int>, long)")
     assert short_kernel_name(anon) == "at::native::(anonymous namespace)::indexSelectSmallIndex<…>"
+
+
+def test_headline_names_the_costliest_boundary():
+    """The device-side sentence of the headline ends with node_bubbles' first pair, its count, median and share."""
+    res = run_analysis(gaptrace.load_trace(FUSED_OVERLAP))
+    top = res["node_bubbles"][0]
+    line = next(h for h in res["headline"] if "device-side" in h)
+    assert line.endswith(f"({top['gaps']} gaps, median {top['median_us']:.2f} µs, {top['share']:.0%} of the "
+                         "node-bubble idle)")
+    assert "the costliest boundary is nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT -> cublasLt::splitKreduce" in line
