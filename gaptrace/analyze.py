@@ -538,13 +538,14 @@ def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
     return None
 
 
-def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, notes: list | None = None) -> dict | None:
+def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, notes: list | None = None,
+                    label: str = "") -> dict | None:
     """The capture sidecar next to ``trace_path`` (:func:`gaptrace.capture.read_sidecar_checked`), or None; one
     ``gaptrace: warning:`` line on stderr when one is there but cannot be used (not JSON, nested too deeply, not an
     object, a bad analysis_window, or, given the loaded ``trace``, what :func:`check_sidecar` refuses), or when some
     of its fields will be skipped: the analysis goes on without it (or them). The same line, without the
     ``gaptrace: warning:`` prefix, is appended to ``notes`` when given (the ``warnings`` of ``--json`` output, so
-    a CI that reads only the JSON learns it too)."""
+    a CI that reads only the JSON learns it too). ``label`` ("A: ", "B: ") starts the line (diff's two traces)."""
     import os
 
     from gaptrace.capture import read_sidecar_checked, sidecar_path
@@ -555,6 +556,7 @@ def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, note
         side, why, fields = check_sidecar(side, trace, window, sidecar_path(os.fspath(trace_path).rstrip("/")))
     line = f"capture sidecar ignored: {why}" if why is not None else fields
     if line is not None:
+        line = label + line
         click.echo(f"gaptrace: warning: {escape_line(line)}", err=True)
         if notes is not None:
             notes.append(clean_text(line))
@@ -564,12 +566,12 @@ def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, note
 def check_sidecar(side: dict, trace, window: str | None, path: str) -> tuple[dict | None, str | None, str | None]:
     """A read sidecar checked against the loaded ``trace`` (analyze, diff and report): (sidecar, None, fields) to
     use it, where ``fields`` is None or one line naming the fields the analyses skip
-    (:func:`gaptrace.capture.sidecar_field_problems`; at most 4 named, then a count); (None, why, None) when,
-    without an explicit ``window``, its analysis_window names no annotation in the trace
-    (:func:`sidecar_window_problem`)."""
+    (:func:`gaptrace.capture.sidecar_field_problems`; at most 4 named, then a count); (None, why, None) when its
+    analysis_window names no annotation in the trace (:func:`sidecar_window_problem`): it describes another capture,
+    so its τ and round times are not this trace's, whatever ``window`` the user analyses."""
     from gaptrace.capture import sidecar_field_problems
 
-    why = sidecar_window_problem(side, trace, path) if window is None else None
+    why = sidecar_window_problem(side, trace, path)
     if why is not None:
         return None, why, None
     bad = sidecar_field_problems(side)

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 import time
 from typing import Any
@@ -75,15 +76,24 @@ def sidecar_problem(obj: Any) -> str | None:
     return None
 
 
+# what a capture writes is far inside these; outside them a number is a corrupt or hostile sidecar, and its
+# arithmetic (a mean of 1e308s, TPOT over a τ of 1e-320) would overflow into inf or NaN
+SIDECAR_MAX_NUMBER = 1e12   # round times (ms), launch costs (µs), node counts
+SIDECAR_MIN_NUMBER = 1e-9
+TAU_MAX = 1e6                # tokens accepted in one round
+TAU_MIN_NONZERO = 1e-6
+SIDECAR_MAX_BYTES = 64 * 10 ** 6
+
+
 def positive_number(v: Any) -> bool:
-    """A JSON number (not a boolean), finite and > 0: what a sidecar's round times, node counts and launch costs
-    must be for the analyses to use them."""
-    return _finite(v) and v > 0
+    """A JSON number (not a boolean), finite, in [1e-9, 1e12] (SIDECAR_MIN_NUMBER, SIDECAR_MAX_NUMBER): what a
+    sidecar's round times, node counts and launch costs must be for the analyses to use them."""
+    return _finite(v) and SIDECAR_MIN_NUMBER <= v <= SIDECAR_MAX_NUMBER
 
 
 def usable_tau(t: Any) -> bool:
-    """A sidecar round's ``tau``: a JSON number (not a boolean), finite and >= 0."""
-    return _finite(t) and t >= 0
+    """A sidecar round's ``tau``: a JSON number (not a boolean), 0 or in [1e-6, 1e6] (TAU_MIN_NONZERO, TAU_MAX)."""
+    return _finite(t) and (t == 0 or TAU_MIN_NONZERO <= t <= TAU_MAX)
 
 
 def _finite(v: Any) -> bool:
@@ -130,6 +140,12 @@ def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:
     """(sidecar, None) for a usable sidecar file at ``path``; (None, reason) when it cannot be read, is not JSON or
     fails :func:`sidecar_problem`. The reason is one line naming the file."""
     try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, a device never end it
+            return None, f"{path}: the capture sidecar is not a regular file"
+        if st.st_size > SIDECAR_MAX_BYTES:
+            return None, (f"{path}: the capture sidecar is {st.st_size / 1e6:,.0f} MB, over the "
+                          f"{SIDECAR_MAX_BYTES // 10 ** 6} MB a sidecar can be")
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
     except (OSError, ValueError, RecursionError) as e:

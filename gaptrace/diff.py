@@ -81,10 +81,8 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
         res, notes = [], []  # notes: the sidecars' warnings (stderr), also in --json's warnings
         for side, p in (("A", trace_a), ("B", trace_b)):
             tr = load_trace(p, memory_limit_bytes=limit)
-            side_notes: list[str] = []
-            res.append(run_analysis(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, side_notes),
+            res.append(run_analysis(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, notes, f"{side}: "),
                                     round_name=round_name))
-            notes += [f"{side}: {n}" for n in side_notes]
     except (TraceError, GateError) as e:
         fail(str(e))
     for p, r in zip((trace_a, trace_b), res):

@@ -96,15 +96,17 @@ def test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace(tmp_p
     side_window = side["analysis_window"]
     side["analysis_window"] = "nonexistent_range"
     (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
-    for args in (("analyze", str(dst)), ("diff", src + ".json.gz", str(dst))):
+    for args, side in ((("analyze", str(dst)), ""), (("diff", src + ".json.gz", str(dst)), "B: ")):
         r = _cli(*args)
         assert r.returncode == 0, r.stderr
         warn = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert len(warn) == 1 and warn[0].startswith("gaptrace: warning: capture sidecar ignored:")
+        assert len(warn) == 1 and warn[0].startswith(f"gaptrace: warning: {side}capture sidecar ignored:")
         assert '"nonexistent_range" names no annotation' in warn[0]
-    # an explicit --window is the user's choice: no warning
+    # an explicit --window does not make another capture's sidecar (its τ, its round times) this trace's
     r = _cli("analyze", str(dst), "--window", "round")
-    assert r.returncode == 0 and not r.stderr.strip()
+    assert r.returncode == 0 and "capture sidecar ignored" in r.stderr
+    assert json.loads(_cli("analyze", str(dst), "--window", "round", "--json").stdout)["rounds"]["summary"].get(
+        "tau") is None
     # a CI that reads only --json learns it too, and diff says that A and B now cover different spans
     res = json.loads(_cli("analyze", str(dst), "--json").stdout)
     assert res["window"] is None and res["warnings"][0].startswith("capture sidecar ignored: ")
@@ -118,7 +120,7 @@ def test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace(tmp_p
     # the same window on both sides: no warning
     assert json.loads(_cli("diff", src + ".json.gz", src + ".json.gz", "--json").stdout)["warnings"] == []
     d = json.loads(_cli("diff", src + ".json.gz", str(dst), "--json", "--window", "round").stdout)
-    assert d["warnings"] == []
+    assert len(d["warnings"]) == 1 and d["warnings"][0].startswith("B: capture sidecar ignored: ")  # no window line
 
 
 def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):

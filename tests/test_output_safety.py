@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import gzip
 import json
+import math
 import os
 import shutil
 import stat
@@ -356,8 +357,68 @@ def test_analyze_and_diff_say_a_bad_sidecar_was_ignored(tmp_path, content):
     for args in (("analyze", str(trace)), ("analyze", str(trace), "--json"), ("diff", str(trace), PROBE)):
         r = _gaptrace(*args)
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-500:]
-        warn = [ln for ln in r.stderr.splitlines() if ln.startswith("gaptrace: warning: capture sidecar ignored")]
+        warn = [ln for ln in r.stderr.splitlines()  # diff says whose: "A: " / "B: "
+                if ln.replace("A: ", "", 1).replace("B: ", "", 1).startswith("gaptrace: warning: capture sidecar ignored")]
         assert len(warn) == 1 and "Y.gaptrace.json" in warn[0] and r.stdout
+
+
+def test_a_fifo_or_oversized_sidecar_is_refused_without_reading_it(tmp_path, monkeypatch):
+    """A FIFO named like a sidecar used to hang analyze (open() blocks until a writer comes); a huge file would be
+    read whole. Both are named in one warning line and the analysis goes on (exit 0)."""
+    import gaptrace.capture as capture
+
+    trace = tmp_path / "Y.json.gz"
+    shutil.copy(PROBE, trace)
+    side = tmp_path / "Y.gaptrace.json"
+    os.mkfifo(side)
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", str(trace)], capture_output=True,
+                       text=True, timeout=120)
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("gaptrace: warning:")]
+    assert r.returncode == 0 and r.stdout, r.stderr
+    assert len(warn) == 1 and "not a regular file" in warn[0] and "Y.gaptrace.json" in warn[0]
+    side.unlink()
+    side.write_text(json.dumps({"analysis_window": "round", "pad": "x" * 2000}))
+    monkeypatch.setattr(capture, "SIDECAR_MAX_BYTES", 1000)
+    obj, why = capture.read_sidecar_checked(str(trace))
+    assert obj is None and "over the" in why and "\n" not in why
+    monkeypatch.setattr(capture, "SIDECAR_MAX_BYTES", 10 ** 6)
+    assert capture.read_sidecar_checked(str(trace))[0]["analysis_window"] == "round"
+
+
+def test_extreme_sidecar_numbers_are_skipped_not_overflowed(tmp_path):
+    """A τ of 1e308 overflowed the τ mean to inf (numpy RuntimeWarning on stderr, TPOT 0); one of 1e-320 gave a
+    TPOT of inf; an unprofiled round time of 1e308 the same. Numbers far outside what a capture writes are named
+    among the skipped fields; the other rounds' τ is still used, and no numpy warning reaches stderr."""
+    from gaptrace.capture import positive_number, usable_tau
+
+    src = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12"
+    dst = tmp_path / "t.json.gz"
+    shutil.copy(os.path.join(HERE, "..", src + ".json.gz"), dst)
+    side = json.loads(open(os.path.join(HERE, "..", src + ".gaptrace.json")).read())
+    good_tau = [r["tau"] for r in side["rounds"][2:]]
+    side["rounds"][0]["tau"] = 1e308
+    side["rounds"][1]["tau"] = 1e-320
+    side["unprofiled_round_ms"] = [1e308, 4.0]
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
+    r = _gaptrace("analyze", str(dst), "--json")
+    assert r.returncode == 0 and "RuntimeWarning" not in r.stderr, r.stderr
+    warn = [ln for ln in r.stderr.splitlines() if ln.startswith("gaptrace: warning:")]
+    assert len(warn) == 1 and "rounds[0].tau" in warn[0] and "rounds[1].tau" in warn[0], r.stderr
+    assert "unprofiled_round_ms" in warn[0]
+    res = json.loads(r.stdout)
+    # the same τ as a sidecar whose two rounds carry no τ at all: the extreme values are dropped, nothing else
+    del side["rounds"][0]["tau"], side["rounds"][1]["tau"]
+    side["unprofiled_round_ms"] = [4.0]
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
+    ref = json.loads(_gaptrace("analyze", str(dst), "--json").stdout)
+    tau = res["rounds"]["summary"]["tau"]
+    assert tau == ref["rounds"]["summary"]["tau"] and min(good_tau) <= tau <= max(good_tau)
+    assert res["rounds"]["summary"]["tpot_us"] == ref["rounds"]["summary"]["tpot_us"]
+    assert all(math.isfinite(v) for v in res["rounds"]["summary"].values() if isinstance(v, float))
+    # the bounds themselves
+    assert positive_number(1e-9) and positive_number(1e12) and not positive_number(1e13)
+    assert not positive_number(1e-10) and not positive_number(True) and not positive_number(float("nan"))
+    assert usable_tau(0) and usable_tau(1e-6) and usable_tau(1e6) and not usable_tau(1e-7) and not usable_tau(2e6)
 
 
 def test_report_survives_a_sidecar_with_wrongly_typed_fields(tmp_path):
