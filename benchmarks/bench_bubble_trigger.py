@@ -16,7 +16,11 @@ replays leave 0.256 µs between nodes where every later one leaves 0.416 µs. Th
 - ``gemm``: one cuBLAS GEMM [8, 1024] x [1024, 1536] bfloat16 (the draft's q|k|v; cuBLAS's sm90 kernels launch
   with thread-block clusters);
 - ``gemm-big``: one [4096, 4096] x [4096, 4096] bfloat16 GEMM;
-- ``profiler``: one torch.profiler session (CPU + CUDA activity) around one replay.
+- ``profiler``: one torch.profiler session (CPU + CUDA activity) around one replay;
+- ``fresh``: another graph of the chain captured and replayed once, then ``--replays`` more times: its first
+  replay (it uploads the graph) against its later ones, in the last column (the graph-launch probe's first replays
+  left 0.256 µs between nodes, every later one 0.416 µs); the timed batches are still the first graph's;
+- ``fresh-upload``: the same, with ``cudaGraphUpload`` before the first replay (when torch exposes the graph exec).
 
 A stage name may repeat. The table gives each stage's median replay µs and µs per node; a step up after a stage
 names the trigger. A table, not a test.
@@ -37,8 +41,12 @@ sys.path.insert(0, HERE)
 from _gpu import name_list, timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
-STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler")
-DEFAULT = "none,none,eager,none,graph,graph,graph,replays,events,gemm,gemm-big,profiler,none"
+STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler", "fresh", "fresh-upload")
+# settings that could change how the device front end dispatches work; the table says which were set
+ENV_NOTED = ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "CUDA_GRAPHS_USE_NODE_PRIORITY",
+             "CUDA_AUTO_BOOST", "CUDA_LAUNCH_BLOCKING")
+DEFAULT = ("none,none,fresh,eager,none,graph,graph,graph,fresh,fresh-upload,replays,events,gemm,fresh,gemm-big,"
+           "profiler,fresh,none")
 
 
 def main(argv=None) -> int:
@@ -76,10 +84,34 @@ def main(argv=None) -> int:
             chain()
         return g
 
-    kept = []  # graphs made by the ``graph`` stage: the process holds them to the end
+    kept = []  # graphs made by the ``graph`` and ``fresh`` stages: the process holds them to the end
 
-    def run_stage(name: str) -> None:
-        if name == "eager":
+    def upload(graph) -> str:
+        """cudaGraphUpload of ``graph``'s exec on the current stream through the CUDA runtime; '' or why not."""
+        import ctypes
+        try:
+            exec_ = graph.raw_cuda_graph_exec()
+            rt = ctypes.CDLL(next(n for n in ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
+                                  if _loads(ctypes, n)))
+        except (AttributeError, RuntimeError, StopIteration) as e:
+            return f"no upload ({type(e).__name__})"
+        rc = rt.cudaGraphUpload(ctypes.c_void_p(exec_), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+        torch.cuda.synchronize()
+        return "" if rc == 0 else f"upload rc {rc}"
+
+    def fresh(with_upload: bool) -> str:
+        g2 = capture()
+        kept.append(g2)
+        note = upload(g2) if with_upload else ""
+        first = timed_replay_us(g2.replay, 1, torch)
+        later = timed_replay_us(g2.replay, args.replays, torch)
+        return f"new graph: first replay {first:.1f} µs, later {later:.1f} µs" + (f" ({note})" if note else "")
+
+    def run_stage(name: str) -> str:
+        note = ""
+        if name in ("fresh", "fresh-upload") and cuda:
+            note = fresh(name == "fresh-upload")
+        elif name == "eager":
             chain()
         elif name == "graph" and cuda:
             kept.append(capture())
@@ -101,6 +133,7 @@ def main(argv=None) -> int:
                 torch.cuda.synchronize()
         if cuda:
             torch.cuda.synchronize()
+        return note
 
     def timed() -> list[float]:
         return [timed_replay_us(g.replay, args.replays, torch) for _ in range(args.batches)]
@@ -109,20 +142,29 @@ def main(argv=None) -> int:
     g = capture() if cuda else None
     rows, results = [], []
     for i, name in enumerate(stages):
-        run_stage(name)
+        note = run_stage(name)
         batches = timed() if cuda else []
         med = statistics.median(batches) if batches else None
-        results.append({"stage": name, "batch_median_us": batches, "replay_us": med})
+        results.append({"stage": name, "batch_median_us": batches, "replay_us": med, "note": note})
         rows.append([str(i + 1), name, fmt(med, 1), fmt(med / args.nodes if med else None, 3),
-                     " ".join(f"{b:.1f}" for b in batches) or "–"])
+                     " ".join(f"{b:.1f}" for b in batches) or "–", note or "–"])
     text = "\n".join([
         "# When does the graph-node bubble step up?", "",
         ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
         f"One graph of {args.nodes} dependent add_rms_norm nodes ([8, 1024] bfloat16); after each stage "
         f"{args.batches} batches of {args.replays} replays timed with CUDA events (median per batch); graphs the "
-        f"process holds at the end: {1 + len(kept) if cuda else 0}.", "",
-        md_table(["#", "stage (then timed)", "replay µs", "µs / node", "batch medians µs"], rows)])
+        f"process holds at the end: {1 + len(kept) if cuda else 0}. Environment: " +
+        (", ".join(f"{k}={os.environ[k]}" for k in ENV_NOTED if k in os.environ) or "no CUDA_* overrides") + ".", "",
+        md_table(["#", "stage (then timed)", "replay µs", "µs / node", "batch medians µs", "note"], rows)])
     return print_and_write(args.out, "bubble_trigger", {"args": vars(args), "results": results}, text)
+
+
+def _loads(ctypes, name: str) -> bool:
+    try:
+        ctypes.CDLL(name)
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@
 #                  (bench preset); the fused bs-8 B-12 traces come back (tar under OUT)
 #   bubble         benchmarks/bench_bubble_trigger.py twice, each in a fresh process: its default order (graphs first,
 #                  then cuBLAS GEMMs and a profiler session) and the GEMMs and the profiler first, then the graphs
-#                  (which stage raises the graph-node bubble; issue 6)
+#                  (which stage raises the graph-node bubble; issue 6); then the default order again under each of
+#                  BUBBLE_ENVS (space-separated VAR=VALUE, each its own process: hardware queues, module loading)
+#   alone          benchmarks/bench_graph_alone.py (the runtime's own graphs replayed alone: their node gaps), plain
+#                  and under each of ALONE_ENVS
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
 #                  fused kernels (resumes the bench step's runtime.json)
 #   tlrbench       benchmarks/bench_token_list_rebuild.py: one prefill with and without the fault, by prompt length
@@ -37,6 +40,8 @@ TLR_MAX_LEN=${TLR_MAX_LEN:-32768} TLR_LIMIT_S=${TLR_LIMIT_S:-150}  # TLR_LIMIT_S
 TLR_WARMUP=${TLR_WARMUP:-4} TLR_ROUNDS=${TLR_ROUNDS:-14} TLR_SHRINK=${TLR_SHRINK:-}  # its capture window
 TLRB_TOKENS=${TLRB_TOKENS:-16000,32000,48000,60000}  # the tlrbench step's prompt lengths
 BENCH_KERNELS=${BENCH_KERNELS:-fused,eager}          # the bench step's kernel variants
+BUBBLE_ENVS=${BUBBLE_ENVS:-CUDA_DEVICE_MAX_CONNECTIONS=1 CUDA_DEVICE_MAX_CONNECTIONS=32 CUDA_MODULE_LOADING=EAGER}
+ALONE_ENVS=${ALONE_ENVS:-CUDA_DEVICE_MAX_CONNECTIONS=1}
 source scripts/_steps.sh  # steps_init, left, step
 steps_init kernels
 TR=$WORK/traces
@@ -72,7 +77,17 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
     bubble)
       step bubble_graphs_first 90 "$PY" benchmarks/bench_bubble_trigger.py --out "$OUT/bubble_graphs_first"
       step bubble_gemm_first 90 "$PY" benchmarks/bench_bubble_trigger.py --out "$OUT/bubble_gemm_first" \
-        --stages none,none,gemm,none,gemm-big,none,profiler,none,graph,graph,graph,none,replays,events,none ;;
+        --stages none,none,gemm,none,gemm-big,none,profiler,none,fresh,graph,graph,graph,none,fresh,replays,events,none
+      for e in $BUBBLE_ENVS; do
+        step "bubble_${e//[^A-Za-z0-9]/_}" 90 env "$e" "$PY" benchmarks/bench_bubble_trigger.py \
+          --out "$OUT/bubble_${e//[^A-Za-z0-9]/_}"
+      done ;;
+    alone)
+      step alone_plain 150 "$PY" benchmarks/bench_graph_alone.py --out "$OUT/alone_plain"
+      for e in $ALONE_ENVS; do
+        step "alone_${e//[^A-Za-z0-9]/_}" 150 env "$e" "$PY" benchmarks/bench_graph_alone.py \
+          --out "$OUT/alone_${e//[^A-Za-z0-9]/_}"
+      done ;;
     grid)
       step grid 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8,1,32 \
         --blocks 12,8,4 --kernels fused --out "$OUT" --work "$WORK/grid" --resume --time-budget-s @BUDGET@ ;;
