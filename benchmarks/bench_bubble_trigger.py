@@ -20,6 +20,8 @@ replays leave 0.256 µs between nodes where every later one leaves 0.416 µs. Th
 - ``fresh``: another graph of the chain captured and replayed once, then ``--replays`` more times: its first
   replay (it uploads the graph) against its later ones, in the last column (the graph-launch probe's first replays
   left 0.256 µs between nodes, every later one 0.416 µs); the timed batches are still the first graph's;
+- ``tiny-graph``: a graph of one elementwise kernel captured and kept (does any graph count, or only big ones?);
+- ``free``: every graph the stages made dropped (the timed one stays);
 - ``fresh-upload``: the same, with ``cudaGraphUpload`` before the first replay (when torch exposes the graph exec).
 
 A stage name may repeat. The table gives each stage's median replay µs and µs per node; a step up after a stage
@@ -41,7 +43,8 @@ sys.path.insert(0, HERE)
 from _gpu import name_list, timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
-STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler", "fresh", "fresh-upload")
+STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler", "fresh", "fresh-upload",
+          "tiny-graph", "free")
 # settings that could change how the device front end dispatches work; the table says which were set
 ENV_NOTED = ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "CUDA_GRAPHS_USE_NODE_PRIORITY",
              "CUDA_AUTO_BOOST", "CUDA_LAUNCH_BLOCKING")
@@ -82,9 +85,11 @@ def main(argv=None) -> int:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             chain()
+        made[0] += 1
         return g
 
-    kept = []  # graphs made by the ``graph`` and ``fresh`` stages: the process holds them to the end
+    kept = []  # graphs made by the ``graph``, ``fresh`` and ``tiny-graph`` stages: held until a ``free``
+    made = [0]  # graphs captured so far, the timed one included
 
     def upload(graph) -> str:
         """cudaGraphUpload of ``graph``'s exec on the current stream through the CUDA runtime; '' or why not."""
@@ -111,6 +116,17 @@ def main(argv=None) -> int:
         note = ""
         if name in ("fresh", "fresh-upload") and cuda:
             note = fresh(name == "fresh-upload")
+        elif name == "tiny-graph" and cuda:
+            t = torch.ones(16, device=dev)
+            tg = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(tg):
+                t.add_(1)
+            made[0] += 1
+            kept.append((tg, t))
+        elif name == "free":
+            kept.clear()
+            import gc
+            gc.collect()
         elif name == "eager":
             chain()
         elif name == "graph" and cuda:
@@ -146,7 +162,8 @@ def main(argv=None) -> int:
         batches = timed() if cuda else []
         med = statistics.median(batches) if batches else None
         results.append({"stage": name, "batch_median_us": batches, "replay_us": med, "note": note})
-        rows.append([str(i + 1), name, fmt(med, 1), fmt(med / args.nodes if med else None, 3),
+        results[-1]["graphs_made"] = made[0]
+        rows.append([str(i + 1), name, str(made[0]), fmt(med, 1), fmt(med / args.nodes if med else None, 3),
                      " ".join(f"{b:.1f}" for b in batches) or "–", note or "–"])
     text = "\n".join([
         "# When does the graph-node bubble step up?", "",
@@ -155,7 +172,7 @@ def main(argv=None) -> int:
         f"{args.batches} batches of {args.replays} replays timed with CUDA events (median per batch); graphs the "
         f"process holds at the end: {1 + len(kept) if cuda else 0}. Environment: " +
         (", ".join(f"{k}={os.environ[k]}" for k in ENV_NOTED if k in os.environ) or "no CUDA_* overrides") + ".", "",
-        md_table(["#", "stage (then timed)", "replay µs", "µs / node", "batch medians µs", "note"], rows)])
+        md_table(["#", "stage (then timed)", "graphs made", "replay µs", "µs / node", "batch medians µs", "note"], rows)])
     return print_and_write(args.out, "bubble_trigger", {"args": vars(args), "results": results}, text)
 
 

@@ -38,9 +38,18 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=6, help="rounds decoded before the replays")
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--profiled", type=int, default=5)
+    ap.add_argument("--chain-probe", type=int, default=0, metavar="NODES",
+                    help="also capture a chain of NODES add_rms_norm nodes as the process's first graph and time it "
+                         "(CUDA events) before the engine is built, after its rounds and after the replays: is the "
+                         "process in the state where every graph's nodes cost ~0.18 µs more (bench_bubble_trigger)?")
     ap.add_argument("--out", default=None, help="write graph_alone.json/.md here")
     args = ap.parse_args(argv)
     import torch
+
+    probe = _chain_probe(args.chain_probe, torch) if args.chain_probe and args.device == "cuda" else None
+    probe_us: dict[str, float] = {}
+    if probe is not None:
+        probe_us["before the engine"] = timed_replay_us(probe.replay, args.replays, torch)
 
     from bench_pdl_chain import span_busy_gaps
     from bench_runtime import _Stop
@@ -70,6 +79,8 @@ def main(argv=None) -> int:
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.synchronize()  # SYNC (deliberate, outside any measurement): the abandoned rounds drained
+    if probe is not None:
+        probe_us[f"after {args.rounds} rounds"] = timed_replay_us(probe.replay, args.replays, torch)
     graphs = {f"{p}_bs{nb}": g for (p, nb), g in sorted(engine.runner.graphs.items()) if nb == max(
         n for (_, n) in engine.runner.graphs)} if engine.runner.graphs else {}
     head = ["graph", "nodes", "replay µs (events)", "kernels / replay", "busy µs / replay", "median gap µs",
@@ -85,6 +96,9 @@ def main(argv=None) -> int:
                      fmt(r["gap_sum_us_per_replay"] / replay_us if r.get("gap_sum_us_per_replay") else None, 3)])
     if not graphs:
         rows.append(["(no CUDA graphs on this device)"] + ["–"] * (len(head) - 1))
+    if probe is not None:
+        probe_us["after the replays"] = timed_replay_us(probe.replay, args.replays, torch)
+        results["chain_probe_us"] = probe_us
     text = "\n".join([
         "# The runtime's CUDA graphs replayed alone", "",
         ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
@@ -93,8 +107,31 @@ def main(argv=None) -> int:
         f"profiled (CPU + CUDA activity) and read by gaptrace; gaps are between nodes of one replay. Graphs the engine "
         f"captured: {len(engine.runner.graphs)}. Device memory "
         f"reserved by PyTorch: {torch.cuda.memory_reserved() / 2 ** 30 if cuda else 0:.1f} GiB.", "",
-        md_table(head, rows)])
+        md_table(head, rows)] + ([
+            "", f"Chain probe ({args.chain_probe} dependent add_rms_norm nodes, [8, 1024] bf16, the process's first "
+            "graph; replay µs, µs / node): " + "; ".join(
+                f"{k} {v:.1f}, {v / args.chain_probe:.3f}" for k, v in probe_us.items())] if probe_us else []))
     return print_and_write(args.out, "graph_alone", {"args": vars(args), "results": results}, text)
+
+
+def _chain_probe(nodes: int, torch):
+    """A CUDA graph of ``nodes`` dependent fused.add_rms_norm nodes ([8, 1024] bfloat16), compiled and captured."""
+    from gaptrace.runtime.models import fused
+
+    w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
+    h0, r0 = (torch.randn(8, 1024, device="cuda").to(torch.bfloat16) for _ in range(2))
+
+    def chain():
+        h, r = h0, r0
+        for _ in range(nodes):
+            h, r = fused.add_rms_norm(h, r, w, 1e-6)
+
+    chain()  # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        chain()
+    return g
 
 
 def _profiled_replays(g, n: int, torch, span_busy_gaps) -> dict:

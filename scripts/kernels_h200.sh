@@ -15,6 +15,10 @@
 #                  then cuBLAS GEMMs and a profiler session) and the GEMMs and the profiler first, then the graphs
 #                  (which stage raises the graph-node bubble; issue 6); then the default order again under each of
 #                  BUBBLE_ENVS (space-separated VAR=VALUE, each its own process: hardware queues, module loading)
+#   law            bench_bubble_trigger.py in fresh processes: tiny graphs (one node) only, chains of 100 and of 1,000
+#                  nodes, graphs freed between captures (does the step follow the graphs made, their nodes, or the
+#                  graphs alive?); bench_graph_alone.py --chain-probe 300 as is and with two graphs
+#                  (runtime_variant.py two_graphs): is a process that built the runtime in the slow state?
 #   alone          benchmarks/bench_graph_alone.py (the runtime's own graphs replayed alone: their node gaps), plain
 #                  and under each of ALONE_ENVS
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
@@ -82,6 +86,18 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
         step "bubble_${e//[^A-Za-z0-9]/_}" 90 env "$e" "$PY" benchmarks/bench_bubble_trigger.py \
           --out "$OUT/bubble_${e//[^A-Za-z0-9]/_}"
       done ;;
+    law)
+      T="$PY benchmarks/bench_bubble_trigger.py"
+      step law_tiny 90 $T --out "$OUT/law_tiny" \
+        --stages none,tiny-graph,none,tiny-graph,none,tiny-graph,none,tiny-graph,none,tiny-graph,none,graph,none,graph,none
+      step law_n100 90 $T --out "$OUT/law_n100" --nodes 100 \
+        --stages none,graph,none,graph,none,graph,none,graph,none,graph,none,graph,none,graph,none,graph,none
+      step law_n1000 90 $T --out "$OUT/law_n1000" --nodes 1000 --stages none,graph,none,graph,none,graph,none,graph,none
+      step law_free 90 $T --out "$OUT/law_free" \
+        --stages none,graph,free,none,graph,free,none,graph,free,none,graph,free,none,graph,none
+      step law_alone 150 "$PY" benchmarks/bench_graph_alone.py --chain-probe 300 --out "$OUT/law_alone"
+      step law_alone_two 150 "$PY" scripts/runtime_variant.py two_graphs benchmarks/bench_graph_alone.py \
+        --chain-probe 300 --out "$OUT/law_alone_two" ;;
     alone)
       step alone_plain 150 "$PY" benchmarks/bench_graph_alone.py --out "$OUT/alone_plain"
       for e in $ALONE_ENVS; do
