@@ -21,6 +21,10 @@ replays leave 0.256 µs between nodes where every later one leaves 0.416 µs. Th
   replay (it uploads the graph) against its later ones, in the last column (the graph-launch probe's first replays
   left 0.256 µs between nodes, every later one 0.416 µs); the timed batches are still the first graph's;
 - ``tiny-graph``: a graph of one elementwise kernel captured and kept (does any graph count, or only big ones?);
+- ``stream``: a new ``torch.cuda.Stream`` from the pool with one kernel run on it;
+- ``memcpy``: a device-to-pinned-host copy, an event recorded and waited on (the runtime's read-back);
+- ``graphedcall``: the chain captured as the runtime captures its graphs (runtime.graphs.GraphedCall: warm-up on a
+  new side stream, ``keep_graph=True``, ``instantiate()``, the node count read through cuda.bindings) and kept;
 - ``free``: every graph the stages made dropped (the timed one stays);
 - ``fresh-upload``: the same, with ``cudaGraphUpload`` before the first replay (when torch exposes the graph exec).
 
@@ -44,7 +48,7 @@ from _gpu import name_list, timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler", "fresh", "fresh-upload",
-          "tiny-graph", "free")
+          "tiny-graph", "stream", "memcpy", "graphedcall", "free")
 # settings that could change how the device front end dispatches work; the table says which were set
 ENV_NOTED = ("CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING", "CUDA_GRAPHS_USE_NODE_PRIORITY",
              "CUDA_AUTO_BOOST", "CUDA_LAUNCH_BLOCKING")
@@ -123,6 +127,21 @@ def main(argv=None) -> int:
                 t.add_(1)
             made[0] += 1
             kept.append((tg, t))
+        elif name == "stream" and cuda:
+            st = torch.cuda.Stream()
+            with torch.cuda.stream(st):
+                torch.ones(16, device=dev).add_(1)
+            kept.append(st)
+        elif name == "memcpy" and cuda:
+            host = torch.empty(8, 1024, dtype=bf16, pin_memory=True)
+            host.copy_(h0, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            ev.synchronize()  # SYNC (deliberate): the stage is the read-back the runtime does every round
+        elif name == "graphedcall" and cuda:
+            from gaptrace.runtime.graphs import GraphedCall
+            kept.append(GraphedCall("chain", chain, torch.cuda.graph_pool_handle()))
+            made[0] += 1
         elif name == "free":
             kept.clear()
             import gc

@@ -67,6 +67,9 @@ def main(argv=None) -> int:
     max_new = (args.rounds + 3) * args.block
     ids = encode_prompts(cs, fill_batch(texts, args.batch_size), max_new)
     engine = Engine(cs.target, cs.draft, rc, cs.eos_token_id)
+    if probe is not None:
+        probe_us[f"after the engine ({len(engine.runner.graphs)} graphs)"] = timed_replay_us(probe.replay,
+                                                                                            args.replays, torch)
 
     def hook(i: int) -> None:
         if i >= args.rounds:

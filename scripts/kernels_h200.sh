@@ -19,6 +19,7 @@
 #                  nodes, graphs freed between captures (does the step follow the graphs made, their nodes, or the
 #                  graphs alive?); bench_graph_alone.py --chain-probe 300 as is and with two graphs
 #                  (runtime_variant.py two_graphs): is a process that built the runtime in the slow state?
+#                  Also (and alone in law2, with the two-graph probe): new streams, read-backs, GraphedCall captures
 #   alone          benchmarks/bench_graph_alone.py (the runtime's own graphs replayed alone: their node gaps), plain
 #                  and under each of ALONE_ENVS
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
@@ -95,7 +96,18 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
       step law_n1000 90 $T --out "$OUT/law_n1000" --nodes 1000 --stages none,graph,none,graph,none,graph,none,graph,none
       step law_free 90 $T --out "$OUT/law_free" \
         --stages none,graph,free,none,graph,free,none,graph,free,none,graph,free,none,graph,none
+      ;;&
+    law|law2)
+      T="$PY benchmarks/bench_bubble_trigger.py"
+      step law_stream 60 $T --out "$OUT/law_stream" \
+        --stages none,stream,none,stream,none,stream,none,stream,none,stream,none,graph,none
+      step law_memcpy 60 $T --out "$OUT/law_memcpy" --stages none,memcpy,none,memcpy,none,memcpy,none,memcpy,none,graph,none
+      step law_graphedcall 60 $T --out "$OUT/law_graphedcall" --stages none,graphedcall,none,graphedcall,none,graphedcall,none
+      ;;&
+    law)
       step law_alone 150 "$PY" benchmarks/bench_graph_alone.py --chain-probe 300 --out "$OUT/law_alone"
+      ;;&
+    law|law2)
       step law_alone_two 150 "$PY" scripts/runtime_variant.py two_graphs benchmarks/bench_graph_alone.py \
         --chain-probe 300 --out "$OUT/law_alone_two" ;;
     alone)
