@@ -42,6 +42,11 @@ def main(argv=None) -> int:
                     help="also capture a chain of NODES add_rms_norm nodes as the process's first graph and time it "
                          "(CUDA events) before the engine is built, after its rounds and after the replays: is the "
                          "process in the state where every graph's nodes cost ~0.18 µs more (bench_bubble_trigger)?")
+    ap.add_argument("--fast-state", action="store_true",
+                    help="decode the rounds eagerly (no graphs), then capture only the draft and verify graphs on "
+                         "torch's capture stream, time them, put the process past the step (three new streams "
+                         "with work: bench_bubble_trigger) and time them again: what the step costs the runtime's "
+                         "own graphs")
     ap.add_argument("--out", default=None, help="write graph_alone.json/.md here")
     args = ap.parse_args(argv)
     import torch
@@ -61,7 +66,8 @@ def main(argv=None) -> int:
 
     setup = build_setup(args.preset, device=args.device, batch_size=args.batch_size)
     rc = setup.rcfg.replace(scheduler=args.scheduler, batch_size=args.batch_size, block_size=args.block,
-                            kernels="fused" if args.device == "cuda" else "eager")
+                            kernels="fused" if args.device == "cuda" else "eager",
+                            **({"cuda_graphs": False} if args.fast_state else {}))
     cs = dataclasses.replace(setup, rcfg=rc)
     texts = read_prompts_file(os.path.join(os.path.dirname(HERE), "fixtures", "prompts", "heldout.jsonl"))
     max_new = (args.rounds + 3) * args.block
@@ -82,6 +88,8 @@ def main(argv=None) -> int:
     cuda = args.device == "cuda"
     if cuda:
         torch.cuda.synchronize()  # SYNC (deliberate, outside any measurement): the abandoned rounds drained
+    if args.fast_state and cuda:
+        return _fast_state(args, engine, probe, probe_us, torch)
     if probe is not None:
         probe_us[f"after {args.rounds} rounds"] = timed_replay_us(probe.replay, args.replays, torch)
     graphs = {f"{p}_bs{nb}": g for (p, nb), g in sorted(engine.runner.graphs.items()) if nb == max(
@@ -115,6 +123,50 @@ def main(argv=None) -> int:
             "graph; replay µs, µs / node): " + "; ".join(
                 f"{k} {v:.1f}, {v / args.chain_probe:.3f}" for k, v in probe_us.items())] if probe_us else []))
     return print_and_write(args.out, "graph_alone", {"args": vars(args), "results": results}, text)
+
+
+def _fast_state(args, engine, probe, probe_us: dict, torch) -> int:
+    """--fast-state: the bucket's draft and verify captured with ``torch.cuda.graph`` (its one capture stream, no
+    side stream; the eager rounds warmed them up), timed with CUDA events; then three new streams run one kernel
+    each (the process passes the step) and both are timed again."""
+    nb = max(engine.runner.buckets)
+    runner = engine.runner
+    graphs = {}
+    with torch.no_grad():
+        for name, fn in (("draft", lambda: runner._draft_fn(nb)), ("verify", None)):
+            g = torch.cuda.CUDAGraph()
+            f = fn() if fn else runner._verify_fn(nb, graphs["draft"][1][0])
+            with torch.cuda.graph(g):
+                out = f()
+            graphs[name] = (g, out)
+    torch.cuda.synchronize()
+    before = {k: timed_replay_us(g.replay, args.replays, torch) for k, (g, _) in graphs.items()}
+    if probe is not None:
+        probe_us["after the two captures"] = timed_replay_us(probe.replay, args.replays, torch)
+    streams = []
+    for _ in range(3):
+        st = torch.cuda.Stream()
+        with torch.cuda.stream(st):
+            torch.ones(16, device="cuda").add_(1)
+        streams.append(st)
+    torch.cuda.synchronize()
+    after = {k: timed_replay_us(g.replay, args.replays, torch) for k, (g, _) in graphs.items()}
+    if probe is not None:
+        probe_us["after three new streams"] = timed_replay_us(probe.replay, args.replays, torch)
+    rows = [[f"{k}_bs{nb}", fmt(before[k], 1), fmt(after[k], 1), fmt(after[k] - before[k], 1),
+             fmt(after[k] / before[k], 3)] for k in graphs]
+    text = "\n".join([
+        "# The runtime's draft and verify graphs before and after the process's step", "",
+        ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
+        f"Preset {args.preset}, bs {args.batch_size}, B {args.block}, fused kernels; {args.rounds} rounds decoded "
+        f"eagerly, then the draft and verify captured with torch.cuda.graph (the process's only graphs"
+        f"{' besides the chain probe' if probe is not None else ''}); {args.replays} replays timed with CUDA "
+        "events (median) before and after three new streams ran one kernel each.", "",
+        md_table(["graph", "replay µs before", "replay µs after", "difference µs", "ratio"], rows)] + ([
+            "", f"Chain probe ({args.chain_probe} nodes; replay µs, µs / node): " + "; ".join(
+                f"{k} {v:.1f}, {v / args.chain_probe:.3f}" for k, v in probe_us.items())] if probe_us else []))
+    return print_and_write(args.out, "graph_alone", {"args": vars(args), "before_us": before, "after_us": after,
+                                                     "chain_probe_us": probe_us}, text)
 
 
 def _chain_probe(nodes: int, torch):

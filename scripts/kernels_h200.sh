@@ -20,6 +20,8 @@
 #                  graphs alive?); bench_graph_alone.py --chain-probe 300 as is and with two graphs
 #                  (runtime_variant.py two_graphs): is a process that built the runtime in the slow state?
 #                  Also (and alone in law2, with the two-graph probe): new streams, read-backs, GraphedCall captures
+#   faststate      bench_graph_alone.py --fast-state --chain-probe 300: the runtime's draft and verify graphs as the
+#                  process's only graphs, timed before and after the step (three new streams)
 #   alone          benchmarks/bench_graph_alone.py (the runtime's own graphs replayed alone: their node gaps), plain
 #                  and under each of ALONE_ENVS
 #   grid           benchmarks/bench_runtime.py: the whole grid (bs 8, 1, 32 x B 12, 8, 4 x overlap, sync + floors),
@@ -110,6 +112,8 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
     law|law2)
       step law_alone_two 150 "$PY" scripts/runtime_variant.py two_graphs benchmarks/bench_graph_alone.py \
         --chain-probe 300 --out "$OUT/law_alone_two" ;;
+    faststate)
+      step faststate 200 "$PY" benchmarks/bench_graph_alone.py --fast-state --chain-probe 300 --out "$OUT/faststate" ;;
     alone)
       step alone_plain 150 "$PY" benchmarks/bench_graph_alone.py --out "$OUT/alone_plain"
       for e in $ALONE_ENVS; do
