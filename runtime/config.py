@@ -185,6 +185,10 @@ class RuntimeConfig:
     device: str = "cpu"
     dtype: str = "float32"
     cuda_graphs: bool = True
+    # "max": one batch bucket (batch_size; smaller batches pad to it), "pow2": every power of two below it too.
+    # One bucket keeps the process at 3 CUDA graphs: past ~4 graphs + streams with work, every graph node of the
+    # process costs ~0.18 µs more on an H200 (benchmarks/results/h200_2026-11-30_s8/README.md)
+    graph_buckets: str = "max"
     sim_accept_rate: float | None = None
     seed: int = 0
     faults: tuple = ()
@@ -214,6 +218,7 @@ class RuntimeConfig:
         need(self.prefill_chunk >= 1, f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         need(self.max_seq_len % self.page_size == 0,
              f"max_seq_len {self.max_seq_len} must be a multiple of the page size P={self.page_size}")
+        need(self.graph_buckets in ("max", "pow2"), f"unknown graph buckets {self.graph_buckets!r} (max | pow2)")
         need(self.scheduler in ("sync", "overlap"), f"unknown scheduler {self.scheduler!r} (sync | overlap)")
         need(self.device in ("cpu", "cuda"), f"unknown device {self.device!r} (cpu | cuda)")
         need(self.dtype in ("float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")

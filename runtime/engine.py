@@ -164,11 +164,13 @@ class Engine:
             return
         with annotate("draft"):
             draft_tokens, drf_states = run.run_draft(nb)
+        # the simulated acceptance's draws (eager; nothing under greedy verification), before the verify: on CUDA
+        # the verify graph also accepts and commits
+        with annotate("accept"):
+            run.draw_acceptance(nb)
         with annotate("verify"):
             pred, tgt_states = run.run_verify(nb, draft_tokens)
-        with annotate("accept"):  # the simulated acceptance's draws (eager); nothing under greedy verification
-            run.draw_acceptance(nb)
-        with annotate("commit"):  # accept + commit: one graph on CUDA
+        with annotate("commit"):  # accept + commit: inside the verify graph on CUDA, eager otherwise
             tau = run.accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)
         with annotate("sample"):
             pending.append(("round", plan, Readback({"pred": pred, "tau": tau})))

@@ -15,8 +15,11 @@ from typing import Callable
 import torch
 
 
-def batch_buckets(max_batch: int) -> list[int]:
-    """Batch sizes that get a graph: powers of two below ``max_batch``, and ``max_batch`` itself."""
+def batch_buckets(max_batch: int, mode: str = "max") -> list[int]:
+    """Batch sizes that get a graph: ``max_batch`` alone (``mode`` "max"), or also the powers of two below it
+    ("pow2"). A round pads its rows to the smallest bucket that holds them."""
+    if mode == "max":
+        return [max_batch]
     out, b = [], 1
     while b < max_batch:
         out.append(b)
@@ -49,19 +52,18 @@ def graph_node_count(graph: "torch.cuda.CUDAGraph") -> int | None:
 class GraphedCall:
     """``fn()`` (no arguments: it reads and writes static tensors) captured once as a CUDA graph.
 
-    ``capture`` warms ``fn`` up on a side stream (allocator, lazy kernels), captures it, instantiates the
-    executable graph and reads its node count; ``__call__`` replays it and returns the outputs captured (the
+    The constructor warms ``fn`` up on the current stream (lazy kernels, cuBLAS workspaces), captures it,
+    instantiates the executable graph and reads its node count; ``__call__`` replays it and returns the outputs captured (the
     same tensors every time, overwritten by each replay).
     """
 
     def __init__(self, name: str, fn: Callable[[], object], pool, warmup: int = 2):
         self.name, self.fn = name, fn
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(warmup):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
+        # warm-up on the current stream, not on a new side stream (torch's make_graphed_callables uses one): every
+        # stream that runs work, like every graph made, counts toward the process's step past which each graph
+        # node costs ~0.18 µs more on the device (H200, benchmarks/results/h200_2026-11-30_s8/README.md)
+        for _ in range(warmup):
+            fn()
         self.graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(self.graph, pool=pool):
             self.outputs = fn()

@@ -81,7 +81,7 @@ class ModelRunner:
             # the verify hands the commit its layers' projections and the commit recomputes the accepted prefix's
             # state (a tree's accepted path is not a prefix; the fault's glue needs every per-token state)
             self.state.tgt_lin.recompute_from(target)
-        self.buckets = batch_buckets(rcfg.batch_size)
+        self.buckets = batch_buckets(rcfg.batch_size, rcfg.graph_buckets)
         self.buffers = {nb: self._new_buffers(nb) for nb in self.buckets}
         self.graphs: dict[tuple[str, int], GraphedCall] = {}
         self.generator = None
@@ -162,14 +162,13 @@ class ModelRunner:
         buf = self.buffers[nb]
         return lambda: self._fill_rect(buf, packed=False)
 
-    def _commit_fn(self, nb: int, draft_tokens: torch.Tensor, pred: torch.Tensor, tgt_states, drf_states):
-        return lambda: self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)
-
     def capture_graphs(self) -> dict[str, dict[int, int | None]]:
-        """Capture every bucket's graphs (CUDA only): the window rectangle (``rect``), the draft block, the verify
-        and accept + commit (``commit``; not under the ``eager-commit-glue`` fault, whose glue is host work by
-        definition). Returns node counts per phase and bucket. Capture runs with every row on the scratch slot, so
-        it writes only the garbage page; capture order is replay order (one stream, one shared pool)."""
+        """Capture every bucket's graphs (CUDA only): the window rectangle (``rect``), the draft block, and the verify
+        with accept + commit in the same graph (``verify``; the commit stays eager under the ``eager-commit-glue``
+        fault, whose glue is host work by definition). Three graphs a bucket: each graph a process makes counts
+        toward the step past which every node costs more (GraphedCall). Returns node counts per phase and bucket.
+        Capture runs with every row on the scratch slot, so it writes only the garbage page; capture order is
+        replay order (one stream, one shared pool)."""
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
             for nb in self.buckets:
@@ -183,15 +182,20 @@ class ModelRunner:
         if self.tree is not None:  # tree mode: tree build (gpu builder), tree verify, accept + commit
             self.tree.capture(nb, d.outputs, pool)
             return
-        v = self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
-        self._capture_commit(nb, d.outputs[0], d.outputs[1], v.outputs, pool)
+        self._capture_verify_commit(nb, d.outputs[0], d.outputs[1], pool)
 
-    def _capture_commit(self, nb: int, draft_tokens, drf_states, verify_outputs, pool) -> None:
-        if "eager-commit-glue" not in self.rcfg.faults:
-            pred, tgt_states = verify_outputs
-            self.graphs["commit", nb] = GraphedCall(f"commit_bs{nb}",
-                                                    self._commit_fn(nb, draft_tokens, pred, tgt_states, drf_states),
-                                                    pool)
+    def _capture_verify_commit(self, nb: int, draft_tokens, drf_states, pool) -> None:
+        """One graph ``verify``: the verify, then (unless the fault's glue is on) accept + commit; its outputs are
+        (pred, target states[, tau]). The acceptance draws (simulated acceptance) are written before it is
+        replayed (Engine._run_round)."""
+        verify = self._verify_fn(nb, draft_tokens)
+        if "eager-commit-glue" in self.rcfg.faults:
+            fn = verify
+        else:
+            def fn():
+                pred, tgt_states = verify()
+                return pred, tgt_states, self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)[0]
+        self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", fn, pool)
 
     def node_counts(self) -> dict[str, dict[int, int | None]]:
         """{"draft": {bucket: nodes}, "verify": {...}} of the captured graphs (tree mode adds "tree" with the gpu
@@ -208,9 +212,13 @@ class ModelRunner:
         return g() if g is not None else self._draft_fn(nb)()
 
     def run_verify(self, nb: int, draft_tokens: torch.Tensor):
-        """(pred [nb, B], target states): graph replay (its input is the draft graph's output), or eager."""
+        """(pred [nb, B], target states): graph replay (its input is the draft graph's output; the same graph then
+        accepts and commits the round, see :meth:`accept_commit`), or eager."""
         g = self.graphs.get(("verify", nb))
-        return g() if g is not None else self._verify_fn(nb, draft_tokens)()
+        if g is None:
+            return self._verify_fn(nb, draft_tokens)()
+        out = g()
+        return out[0], out[1]
 
     def draw_acceptance(self, nb: int) -> None:
         """The bench preset's simulated acceptance: this round's draws into bucket nb's static buffer (eager, one
@@ -222,8 +230,10 @@ class ModelRunner:
                       drf_states) -> torch.Tensor:
         """tau [nb] after committing the round (graph replay on CUDA, or eager): greedy verification of
         ``draft_tokens`` against ``pred``, or the simulated acceptance over the draws of ``draw_acceptance``."""
-        g = self.graphs.get(("commit", nb))
-        return g()[0] if g is not None else self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)[0]
+        g = self.graphs.get(("verify", nb))
+        if g is not None and len(g.outputs) == 3:  # the verify graph replayed by run_verify committed the round
+            return g.outputs[2]
+        return self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)[0]
 
     def _accept_commit(self, nb: int, draft_tokens, pred, tgt_states, drf_states) -> tuple[torch.Tensor]:
         if self.generator is not None:

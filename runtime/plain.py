@@ -4,7 +4,7 @@ the speculative speed-up is measured against, issue 6).
 It is the block-speculative loop at B = 1 with the draft taken out: the verify forward over the block
 [last_tok] (``verify_block`` with no drafted token) yields the target's greedy next token, ``greedy_accept`` (or
 the bench preset's simulated acceptance) gives τ = 1, and the commit advances each row by one position. Same paged
-KV cache, same schedulers, same batch buckets, and on CUDA two graphs per bucket (the one-token target step, and
+KV cache, same schedulers, same batch buckets, and on CUDA one graph per bucket (the one-token target step with its
 accept + commit); the draft block, its graph and the draft window rectangle are skipped. At temperature 0 the output equals
 :func:`gaptrace.runtime.spec.reference.greedy_reference` token for token (tests/test_runtime_plain.py).
 
@@ -17,7 +17,6 @@ import torch
 
 from .config import RuntimeConfig
 from .engine import Engine
-from .graphs import GraphedCall
 from .model_runner import ModelRunner
 from .models.model import Transformer
 from .spec.commit import commit_round
@@ -39,9 +38,9 @@ class PlainRunner(ModelRunner):
         return self.no_draft[nb], None
 
     def _capture_bucket(self, nb: int, pool) -> None:
-        """The one-token target step (verify at B = 1) and its accept + commit: no rectangle, no draft graph."""
-        v = self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, self.no_draft[nb]), pool)
-        self._capture_commit(nb, self.no_draft[nb], None, v.outputs, pool)
+        """The one-token target step (verify at B = 1) with its accept + commit, one graph: no rectangle, no draft
+        graph."""
+        self._capture_verify_commit(nb, self.no_draft[nb], None, pool)
 
     def commit(self, nb: int, pred, tau, tgt_states, drf_states) -> None:
         """Lengths, pending token and the target's linear states; the draft's state is not kept."""

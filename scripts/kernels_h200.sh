@@ -20,6 +20,10 @@
 #                  graphs alive?); bench_graph_alone.py --chain-probe 300 as is and with two graphs
 #                  (runtime_variant.py two_graphs): is a process that built the runtime in the slow state?
 #                  Also (and alone in law2, with the two-graph probe): new streams, read-backs, GraphedCall captures
+#   isolated       bs 8, B 12, fused: each scheduler (ISO_SCHEDULERS) in its own process, this tree and the baseline
+#                  tree (.whl/baseline_*.tar.gz, as the baseline step) alternately, so no cell runs in a process that
+#                  an earlier engine's graphs put past the step; this tree's overlap capture comes back (OUT/iso_*);
+#                  then bench_graph_alone.py (this tree's graphs alone)
 #   faststate      bench_graph_alone.py --fast-state --chain-probe 300: the runtime's draft and verify graphs as the
 #                  process's only graphs, timed before and after the step (three new streams)
 #   alone          benchmarks/bench_graph_alone.py (the runtime's own graphs replayed alone: their node gaps), plain
@@ -112,6 +116,20 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
     law|law2)
       step law_alone_two 150 "$PY" scripts/runtime_variant.py two_graphs benchmarks/bench_graph_alone.py \
         --chain-probe 300 --out "$OUT/law_alone_two" ;;
+    isolated)
+      tgz=$(ls .whl/baseline_*.tar.gz 2>/dev/null | head -n 1)
+      mkdir -p "$WORK/old" && tar -xzf "$tgz" -C "$WORK/old" && \
+        "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$WORK/oldsite" "$WORK/old" \
+        > "$LOGS/iso_install.log" 2>&1
+      cell=(--preset bench --device cuda --batch-sizes 8 --blocks 12 --kernels fused --no-floor)
+      for sched in ${ISO_SCHEDULERS:-overlap sync}; do
+        step "iso_new_$sched" 150 "$PY" benchmarks/bench_runtime.py "${cell[@]}" --schedulers "$sched" \
+          --out "$OUT/iso_new_$sched" --work "$OUT/iso_new_$sched/traces" --keep-traces
+        step "iso_base_$sched" 150 env PYTHONPATH="$WORK/oldsite:${PYTHONPATH:-}" "$PY" \
+          "$WORK/old/benchmarks/bench_runtime.py" "${cell[@]}" --schedulers "$sched" --out "$OUT/iso_base_$sched" \
+          --work "$WORK/iso_base_$sched"
+      done
+      step iso_alone 120 "$PY" benchmarks/bench_graph_alone.py --out "$OUT/iso_alone" ;;
     faststate)
       step faststate 200 "$PY" benchmarks/bench_graph_alone.py --fast-state --chain-probe 300 --out "$OUT/faststate" ;;
     alone)

@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import gaptrace.runtime.model_runner as model_runner  # noqa: E402
-import gaptrace.runtime.plain as plain  # noqa: E402
 import gaptrace.runtime.tree as tree  # noqa: E402
 from gaptrace.runtime.config import RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
@@ -55,7 +54,7 @@ def _decode(pair, graphs: bool, engine_cls=Engine, **kw):
     rc = RuntimeConfig(**{"block_size": 4, "page_size": 4, "window": 16, "batch_size": 3, "max_seq_len": 128,
                           "prefill_chunk": 16, **kw})
     with pytest.MonkeyPatch.context() as mp:
-        for mod in (model_runner, plain, tree):
+        for mod in (model_runner, tree):
             mp.setattr(mod, "GraphedCall", ReplayEmulation)
         mp.setattr(torch.cuda, "graph_pool_handle", lambda: None)
         mp.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -83,18 +82,31 @@ def test_graphed_round_equals_eager(pair, case):
     phases = {p for p, _ in graphs}
     replays = {p: sum(g.replays for (q, _), g in graphs.items() if q == p) for p in phases}
     assert {"rect", "draft", "verify"} <= phases
-    # every planned round replays the rectangle (overlap) and the draft; the sync scheduler's packed rectangle
-    # stays eager (its host syncs cannot be captured)
-    assert replays["draft"] == len(tau) and replays["rect"] == (0 if case == "sync" else len(tau))
-    if case == "glue":
-        assert "commit" not in phases  # the fault's glue is host work by definition
-    else:
+    # every planned round replays the rectangle (overlap), the draft and the verify; the sync scheduler's packed
+    # rectangle stays eager (its host syncs cannot be captured)
+    assert replays["draft"] == replays["verify"] == len(tau) and replays["rect"] == (0 if case == "sync" else len(tau))
+    if case == "tree":
         assert replays["commit"] == len(tau)
+    else:  # accept + commit ride in the verify graph, or (the fault's glue: host work by definition) stay eager
+        assert "commit" not in phases
+        assert all(len(g.outputs) == (2 if case == "glue" else 3) for (p, _), g in graphs.items() if p == "verify")
+    # one batch bucket by default: the process holds three graphs (the tree adds its build and commit)
+    assert {nb for _, nb in graphs} == {3}
 
 
 def test_plain_graphs_commit(pair):
     eager_tokens, eager_tau, _ = _decode(pair, False, PlainEngine)
     tokens, tau, graphs = _decode(pair, True, PlainEngine)
     assert tokens == eager_tokens and tau == eager_tau
-    assert {p for p, _ in graphs} == {"verify", "commit"}
-    assert all(g.replays > 0 for (_, nb), g in graphs.items() if nb == 4)
+    assert {p for p, _ in graphs} == {"verify"} and {nb for _, nb in graphs} == {3}  # accept + commit inside
+    assert all(g.replays > 0 for g in graphs.values())
+
+
+def test_pow2_buckets_pad_each_round_to_the_smallest_holding_it(pair):
+    """graph_buckets="pow2" keeps the per-power-of-two graphs: a batch of 3 rows uses the 4-bucket (padded), and as
+    requests retire the rounds move to the 2- and 1-buckets; tokens equal eager decoding."""
+    eager_tokens, eager_tau, _ = _decode(pair, False, graph_buckets="pow2")
+    tokens, tau, graphs = _decode(pair, True, graph_buckets="pow2")
+    assert tokens == eager_tokens and tau == eager_tau
+    assert {nb for _, nb in graphs} == {1, 2, 3}
+    assert sum(g.replays for (p, nb), g in graphs.items() if p == "verify" and nb < 3) > 0
