@@ -428,6 +428,11 @@ def main(argv=None) -> int:
     p.add_argument("--time-budget-s", type=float, default=None,
                    help="start no cell that would end past this many seconds from the start")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--isolate", choices=("auto", "yes", "no"), default="auto",
+                   help="run every cell in a process of its own (auto: on CUDA). A process that has made more than "
+                        "a few CUDA graphs runs every graph node ~0.18 µs slower on an H200, so an earlier cell's "
+                        "engine would slow the later cells (benchmarks/results/h200_2026-11-30_s8/README.md)")
+    p.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # --isolate's child: run this cell key only
     a = p.parse_args(argv)
     if a.warmup_rounds < 1 or a.timed_rounds < 1 or a.profiled_rounds < 0 or a.capture_report_rounds < 0:
         p.error("--warmup-rounds and --timed-rounds must be >= 1, --profiled-rounds and --capture-report-rounds >= 0")
@@ -472,6 +477,9 @@ def main(argv=None) -> int:
             plan += [("spec", s, bs, B, k) for B in blocks for k in kernel_list for s in schedulers]
             if not a.no_floor:
                 plan += [("plain", "overlap", bs, 1, k) for k in kernel_list]
+    if a.cell is not None:
+        plan = [c for c in plan if cell_key(*c) == a.cell]
+    isolate = a.cell is None and (a.isolate == "yes" or (a.isolate == "auto" and device == "cuda"))
     durations: list[float] = []
     for kind, sched, bs, B, kernels in plan:
         key = cell_key(kind, sched, bs, B, kernels)
@@ -484,9 +492,22 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         print(f"[{elapsed:6.1f} s] {key} ...", file=sys.stderr, flush=True)
         trace = os.path.join(work, key.replace("/", "_") + ".json")  # not gzipped: analysed, then deleted
+        if isolate:
+            save()  # the child resumes from what is on disk, adds its cell, and this process reads it back
+            child = [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv),
+                     "--cell", key, "--resume", "--isolate", "no", "--capture-report-rounds", "0", "--work", work]
+            r = subprocess.run(child, stdout=subprocess.DEVNULL)
+            got = (read_results(a.out, a.name) or {}).get("cells", {}).get(key)
+            data["cells"][key] = got if got is not None else {
+                "kind": kind, "scheduler": sched, "batch_size": bs, "block_size": B, "kernels": kernels,
+                "error": f"the cell's process exited {r.returncode} without a result"}
+            durations.append(time.perf_counter() - t0)
+            save()
+            continue
         try:
             data["cells"][key] = run_cell(setup, texts, kind, sched, bs, B, a, trace,
                                           a.profiled_rounds if kind == "spec" else 0, kernels=kernels)
+            data["cells"][key]["pid"] = os.getpid()  # which process ran it (--isolate: one each)
         except Exception as e:  # one bad cell (e.g. out of memory) must not lose the others
             data["cells"][key] = {"kind": kind, "scheduler": sched, "batch_size": bs, "block_size": B, "kernels": kernels,
                                   "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}

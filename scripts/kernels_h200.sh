@@ -24,6 +24,8 @@
 #                  tree (.whl/baseline_*.tar.gz, as the baseline step) alternately, so no cell runs in a process that
 #                  an earlier engine's graphs put past the step; this tree's overlap capture comes back (OUT/iso_*);
 #                  then bench_graph_alone.py (this tree's graphs alone)
+#   readme         the README table's other rows, each cell in its own process (bench_runtime --isolate): overlap
+#                  at bs 8 B 8, bs 1 B 8 and bs 32 B 12, each with its batch size's plain floor (OUT/readme)
 #   faststate      bench_graph_alone.py --fast-state --chain-probe 300: the runtime's draft and verify graphs as the
 #                  process's only graphs, timed before and after the step (three new streams)
 #   alone          benchmarks/bench_graph_alone.py (the runtime's own graphs replayed alone: their node gaps), plain
@@ -130,6 +132,12 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
           --work "$WORK/iso_base_$sched"
       done
       step iso_alone 120 "$PY" benchmarks/bench_graph_alone.py --out "$OUT/iso_alone" ;;
+    readme)
+      for c in "8 8" "1 8" "32 12"; do
+        set -- $c
+        step "readme_bs$1_B$2" 200 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes "$1" \
+          --blocks "$2" --schedulers overlap --kernels fused --out "$OUT/readme" --resume --time-budget-s @BUDGET@
+      done ;;
     faststate)
       step faststate 200 "$PY" benchmarks/bench_graph_alone.py --fast-state --chain-probe 300 --out "$OUT/faststate" ;;
     alone)

@@ -89,6 +89,19 @@ def test_bench_runtime_smoke(tmp_path):
     assert data2["capture_report"] == cr
 
 
+def test_bench_runtime_isolate_runs_each_cell_in_its_own_process(tmp_path):
+    """--isolate yes: every cell in a child process of its own (each cell records its pid), results merged into one
+    runtime.json; the figures obey the same identities as in-process cells."""
+    out = tmp_path / "out"
+    run("benchmarks/bench_runtime.py", *RT_SMOKE, "--batch-sizes", "2", "--blocks", "4", "--profiled-rounds", "0",
+        "--isolate", "yes", "--out", str(out))
+    cells = json.loads((out / "runtime.json").read_text())["cells"]
+    assert set(cells) == {"spec/overlap/bs2/B4/auto", "spec/sync/bs2/B4/auto", "plain/overlap/bs2/B1/auto"}
+    assert len({c["pid"] for c in cells.values()}) == 3 and os.getpid() not in {c["pid"] for c in cells.values()}
+    for c in cells.values():
+        assert "error" not in c and c["tpot_ms"] == pytest.approx(c["tround_ms"] / c["tau"])
+
+
 def test_capture_figures_on_a_shipped_h200_trace():
     """The runtime benchmark's capture columns, from the real H200 capture (overlap, bs 8, B 12), against a plain
     recomputation from the raw JSON: Tround, occupancy of the decode window, ΣN per round, τ."""
