@@ -147,7 +147,7 @@ for s in ${*:-env exact baseline bench tlr grid kernels_check}; do
           --out "$OUT/alone_${e//[^A-Za-z0-9]/_}"
       done ;;
     grid)
-      step grid 240 "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8,1,32 \
+      step grid "${GRID_LIMIT_S:-240}" "$PY" benchmarks/bench_runtime.py --preset bench --device cuda --batch-sizes 8,1,32 \
         --blocks 12,8,4 --kernels fused --out "$OUT" --work "$WORK/grid" --resume --time-budget-s @BUDGET@ ;;
     tlr)
       "$PY" scripts/long_prompts.py --tokens "$TLR_TOKENS" --count "$TLR_COUNT" -o "$WORK/long.jsonl" \
