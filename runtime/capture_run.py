@@ -107,7 +107,7 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
               "prefill_chunk": rc.prefill_chunk,
               "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
               "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes), "faults": list(rc.faults),
-              "kernels": "fused" if rc.fused_kernels else "eager", "queue": queue,
+              "graph_buckets": rc.graph_buckets, "kernels": "fused" if rc.fused_kernels else "eager", "queue": queue,
               "shrink_at_round": shrink_at_round, "tree_budget": rc.tree_budget,
               "tree_topk": rc.tree_topk if rc.tree else None,
               "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,

@@ -74,6 +74,10 @@ def decode_options(f):
         click.option("--device", default="cpu", show_default=True, help="cpu | cuda"),
         click.option("--dtype", help="float32 | bfloat16 | float16 (default: the preset's)."),
         click.option("--no-graphs", is_flag=True, help="Run the draft block and verify eagerly on CUDA."),
+        click.option("--graph-buckets", type=click.Choice(["max", "pow2"]), default=None,
+                     help="CUDA graphs for the batch size only (max, default: smaller rounds pad to it; three graphs "
+                          "a process) or also every power of two below it (pow2: more graphs; past about four, every "
+                          "graph node costs ~0.18 µs more on an H200)."),
         click.option("--kernels", type=click.Choice(["auto", "fused", "eager"]), default="auto", show_default=True,
                      help="fused: RMSNorm, q/k norm + RoPE and the gated-delta-rule chain as Triton kernels "
                           "(CUDA; fewer graph nodes); eager: PyTorch ops; auto: fused where it can run."),
@@ -114,7 +118,7 @@ def setup_from_options(o: dict):
                         device=o["device"], dtype=o["dtype"], cuda_graphs=False if o["no_graphs"] else None,
                         faults=tuple(o.get("faults") or ()) or None, tree_budget=o.get("tree_budget"),
                         tree_topk=o.get("tree_topk"), tree_builder=o.get("tree_builder"),
-                        kernels=o.get("kernels"))
+                        kernels=o.get("kernels"), graph_buckets=o.get("graph_buckets"))
     return setup, texts
 
 

@@ -103,8 +103,9 @@ def test_plain_graphs_commit(pair):
 
 
 def test_pow2_buckets_pad_each_round_to_the_smallest_holding_it(pair):
-    """graph_buckets="pow2" keeps the per-power-of-two graphs: a batch of 3 rows uses the 4-bucket (padded), and as
-    requests retire the rounds move to the 2- and 1-buckets; tokens equal eager decoding."""
+    """graph_buckets="pow2" keeps the per-power-of-two graphs: batch size 3 gets the buckets 1, 2 and 3, and as
+    requests retire the rounds move to the smaller ones (2 rows: the 2-bucket; 1 row: the 1-bucket); tokens equal
+    eager decoding."""
     eager_tokens, eager_tau, _ = _decode(pair, False, graph_buckets="pow2")
     tokens, tau, graphs = _decode(pair, True, graph_buckets="pow2")
     assert tokens == eager_tokens and tau == eager_tau

@@ -134,6 +134,27 @@ def test_window_smaller_than_a_page(tmp_path, cmd, args, needle):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("cmd", ["decode", "capture"])
+def test_graph_buckets_option(tmp_path, cmd):
+    """--graph-buckets: max | pow2 reach the config (and decode's JSON); anything else is one line, exit 2; the
+    config refuses a bad value itself (RuntimeConfig used from Python)."""
+    extra = ["-o", str(tmp_path / "t.json.gz")] if cmd == "capture" else []
+    r = _run(cmd, "--prompt", "a", "--graph-buckets", "all", *extra)
+    assert r.exit_code == 2 and "'--graph-buckets'" in r.stderr and "'max', 'pow2'" in r.stderr
+    assert not list(tmp_path.iterdir())
+    from gaptrace.runtime.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown graph buckets 'all' \\(max \\| pow2\\)"):
+        RuntimeConfig(graph_buckets="all")
+    assert RuntimeConfig().graph_buckets == "max"
+
+
+def test_decode_json_names_the_graph_buckets():
+    r = _run("decode", "--prompt", "a", *SMALL, "--graph-buckets", "pow2", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout)["graph_buckets"] == "pow2"
+
+
 # ---------------------------------------------------------------------------------------------- checkpoints
 def _set(name, fn):
     return lambda t: t.__setitem__(name, fn(t[name]))
