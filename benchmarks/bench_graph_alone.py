@@ -110,18 +110,13 @@ def main(argv=None) -> int:
     if probe is not None:
         probe_us["after the replays"] = timed_replay_us(probe.replay, args.replays, torch)
         results["chain_probe_us"] = probe_us
-    text = "\n".join([
-        "# The runtime's CUDA graphs replayed alone", "",
-        ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
-        f"Preset {args.preset}, bs {args.batch_size}, B {args.block}, fused kernels, after {args.rounds} decoded "
+    text = _joined(_head("The runtime's CUDA graphs replayed alone", args) + [
+        f"after {args.rounds} decoded "
         f"rounds; {args.replays} replays timed with CUDA events (median), {args.profiled} back-to-back replays "
         f"profiled (CPU + CUDA activity) and read by gaptrace; gaps are between nodes of one replay. Graphs the engine "
         f"captured: {len(engine.runner.graphs)}. Device memory "
         f"reserved by PyTorch: {torch.cuda.memory_reserved() / 2 ** 30 if cuda else 0:.1f} GiB.", "",
-        md_table(head, rows)] + ([
-            "", f"Chain probe ({args.chain_probe} dependent add_rms_norm nodes, [8, 1024] bf16, the process's first "
-            "graph; replay µs, µs / node): " + "; ".join(
-                f"{k} {v:.1f}, {v / args.chain_probe:.3f}" for k, v in probe_us.items())] if probe_us else []))
+        md_table(head, rows)] + _probe_lines(args.chain_probe, probe_us))
     return print_and_write(args.out, "graph_alone", {"args": vars(args), "results": results}, text)
 
 
@@ -155,18 +150,34 @@ def _fast_state(args, engine, probe, probe_us: dict, torch) -> int:
         probe_us["after three new streams"] = timed_replay_us(probe.replay, args.replays, torch)
     rows = [[f"{k}_bs{nb}", fmt(before[k], 1), fmt(after[k], 1), fmt(after[k] - before[k], 1),
              fmt(after[k] / before[k], 3)] for k in graphs]
-    text = "\n".join([
-        "# The runtime's draft and verify graphs before and after the process's step", "",
-        ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")), "",
-        f"Preset {args.preset}, bs {args.batch_size}, B {args.block}, fused kernels; {args.rounds} rounds decoded "
+    text = _joined(_head("The runtime's draft and verify graphs before and after the process's step", args) + [
+        f"{args.rounds} rounds decoded "
         f"eagerly, then the draft and verify captured with torch.cuda.graph (the process's only graphs"
         f"{' besides the chain probe' if probe is not None else ''}); {args.replays} replays timed with CUDA "
         "events (median) before and after three new streams ran one kernel each.", "",
-        md_table(["graph", "replay µs before", "replay µs after", "difference µs", "ratio"], rows)] + ([
-            "", f"Chain probe ({args.chain_probe} nodes; replay µs, µs / node): " + "; ".join(
-                f"{k} {v:.1f}, {v / args.chain_probe:.3f}" for k, v in probe_us.items())] if probe_us else []))
+        md_table(["graph", "replay µs before", "replay µs after", "difference µs", "ratio"], rows)]
+        + _probe_lines(args.chain_probe, probe_us))
     return print_and_write(args.out, "graph_alone", {"args": vars(args), "before_us": before, "after_us": after,
                                                      "chain_probe_us": probe_us}, text)
+
+
+def _head(title: str, args) -> list[str]:
+    """The table's title, machine line and the start of its description (the setting), as markdown lines."""
+    return [f"# {title}", "", ", ".join(f"{k} {v}" for k, v in machine().items() if k in ("date", "gpu", "torch")),
+            "", f"Preset {args.preset}, bs {args.batch_size}, B {args.block}, fused kernels; "]
+
+
+def _joined(lines: list[str]) -> str:
+    """``lines`` as markdown: a line ending in "; " runs on into the next."""
+    return "\n".join(lines).replace("; \n", "; ")
+
+
+def _probe_lines(nodes: int, probe_us: dict) -> list[str]:
+    """The chain probe's timings as one markdown paragraph (none without a probe)."""
+    if not probe_us:
+        return []
+    return ["", f"Chain probe ({nodes} dependent add_rms_norm nodes, [8, 1024] bf16, the process's first graph; "
+            "replay µs, µs / node): " + "; ".join(f"{k} {v:.1f}, {v / nodes:.3f}" for k, v in probe_us.items())]
 
 
 def _chain_probe(nodes: int, torch):
