@@ -186,7 +186,7 @@ class RuntimeConfig:
     dtype: str = "float32"
     cuda_graphs: bool = True
     # "max": one batch bucket (batch_size; smaller batches pad to it), "pow2": every power of two below it too.
-    # One bucket keeps the process at 3 CUDA graphs: past ~4 graphs + streams with work, every graph node of the
+    # The fault jit-new-shape (a new bucket mid-decode) sets "pow2". One bucket keeps the process at 3 CUDA graphs: past ~4 graphs + streams with work, every graph node of the
     # process costs ~0.18 µs more on an H200 (benchmarks/results/h200_2026-11-30_s8/README.md)
     graph_buckets: str = "max"
     sim_accept_rate: float | None = None
@@ -203,6 +203,8 @@ class RuntimeConfig:
             self.faults = tuple(dict.fromkeys(self.faults + ("cpu-tree-build",)))
         if "cpu-tree-build" in self.faults:
             self.tree_builder = "cpu-heapq"
+        if "jit-new-shape" in self.faults:  # the fault IS a round in a new batch bucket: it needs more than one
+            self.graph_buckets = "pow2"
         self.validate()
 
     def validate(self) -> None:
