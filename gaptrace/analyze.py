@@ -489,12 +489,27 @@ def render_text(res: dict, top: int = 15) -> str:
     else:
         if fit["kappa_us_per_node"] is not None:
             r2 = "n/a" if fit["r2"] is None else f"{fit['r2']:.3f}"  # None: every launch took the same time
-            parts.append(f"  κ = {fit['kappa_us_per_node']:.3f} µs/node, t0 = {fit['t0_us']:.1f} µs, "
+            ci = fit.get("kappa_interval_us_per_node")
+            ci_text = (f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci and None not in ci else "")
+            parts.append(f"  κ = {fit['kappa_us_per_node']:.3f} µs/node{ci_text}, t0 = {fit['t0_us']:.1f} µs, "
                          f"R² = {r2} over {fit['launches']} launches")
+            if ci and None not in ci and (ci[1] - ci[0]) > 0.4 * abs(fit["kappa_us_per_node"]):
+                sizes = [g["nodes"] for g in fit["graphs"]]
+                parts.append(f"  κ is poorly determined: the interval is {(ci[1] - ci[0]):.3f} µs/node wide "
+                             f"(graph sizes {min(sizes)}–{max(sizes)} nodes); the sidecar's excess / N below, "
+                             "where present, measures it per size")
         else:
             parts.append(f"  {fit['reason']}")
-        parts.append(_table(fit["graphs"], [("nodes", "N", "d"), ("launches", "launches", "d"),
-                                            ("median_us", "median µs", ",.1f"), ("inflation_us", "κN µs", ",.1f")], 50))
+        cols = [("nodes", "N", "d"), ("launches", "launches", "d"), ("median_us", "median µs", ",.1f"),
+                ("inflation_us", "κN µs", ",.1f")]
+        rows = fit["graphs"]
+        if any(g.get("unprofiled_us") is not None for g in rows):
+            # the sidecar's unprofiled launch cost per size: (median − unprofiled) / N is the profiler's cost per
+            # node measured at that size alone, a check on κ that needs no spread of graph sizes
+            rows = [{**g, "excess_per_node_us": (g["excess_us"] / g["nodes"] if g.get("excess_us") is not None
+                                                 and g["nodes"] else None)} for g in rows]
+            cols += [("unprofiled_us", "unprofiled µs", ",.1f"), ("excess_per_node_us", "excess / N µs", ".3f")]
+        parts.append(_table(rows, cols, 50))
     rr = res.get("rounds")
     if rr:
         m = rr["summary"]

@@ -203,3 +203,68 @@ def test_points_on_a_line_give_that_line(sizes, reps, t0, kappa):
     x = np.repeat(np.array(sizes, float), reps)
     t0_fit, k_fit = robust_affine_fit(x, t0 + kappa * x)
     assert k_fit == pytest.approx(kappa, rel=1e-9) and t0_fit == pytest.approx(t0, rel=1e-6, abs=1e-6)
+
+
+S8 = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results", "h200_2026-11-30_s8", "call5")
+
+
+def _plain_interval(points, n_boot=400, seed=0):
+    """The stratified bootstrap written out: per size (ascending) one (n_boot, n) index matrix from one generator into
+    that size's durations sorted ascending, then for each resample plain_weighted_theil_sen's κ."""
+    by = defaultdict(list)
+    for n, d in points:
+        by[n].append(d)
+    by = {n: sorted(v) for n, v in by.items()}
+    rng = np.random.default_rng(seed)
+    idx = {n: rng.integers(0, len(by[n]), (n_boot, len(by[n]))) for n in sorted(by)}
+    kappas = []
+    for b in range(n_boot):
+        resampled = [(n, by[n][k]) for n in sorted(by) for k in idx[n][b]]
+        kappas.append(plain_weighted_theil_sen(resampled)[1])
+    return tuple(np.quantile(kappas, [0.025, 0.975]))
+
+
+@pytest.mark.parametrize("path,wide", [
+    (PROBE, False),
+    (os.path.join(S8, "iso_new_overlap", "traces", "spec_overlap_bs8_B12_fused.json.gz"), False),  # N 19, 275, 294
+    (os.path.join(S8, "iso_new_sync", "traces", "spec_sync_bs8_B12_fused.json.gz"), True),  # N 275, 294 only
+    (os.path.join(TRACES, "h200_runtime", "h200_bench_sync_bs8_B12.json.gz"), True),  # N 2717, 3899, 8 launches each
+])
+def test_kappa_interval_bootstrap(path, wide):
+    """The 95% interval of κ from the stratified bootstrap, against the same resamples written out plainly; it holds
+    κ, and it is wide exactly where the graph sizes give κ little to stand on (two sizes close together, or a few
+    scattered launches): the H200 sync captures, whose R² is 0.24 and 0.54."""
+    fit = launch_fit(loaded(path))
+    lo, hi = fit.kappa_interval_us_per_node
+    plo, phi = _plain_interval(plain_points(path))
+    assert lo == pytest.approx(plo, rel=1e-9) and hi == pytest.approx(phi, rel=1e-9)
+    assert lo <= fit.kappa_us_per_node <= hi
+    assert ((hi - lo) > 0.4 * fit.kappa_us_per_node) == wide
+    assert fit.to_dict()["kappa_interval_us_per_node"] == [lo, hi]
+
+
+def test_kappa_interval_edge_cases():
+    from gaptrace.analyses.launch_fit import kappa_interval
+
+    assert kappa_interval([5, 5, 5], [1.0, 2.0, 3.0]) is None  # one size: no κ
+    # noise-free points: every resample gives the same κ
+    assert kappa_interval([10, 10, 20, 20], [3.0, 3.0, 5.0, 5.0]) == pytest.approx((0.2, 0.2))
+    with pytest.raises(ValueError):
+        kappa_interval([1, 2], [1.0, float("nan")])
+
+
+def test_kappa_interval_draws_in_blocks_the_same_numbers():
+    """Sizes with many launches are resampled in blocks of rows (bounded memory); the interval equals the one from
+    whole (n_boot, n) index matrices drawn at once."""
+    from gaptrace.analyses.launch_fit import _weighted_median, kappa_interval
+
+    rng = np.random.default_rng(7)
+    n = 12_000  # 400 x 12,000 indices: more than one block
+    x = np.repeat([100.0, 300.0], n)
+    y = np.r_[20 + 0.9 * 100 + rng.normal(0, 5, n), 20 + 0.9 * 300 + rng.normal(0, 5, n)]
+    got = kappa_interval(x, y)
+    draw = np.random.default_rng(0)
+    meds = [np.median(np.sort(y[x == s])[draw.integers(0, n, (400, n))], axis=1) for s in (100.0, 300.0)]
+    kappas = [_weighted_median(np.array([(b - a) / 200.0]), np.array([1.0])) for a, b in zip(*meds)]
+    assert got == pytest.approx(tuple(np.quantile(kappas, [0.025, 0.975])), rel=1e-12)
+    assert got[0] < 0.9 < got[1] and got[1] - got[0] < 0.01

@@ -236,6 +236,13 @@ def _sidecar_graphs(sidecar: dict | None) -> pd.DataFrame | None:
                          "unprofiled_launch_us": [float(g["unprofiled_launch_us"]) for g in rows]})
 
 
+
+def _interval(ci) -> str:
+    """``[low, high]`` (µs per node) as text; "–" when absent."""
+    if not ci or None in ci:
+        return "–"
+    return f"{fmt_us(ci[0], 3)} – {fmt_us(ci[1], 3)}"
+
 def _launch_fit(trace: Trace, analysis: dict, sidecar: dict | None, figures: dict) -> str:
     fit = analysis.get("launch_fit")
     out = ['<h2 id="launch-fit">Graph-launch fit</h2><p class="how">Host time of each cudaGraphLaunch against N, '
@@ -257,6 +264,7 @@ def _launch_fit(trace: Trace, analysis: dict, sidecar: dict | None, figures: dic
     if fit:
         side.append(kv_table([("launches", f"{fit.get('launches', '–')}"),
                               ("κ (µs per node)", fmt_us(fit.get("kappa_us_per_node"), 3)),
+                              ("κ, 95% bootstrap interval", _interval(fit.get("kappa_interval_us_per_node"))),
                               ("t0 (µs)", fmt_us(fit.get("t0_us"))), ("R²", fmt_us(fit.get("r2"), 4))]))
         g = fit.get("graphs") or []
         side.append(table([("N", "num"), ("launches", "num"), ("median host (µs)", "num")],
