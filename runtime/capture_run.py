@@ -107,7 +107,7 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
               "prefill_chunk": rc.prefill_chunk,
               "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
               "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes), "faults": list(rc.faults),
-              "graph_buckets": rc.graph_buckets, "kernels": "fused" if rc.fused_kernels else "eager", "queue": queue,
+              "graph_buckets": rc.graph_bucket_mode, "kernels": "fused" if rc.fused_kernels else "eager", "queue": queue,
               "shrink_at_round": shrink_at_round, "tree_budget": rc.tree_budget,
               "tree_topk": rc.tree_topk if rc.tree else None,
               "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
@@ -153,7 +153,7 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
         "rounds": [{"round": warmup_rounds + 1 + k, "tau": (sum(t) / len(t)) if t else None, "accepted": list(t)}
                    for k, t in enumerate(profiled)],
         "graphs": graphs,
-        "unprofiled_round_ms": periods,
+        "unprofiled_round_ms": periods or None,  # null: a warm-up too short to time a round
         # the decode window: the profiled rounds, without the profiler's own start/stop synchronisation
         "analysis_window": "round",
         "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"

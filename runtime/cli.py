@@ -77,7 +77,7 @@ def decode_options(f):
         click.option("--graph-buckets", type=click.Choice(["max", "pow2"]), default=None,
                      help="CUDA graphs for the batch size only (max, default: smaller rounds pad to it; three graphs "
                           "a process) or also every power of two below it (pow2: more graphs; past about four, every "
-                          "graph node costs ~0.18 µs more on an H200; --fault jit-new-shape sets pow2)."),
+                          "graph node costs ~0.18 µs more on an H200; --fault jit-new-shape needs pow2, the default with it)."),
         click.option("--kernels", type=click.Choice(["auto", "fused", "eager"]), default="auto", show_default=True,
                      help="fused: RMSNorm, q/k norm + RoPE and the gated-delta-rule chain as Triton kernels "
                           "(CUDA; fewer graph nodes); eager: PyTorch ops; auto: fused where it can run."),

@@ -186,9 +186,10 @@ class RuntimeConfig:
     dtype: str = "float32"
     cuda_graphs: bool = True
     # "max": one batch bucket (batch_size; smaller batches pad to it), "pow2": every power of two below it too.
-    # The fault jit-new-shape (a new bucket mid-decode) sets "pow2". One bucket keeps the process at 3 CUDA graphs: past ~4 graphs + streams with work, every graph node of the
+    # None: "max", or "pow2" under the fault jit-new-shape (a round in a new bucket mid-decode: it needs more than
+    # one; "max" with it is an error). See graph_bucket_mode. One bucket keeps the process at 3 CUDA graphs: past ~4 graphs + streams with work, every graph node of the
     # process costs ~0.18 µs more on an H200 (benchmarks/results/h200_2026-11-30_s8/README.md)
-    graph_buckets: str = "max"
+    graph_buckets: str | None = None
     sim_accept_rate: float | None = None
     seed: int = 0
     faults: tuple = ()
@@ -203,8 +204,6 @@ class RuntimeConfig:
             self.faults = tuple(dict.fromkeys(self.faults + ("cpu-tree-build",)))
         if "cpu-tree-build" in self.faults:
             self.tree_builder = "cpu-heapq"
-        if "jit-new-shape" in self.faults:  # the fault IS a round in a new batch bucket: it needs more than one
-            self.graph_buckets = "pow2"
         self.validate()
 
     def validate(self) -> None:
@@ -220,7 +219,10 @@ class RuntimeConfig:
         need(self.prefill_chunk >= 1, f"prefill chunk must be >= 1, got {self.prefill_chunk}")
         need(self.max_seq_len % self.page_size == 0,
              f"max_seq_len {self.max_seq_len} must be a multiple of the page size P={self.page_size}")
-        need(self.graph_buckets in ("max", "pow2"), f"unknown graph buckets {self.graph_buckets!r} (max | pow2)")
+        need(self.graph_buckets in (None, "max", "pow2"),
+             f"unknown graph buckets {self.graph_buckets!r} (max | pow2)")
+        need(self.graph_buckets != "max" or "jit-new-shape" not in self.faults,
+             "fault 'jit-new-shape' (a round in a new batch bucket) needs --graph-buckets pow2, not max")
         need(self.scheduler in ("sync", "overlap"), f"unknown scheduler {self.scheduler!r} (sync | overlap)")
         need(self.device in ("cpu", "cuda"), f"unknown device {self.device!r} (cpu | cuda)")
         need(self.dtype in ("float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
@@ -243,6 +245,14 @@ class RuntimeConfig:
                  f"fault {f!r} needs --scheduler overlap (the sync scheduler already does it)")
             need(self.tree_budget > 0 or f not in TREE_FAULTS,
                  f"fault {f!r} (--tree-builder cpu-heapq) needs tree mode (--tree-budget N): a chain builds no tree")
+
+    @property
+    def graph_bucket_mode(self) -> str:
+        """The batch buckets that get graphs: ``graph_buckets``, or when None "pow2" under the fault jit-new-shape
+        and "max" otherwise."""
+        if self.graph_buckets is not None:
+            return self.graph_buckets
+        return "pow2" if "jit-new-shape" in self.faults else "max"
 
     @property
     def fused_kernels(self) -> bool:

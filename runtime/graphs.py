@@ -20,6 +20,8 @@ def batch_buckets(max_batch: int, mode: str = "max") -> list[int]:
     ("pow2"). A round pads its rows to the smallest bucket that holds them."""
     if mode == "max":
         return [max_batch]
+    if mode != "pow2":
+        raise ValueError(f"unknown graph buckets {mode!r} (max | pow2)")
     out, b = [], 1
     while b < max_batch:
         out.append(b)

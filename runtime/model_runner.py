@@ -81,7 +81,7 @@ class ModelRunner:
             # the verify hands the commit its layers' projections and the commit recomputes the accepted prefix's
             # state (a tree's accepted path is not a prefix; the fault's glue needs every per-token state)
             self.state.tgt_lin.recompute_from(target)
-        self.buckets = batch_buckets(rcfg.batch_size, rcfg.graph_buckets)
+        self.buckets = batch_buckets(rcfg.batch_size, rcfg.graph_bucket_mode)
         self.buffers = {nb: self._new_buffers(nb) for nb in self.buckets}
         self.graphs: dict[tuple[str, int], GraphedCall] = {}
         self.generator = None

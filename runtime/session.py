@@ -155,7 +155,7 @@ def run_decode(setup: DecodeSetup, texts: list[str], max_new_tokens: int, check_
         "preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler, "device": rc.device,
         "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": rc.block_size, "page_size": rc.page_size,
         "window": rc.window, "max_seq_len": rc.max_seq_len, "cuda_graphs": bool(engine.graph_nodes),
-        "graph_buckets": rc.graph_buckets, "kernels": "fused" if rc.fused_kernels else "eager",
+        "graph_buckets": rc.graph_bucket_mode, "kernels": "fused" if rc.fused_kernels else "eager",
         "tree_budget": rc.tree_budget, "tree_topk": rc.tree_topk if rc.tree else None,
         "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
         "verify_width": rc.verify_width, "faults": list(rc.faults),

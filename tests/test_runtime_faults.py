@@ -62,8 +62,10 @@ def test_fault_config_errors():
     assert RuntimeConfig(faults=("dd-gather", "dd-gather")).faults == ("dd-gather",)
     # jit-new-shape is a round in a new batch bucket: the fault keeps the per-power-of-two buckets (one bucket by
     # default, where no round could change shape)
-    assert RuntimeConfig(faults=("jit-new-shape",)).graph_buckets == "pow2"
-    assert RuntimeConfig(faults=("dd-gather",)).graph_buckets == "max"
+    assert RuntimeConfig(faults=("jit-new-shape",)).graph_bucket_mode == "pow2"
+    assert RuntimeConfig(faults=("dd-gather",)).graph_bucket_mode == "max"
+    with pytest.raises(ConfigError, match="needs --graph-buckets pow2, not max"):  # not silently overridden
+        RuntimeConfig(faults=("jit-new-shape",), graph_buckets="max")
 
 
 def _events(path):

@@ -146,7 +146,13 @@ def test_graph_buckets_option(tmp_path, cmd):
 
     with pytest.raises(ConfigError, match="unknown graph buckets 'all' \\(max \\| pow2\\)"):
         RuntimeConfig(graph_buckets="all")
-    assert RuntimeConfig().graph_buckets == "max"
+    assert RuntimeConfig().graph_bucket_mode == "max" and RuntimeConfig(graph_buckets="pow2").graph_bucket_mode == "pow2"
+    r = _run(cmd, "--prompt", "a", "--graph-buckets", "max", "--fault", "jit-new-shape", *extra)
+    _one_line(r, "fault 'jit-new-shape' (a round in a new batch bucket) needs --graph-buckets pow2, not max")
+    from gaptrace.runtime.graphs import batch_buckets
+
+    with pytest.raises(ValueError, match="unknown graph buckets 'bogus'"):  # a mode set after construction
+        batch_buckets(8, "bogus")
 
 
 def test_decode_json_names_the_graph_buckets():
