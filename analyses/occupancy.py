@@ -77,7 +77,8 @@ def resolve_device(trace: Trace, device: int | tuple[int, int] | None = None) ->
         match = [d for d in ids if d[1] == int(device)]
         if match:
             return match[0]
-    raise TraceError(f"{trace.path}: no activity on device {device}; devices with activity: {ids}")
+    known = ", ".join(f"{d}" if r == 0 else f"{d} (rank {r})" for r, d in ids)
+    raise TraceError(f"{trace.path}: no activity on device {device}; devices with activity: {known}")
 
 
 def _device_rows(trace: Trace, key: tuple[int, int]) -> pd.DataFrame:

@@ -588,6 +588,8 @@ def check_sidecar(side: dict, trace, window: str | None, path: str) -> tuple[dic
 
     why = sidecar_window_problem(side, trace, path)
     if why is not None:
+        if window is not None and window == side.get("analysis_window"):
+            return None, None, None  # the user's window is the same missing name: its error line says it all
         return None, why, None
     bad = sidecar_field_problems(side)
     more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
@@ -607,8 +609,14 @@ def sidecar_window_problem(sidecar: dict, trace, path: str) -> str | None:
             "trace (a sidecar of another capture?)")
 
 
-def no_gpu_message(trace_path: str) -> str:
-    """The one error line of analyze and diff for a trace without GPU activity (exit code 2)."""
+def no_gpu_message(trace_path: str, warnings=()) -> str:
+    """The one error line of analyze, diff and report for a trace without GPU activity (exit code 2). When the
+    loader dropped events (``warnings``: the trace's load warnings; corrupt timestamps or durations), the line says
+    so instead of guessing that the profiler never recorded the GPU."""
+    dropped = [w for w in warnings if "dropped" in str(w)]
+    if dropped:
+        return (f"{trace_path}: no usable GPU activity (kernel/memcpy/memset events) is left: "
+                + "; ".join(map(str, dropped)))
     return (f"{trace_path}: the trace has no GPU activity (kernel/memcpy/memset events): nothing to measure occupancy "
             "or idle gaps on (profiled without ProfilerActivity.CUDA, or on a machine without a GPU?)")
 
@@ -641,7 +649,7 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
     except TraceError as e:
         fail(str(e))
     if not res["devices"]:
-        fail(no_gpu_message(trace_path))
+        fail(no_gpu_message(trace_path, trace.warnings))
     if (msg := rounds_not_found(res, trace_path, round_name)) is not None:
         fail(msg)
     if as_json:

@@ -87,7 +87,7 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
         fail(str(e))
     for p, r in zip((trace_a, trace_b), res):
         if not r["devices"]:
-            fail(no_gpu_message(p))
+            fail(no_gpu_message(p, r.get("warnings", ())))
         if (msg := rounds_not_found(r, p, round_name)) is not None:
             fail(msg)
     d = diff_analyses(*res)

@@ -221,3 +221,25 @@ def test_an_explicit_rounds_name_that_is_absent_is_an_error():
     assert r.returncode == 2 and r.stdout == ""
     assert _cli("analyze", PROBE, "--rounds", "round").returncode == 0
     assert _cli("analyze", "fixtures/traces/tracelens_h100_owlv2.json.gz").returncode == 0
+
+
+def test_gpu_events_all_dropped_names_the_drop_not_the_profiler(tmp_path):
+    """Every kernel event has a NaN timestamp or a negative duration: analyze, diff and report say the loader
+    dropped them (one line, exit 2), not that the trace was profiled without CUDA activity; an unknown --device
+    lists the devices as numbers."""
+    ev = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": float("nan"), "dur": 2,
+           "args": {"device": 0, "stream": 7, "correlation": 1}},
+          {"ph": "X", "cat": "kernel", "name": "k2", "pid": 0, "tid": 7, "ts": 10, "dur": -5,
+           "args": {"device": 0, "stream": 7, "correlation": 2}},
+          {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 0, "dur": 30, "args": {}}]
+    p = tmp_path / "nan.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    for args in (("analyze", str(p)), ("diff", str(p), str(p)), ("report", str(p), "-o", str(tmp_path / "r.html"))):
+        r = _cli(*args)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1, r.stderr
+        assert "no usable GPU activity" in lines[0] and "1 events with negative durations were dropped" in lines[0]
+        assert "ProfilerActivity" not in lines[0]
+    assert not (tmp_path / "r.html").exists()
+    r = _cli("analyze", PROBE, "--device", "5")
+    assert r.returncode == 2 and r.stderr.strip().endswith("no activity on device 5; devices with activity: 0")

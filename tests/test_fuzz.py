@@ -267,7 +267,8 @@ def test_launch_fit_without_r2_renders(tmp_path):
     res = run_analysis(load_trace(_write(tmp_path, doc)))
     fit = res["launch_fit"]
     assert fit["r2"] is None and fit["kappa_us_per_node"] == 0.0 and fit["t0_us"] == 250.0
-    assert f"κ = 0.000 µs/node, t0 = 250.0 µs, R² = n/a over {fit['launches']} launches" in render_text(res)
+    assert (f"κ = 0.000 µs/node (95% interval 0.000–0.000), t0 = 250.0 µs, R² = n/a over {fit['launches']} launches"
+            in render_text(res))
 
 
 def test_stack_tree_keeps_the_path_of_a_child_outside_its_parent():
