@@ -28,6 +28,7 @@ Parsed, never ``eval``-ed.
 from __future__ import annotations
 
 import operator
+import math
 import re
 from typing import Any
 
@@ -157,6 +158,8 @@ def parse_gate(expr: str) -> tuple[str, str, float]:
     if not m:
         raise GateError(f"cannot parse gate {expr!r}: expected METRIC OP NUMBER, e.g. 'occupancy < 0.9'")
     name, op, num = m.group(1), m.group(2), float(m.group(3))
+    if not math.isfinite(num):  # 1e999 overflows to inf: refused like the word inf
+        raise GateError(f"gate {expr!r}: the number must be finite")
     base = re.sub(r"^(delta|rel)_", "", name)
     if base not in METRICS:
         raise GateError(f"unknown metric {name!r} in gate {expr!r}; metrics: {', '.join(METRICS)} "

@@ -49,7 +49,7 @@ def test_gates():
     res = check_gates(d, ["occupancy < 0.9", "rel_t_round_us > 0.2", "delta_occupancy<0", "kappa_us_per_node > 1"])
     assert [g["tripped"] for g in res] == [True, False, True, True]  # missing κ trips, never passes silently
     assert parse_gate(" tpot_us >= 1e3") == ("tpot_us", ">=", 1000.0)
-    for bad in ["occupancy", "occupancy < x", "__import__('os') < 1", "nosuch < 1"]:
+    for bad in ["occupancy", "occupancy < x", "__import__('os') < 1", "nosuch < 1", "occupancy < 1e999", "occupancy < inf"]:
         with pytest.raises(GateError):
             parse_gate(bad)
 
