@@ -82,20 +82,31 @@ def robust_affine_fit(nodes: np.ndarray, dur_us: np.ndarray) -> tuple[float, flo
     ``(t0_us, kappa_us_per_node)``, or None when fewer than two distinct node counts exist (κ is undefined).
     Raises ValueError when the shapes differ or a value is not finite.
     """
+    x, y = _checked(nodes, dur_us)
+    sizes, med, cnt = _per_size(x, y)
+    if len(sizes) < 2:
+        return None
+    kappa = _theil_sen_kappa(sizes, med, cnt)
+    t0 = _weighted_median(med - kappa * sizes, cnt)
+    return t0, kappa
+
+
+def _checked(nodes, dur_us) -> tuple[np.ndarray, np.ndarray]:
+    """``nodes`` and ``dur_us`` as float64 arrays; ValueError unless 1-d, of one length and finite."""
     x = np.asarray(nodes, dtype=np.float64)
     y = np.asarray(dur_us, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"nodes and dur_us must be 1-d arrays of one length, got {x.shape} and {y.shape}")
     if not (np.isfinite(x).all() and np.isfinite(y).all()):
         raise ValueError("nodes and dur_us must be finite")
-    sizes, med, cnt = _per_size(x, y)
-    if len(sizes) < 2:
-        return None
+    return x, y
+
+
+def _theil_sen_kappa(sizes: np.ndarray, med: np.ndarray, cnt: np.ndarray) -> float:
+    """κ: the weighted median of the slopes between every pair of sizes, weighted by the product of their launch
+    counts. ``sizes`` (G,) distinct and sorted, ``med`` (G,) the median duration at each, ``cnt`` (G,) launches."""
     i, j = np.triu_indices(len(sizes), k=1)
-    slopes = (med[j] - med[i]) / (sizes[j] - sizes[i])
-    kappa = _weighted_median(slopes, cnt[i] * cnt[j])
-    t0 = _weighted_median(med - kappa * sizes, cnt)
-    return t0, kappa
+    return _weighted_median((med[j] - med[i]) / (sizes[j] - sizes[i]), cnt[i] * cnt[j])
 
 
 def kappa_interval(nodes: np.ndarray, dur_us: np.ndarray, n_boot: int = 400, level: float = 0.95,
@@ -111,11 +122,10 @@ def kappa_interval(nodes: np.ndarray, dur_us: np.ndarray, n_boot: int = 400, lev
     indices into its durations sorted ascending is drawn from ``numpy.random.default_rng(seed)`` (in blocks of
     rows, which draws the same numbers: numpy's generator fills arrays in row-major order).
     """
-    x = np.asarray(nodes, dtype=np.float64)
-    y = np.asarray(dur_us, dtype=np.float64)
-    if robust_affine_fit(x, y) is None:  # also checks shapes and finiteness
-        return None
+    x, y = _checked(nodes, dur_us)
     sizes = np.unique(x)
+    if len(sizes) < 2:
+        return None
     rng = np.random.default_rng(seed)
     meds = np.empty((n_boot, len(sizes)))
     cnt = np.empty(len(sizes))
@@ -126,10 +136,7 @@ def kappa_interval(nodes: np.ndarray, dur_us: np.ndarray, n_boot: int = 400, lev
         for b in range(0, n_boot, rows):
             k = min(rows, n_boot - b)
             meds[b:b + k, g] = np.median(ys[rng.integers(0, len(ys), (k, len(ys)))], axis=1)
-    i, j = np.triu_indices(len(sizes), k=1)
-    slopes = (meds[:, j] - meds[:, i]) / (sizes[j] - sizes[i])
-    w = cnt[i] * cnt[j]
-    kappas = np.array([_weighted_median(row, w) for row in slopes])
+    kappas = np.array([_theil_sen_kappa(sizes, row, cnt) for row in meds])
     tail = (1.0 - level) / 2.0
     lo, hi = np.quantile(kappas, [tail, 1.0 - tail])
     return float(lo), float(hi)

@@ -1,5 +1,6 @@
-"""Shared by the GPU benchmark scripts: a comma list of names checked against the known ones, and the median
-device time of a graph's replays timed with CUDA events."""
+"""Shared by the GPU benchmark scripts: a comma list of names checked against the known ones, the median device
+time of a graph's replays timed with CUDA events, and the chain of dependent add_rms_norm nodes the bubble hunt
+times (issue 6)."""
 from __future__ import annotations
 
 import statistics
@@ -30,3 +31,22 @@ def timed_replay_us(replay, replays: int, torch, prepare=None) -> float:
         spans.append((s, e))
     torch.cuda.synchronize()  # SYNC (deliberate): the events are read once every replay has run
     return statistics.median(s.elapsed_time(e) * 1000 for s, e in spans)
+
+
+def add_rms_norm_chain(nodes: int, device, torch):
+    """A function that launches ``nodes`` dependent ``fused.add_rms_norm`` kernels on [8, 1024] bfloat16 tensors
+    (the bench draft's shape; inputs made once here, on ``device``) and returns the last residual."""
+    from gaptrace.runtime.models import fused
+
+    bf16 = torch.bfloat16
+    w = torch.ones(1024, device=device, dtype=bf16)
+    h0, r0 = (torch.randn(8, 1024, device=device).to(bf16) for _ in range(2))
+
+    def chain():
+        h, r = h0, r0
+        for _ in range(nodes):
+            h, r = fused.add_rms_norm(h, r, w, 1e-6)
+        return r
+
+    chain.inputs = (h0, r0)
+    return chain

@@ -44,7 +44,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _gpu import name_list, timed_replay_us  # noqa: E402
+from _gpu import add_rms_norm_chain, name_list, timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler", "fresh", "fresh-upload",
@@ -71,19 +71,11 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     import torch
 
-    from gaptrace.runtime.models import fused
-
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     bf16 = torch.bfloat16
-    w = torch.ones(1024, device=dev, dtype=bf16)
-    h0, r0 = (torch.randn(8, 1024, device=dev).to(bf16) for _ in range(2))
-
-    def chain():
-        h, r = h0, r0
-        for _ in range(args.nodes):
-            h, r = fused.add_rms_norm(h, r, w, 1e-6)
-        return r
+    chain = add_rms_norm_chain(args.nodes, dev, torch)
+    h0 = chain.inputs[0]
 
     def capture():
         g = torch.cuda.CUDAGraph()
@@ -100,10 +92,17 @@ def main(argv=None) -> int:
         import ctypes
         try:
             exec_ = graph.raw_cuda_graph_exec()
-            rt = ctypes.CDLL(next(n for n in ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
-                                  if _loads(ctypes, n)))
-        except (AttributeError, RuntimeError, StopIteration) as e:
+        except (AttributeError, RuntimeError) as e:
             return f"no upload ({type(e).__name__})"
+        rt = None
+        for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+            try:
+                rt = ctypes.CDLL(name)
+                break
+            except OSError:
+                continue
+        if rt is None:
+            return "no upload (no libcudart)"
         rc = rt.cudaGraphUpload(ctypes.c_void_p(exec_), ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
         torch.cuda.synchronize()
         return "" if rc == 0 else f"upload rc {rc}"
@@ -193,14 +192,6 @@ def main(argv=None) -> int:
         (", ".join(f"{k}={os.environ[k]}" for k in ENV_NOTED if k in os.environ) or "no CUDA_* overrides") + ".", "",
         md_table(["#", "stage (then timed)", "graphs made", "replay µs", "µs / node", "batch medians µs", "note"], rows)])
     return print_and_write(args.out, "bubble_trigger", {"args": vars(args), "results": results}, text)
-
-
-def _loads(ctypes, name: str) -> bool:
-    try:
-        ctypes.CDLL(name)
-        return True
-    except OSError:
-        return False
 
 
 if __name__ == "__main__":

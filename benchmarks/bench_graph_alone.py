@@ -24,7 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from _gpu import timed_replay_us  # noqa: E402
+from _gpu import add_rms_norm_chain, timed_replay_us  # noqa: E402
 from _results import fmt, machine, md_table, print_and_write  # noqa: E402
 
 
@@ -182,16 +182,7 @@ def _probe_lines(nodes: int, probe_us: dict) -> list[str]:
 
 def _chain_probe(nodes: int, torch):
     """A CUDA graph of ``nodes`` dependent fused.add_rms_norm nodes ([8, 1024] bfloat16), compiled and captured."""
-    from gaptrace.runtime.models import fused
-
-    w = torch.ones(1024, device="cuda", dtype=torch.bfloat16)
-    h0, r0 = (torch.randn(8, 1024, device="cuda").to(torch.bfloat16) for _ in range(2))
-
-    def chain():
-        h, r = h0, r0
-        for _ in range(nodes):
-            h, r = fused.add_rms_norm(h, r, w, 1e-6)
-
+    chain = add_rms_norm_chain(nodes, "cuda", torch)
     chain()  # compile outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()

@@ -490,10 +490,11 @@ def render_text(res: dict, top: int = 15) -> str:
         if fit["kappa_us_per_node"] is not None:
             r2 = "n/a" if fit["r2"] is None else f"{fit['r2']:.3f}"  # None: every launch took the same time
             ci = fit.get("kappa_interval_us_per_node")
-            ci_text = (f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci and None not in ci else "")
+            ci = ci if ci and None not in ci else None
+            ci_text = f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
             parts.append(f"  κ = {fit['kappa_us_per_node']:.3f} µs/node{ci_text}, t0 = {fit['t0_us']:.1f} µs, "
                          f"R² = {r2} over {fit['launches']} launches")
-            if ci and None not in ci and (ci[1] - ci[0]) > 0.4 * abs(fit["kappa_us_per_node"]):
+            if ci and (ci[1] - ci[0]) > 0.4 * abs(fit["kappa_us_per_node"]):
                 sizes = [g["nodes"] for g in fit["graphs"]]
                 parts.append(f"  κ is poorly determined: the interval is {(ci[1] - ci[0]):.3f} µs/node wide "
                              f"(graph sizes {min(sizes)}–{max(sizes)} nodes); the sidecar's excess / N below, "
@@ -609,16 +610,19 @@ def sidecar_window_problem(sidecar: dict, trace, path: str) -> str | None:
             "trace (a sidecar of another capture?)")
 
 
-def no_gpu_message(trace_path: str, warnings=()) -> str:
-    """The one error line of analyze, diff and report for a trace without GPU activity (exit code 2). When the
-    loader dropped events (``warnings``: the trace's load warnings; corrupt timestamps or durations), the line says
-    so instead of guessing that the profiler never recorded the GPU."""
+NO_GPU = ("the trace has no GPU activity (kernel/memcpy/memset events): nothing to measure occupancy or idle gaps on "
+          "(profiled without ProfilerActivity.CUDA, or on a machine without a GPU?)")
+
+
+def no_gpu_message(trace_path: str, warnings=(), body: str = NO_GPU) -> str:
+    """The one error line of analyze, diff and report for a trace without GPU activity (exit code 2): ``body``
+    after the path. When the loader dropped events (``warnings``: the trace's load warnings; corrupt timestamps or
+    durations), the line says so instead of guessing that the profiler never recorded the GPU."""
     dropped = [w for w in warnings if "dropped" in str(w)]
     if dropped:
         return (f"{trace_path}: no usable GPU activity (kernel/memcpy/memset events) is left: "
                 + "; ".join(map(str, dropped)))
-    return (f"{trace_path}: the trace has no GPU activity (kernel/memcpy/memset events): nothing to measure occupancy "
-            "or idle gaps on (profiled without ProfilerActivity.CUDA, or on a machine without a GPU?)")
+    return f"{trace_path}: {body}"
 
 
 @click.command()

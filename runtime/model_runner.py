@@ -84,6 +84,8 @@ class ModelRunner:
         self.buckets = batch_buckets(rcfg.batch_size, rcfg.graph_bucket_mode)
         self.buffers = {nb: self._new_buffers(nb) for nb in self.buckets}
         self.graphs: dict[tuple[str, int], GraphedCall] = {}
+        # on CUDA the verify graph also accepts and commits, but for the fault's glue (host work by definition)
+        self.commit_in_verify_graph = "eager-commit-glue" not in rcfg.faults
         self.generator = None
         if rcfg.sim_accept_rate is not None:
             self.generator = torch.Generator(device=self.device)
@@ -189,7 +191,7 @@ class ModelRunner:
         (pred, target states[, tau]). The acceptance draws (simulated acceptance) are written before it is
         replayed (Engine._run_round)."""
         verify = self._verify_fn(nb, draft_tokens)
-        if "eager-commit-glue" in self.rcfg.faults:
+        if not self.commit_in_verify_graph:
             fn = verify
         else:
             def fn():
@@ -231,7 +233,7 @@ class ModelRunner:
         """tau [nb] after committing the round (graph replay on CUDA, or eager): greedy verification of
         ``draft_tokens`` against ``pred``, or the simulated acceptance over the draws of ``draw_acceptance``."""
         g = self.graphs.get(("verify", nb))
-        if g is not None and len(g.outputs) == 3:  # the verify graph replayed by run_verify committed the round
+        if g is not None and self.commit_in_verify_graph:  # the verify graph run_verify replayed committed the round
             return g.outputs[2]
         return self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)[0]
 
