@@ -165,13 +165,13 @@ class Steps:
 STEP_COLUMNS = ["step", "name", "rank", "pid", "tid", "host_row", "start_us", "end_us", "dur_us", "period_us",
                 "outlier", "launches", "forwards", "generate"]
 
-_LAUNCH_NAME_RE = re.compile(r"^(?:cudaLaunch\w*|cuLaunch\w*|hipLaunch\w*|hipModuleLaunch\w*|hipExtLaunch\w*"
-                             r"|cudaGraphLaunch\w*|cuGraphLaunch\w*|hipGraphLaunch\w*)$")
+_LAUNCH_NAME_RE = re.compile(r"^(?:cuda|cu|hip)\w*Launch\w*$")
 
 
 def is_launch_call(name: str) -> bool:
-    """True for a runtime / driver call that launches device work: cudaLaunchKernel(ExC), cuLaunchKernel(Ex),
-    hipLaunchKernel, hipModuleLaunchKernel, hipExtLaunchKernel, cudaLaunchCooperativeKernel, and graph launches."""
+    """True for a runtime / driver call that launches device work: a cuda* / cu* / hip* name containing "Launch"
+    (cudaLaunchKernel(ExC), cuLaunchKernel(Ex), hipLaunchKernel, hipModuleLaunchKernel, hipExtModuleLaunchKernel,
+    cudaLaunchCooperativeKernel, cudaLaunchHostFunc) and the graph launches (cudaGraphLaunch, hipGraphLaunch)."""
     return _LAUNCH_NAME_RE.match(name) is not None
 
 

@@ -346,8 +346,9 @@ def _figure_text(r: dict, v: str, step: float, compile_kind) -> str:
                 and r["device_lag_us"] > LAG_SHARE * step):
             return (f"the step's device work started {_ms(r['device_lag_us'])} after its launch calls (median), more "
                     f"than half the {_ms(step)} step: the host ran ahead of the GPU, which is the bottleneck "
-                    f"(GPU busy {r['gpu_busy_share']:.0%} of the step, {r['device_side_us'] / step:.0%} in gaps before "
-                    "work already queued: stream / event dependencies, not the host)")
+                    + (f"(GPU busy {r['gpu_busy_share']:.0%} of the step, {r['device_side_us'] / step:.0%} in gaps "
+                       "before work already queued: stream / event dependencies, not the host)"
+                       if r["gpu_busy_us"] > 0 else "(none of its device work ran inside the step)"))
         return (f"GPU busy {r['gpu_busy_share']:.0%} of the step ({_ms(r['gpu_busy_us'])} of {_ms(step)}; "
                 f"{r['device_side_us'] / step:.0%} more in bubbles between queued kernels): the host keeps ahead, "
                 "so only less device time shortens the step")
