@@ -54,7 +54,7 @@ class GraphLaunchIdle:
     totals: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        from gaptrace.analyze import to_jsonable
+        from .steps import to_jsonable
 
         return to_jsonable({"totals": self.totals, "by_caller": self.by_caller.to_dict("records")})
 

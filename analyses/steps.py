@@ -79,6 +79,26 @@ _PLUMBING_RE = re.compile(r"(?:^|[/\\])(?:torch|triton|subprocess\.py|threading\
                           r"|functools\.py|contextlib\.py|site-packages[/\\](?:torch|triton)[/\\])|^<built-in|^nn\.Module: ")
 
 
+def to_jsonable(obj: Any) -> Any:
+    """numpy / pandas scalars and containers -> plain JSON types (NaN / inf -> None), for the ``to_dict`` methods of
+    this module, :mod:`.verdicts`, :mod:`.thread_waits` and :mod:`.launch_idle` (kept here so that analyses import
+    nothing from the command layer)."""
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if np.isfinite(v) else None
+    return obj
+
+
 def is_compile_frame(name: str) -> bool:
     """True for a frame name that means a compile or a module load is running (:data:`COMPILE_FRAME_RE`)."""
     return COMPILE_FRAME_RE.search(name) is not None
@@ -153,8 +173,6 @@ class Steps:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: rule, name, name_pattern, reason, holds_request, request_evidence, summary, outliers, steps."""
-        from gaptrace.analyze import to_jsonable
-
         return to_jsonable({"rule": self.rule, "name": self.name, "name_pattern": self.name_pattern,
                             "reason": self.reason, "holds_request": self.holds_request,
                             "request_evidence": self.request_evidence, "summary": self.summary,

@@ -122,7 +122,7 @@ class ThreadWaits:
     findings: pd.DataFrame
 
     def to_dict(self) -> dict[str, Any]:
-        from gaptrace.analyze import to_jsonable
+        from .steps import to_jsonable
 
         return to_jsonable({"waits": self.waits.to_dict("records"), "findings": self.findings.to_dict("records")})
 

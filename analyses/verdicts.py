@@ -100,7 +100,7 @@ class Verdicts:
     overall: dict[str, Any]
 
     def to_dict(self) -> dict[str, Any]:
-        from gaptrace.analyze import to_jsonable
+        from .steps import to_jsonable
 
         return to_jsonable({"overall": self.overall, "steps": self.table.to_dict("records")})
 
