@@ -93,7 +93,9 @@ class Verdicts:
     inside the step holding the most of its host-wait idle: :func:`_top_host`), ``figure`` (the sentence behind the
     step's verdict).
     ``overall``: verdict, steps (counted), figure (the sentence for the headline), and the medians of the table's
-    numeric columns over the counted steps (``*_us``), plus ``verdict_counts`` ({verdict: steps}).
+    numeric columns over the counted steps of that verdict (``*_us``), plus ``verdict_counts`` ({verdict: steps}),
+    ``outliers_left_out`` and, when there are outliers, ``with_outliers``: {steps, mean (the table's numeric columns
+    averaged over every step), verdict_counts}.
     """
 
     table: pd.DataFrame
@@ -395,4 +397,8 @@ def _overall(tab: pd.DataFrame, steps_table: pd.DataFrame, compile_kind) -> dict
     overall = {k: v for k, v in row.items() if k not in ("step",)}
     overall.update({"verdict": top, "steps": n, "verdict_counts": {str(k): int(v) for k, v in counts.items()},
                     "outliers_left_out": int(out_mask.sum()), "figure": f"{lead} {top.replace('_', '-')}: {figure}"})
+    if out_mask.any():  # the same figures over every step, outliers included (means: an outlier moves them)
+        num = tab.select_dtypes("number").drop(columns=["step"])
+        overall["with_outliers"] = {"steps": len(tab), "mean": num.mean().to_dict(),
+                                    "verdict_counts": {str(k): int(v) for k, v in tab["verdict"].value_counts().items()}}
     return overall

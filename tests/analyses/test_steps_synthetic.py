@@ -75,6 +75,8 @@ def test_thread_wait_on_a_helper_without_stacks(tmp_path):
     assert o.step == 1 and o.site == "loop.py(10): step" and o.compile_frame is None
     assert o.culprit == "<built-in method acquire of _thread.lock object>"
     assert v.overall["outliers_left_out"] == 1 and v.overall["steps"] == 2
+    assert v.overall["with_outliers"]["mean"]["step_us"] == pytest.approx((1000 + 1_200_000 + 1000) / 3)
+    assert v.overall["with_outliers"]["verdict_counts"]["thread_wait"] == 1
     d = v.to_dict()
     json.dumps(d, allow_nan=False)
     json.dumps(st.to_dict(), allow_nan=False)

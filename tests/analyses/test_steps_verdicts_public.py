@@ -36,6 +36,9 @@ CASES = [
     ("tracelens_vllm_prefilldecode_piecewise", "engine_step", 2, "gpu_bound"),
     ("tracelens_b200_eager", "engine_step", 0, "launch_bound"),
     ("hta_a100_graph_launches_rank0", "profiler_step", 0, "gpu_bound"),
+    ("tracelens_h100_owlv2", "profiler_step", 0, "sync_bound"),
+    ("hta_a100_trace_diff_control", "profiler_step", 3, "launch_bound"),
+    ("hta_v100_trace_diff_test", "profiler_step", 1, "gpu_bound"),
     ("h200_runtime/h200_bench_sync_bs8_B12", "round", 0, "sync_bound"),
     ("h200_runtime/h200_bench_overlap_bs8_B12", "round", 0, "gpu_bound"),
 ]
@@ -146,3 +149,25 @@ def test_runtime_sync_rounds_name_the_lengths_copy():
     assert set(v.table["verdict"]) == {"sync_bound"}
     assert "device_lengths_to_host" in v.overall["top_sync"]
     assert st.holds_request is False and st.summary["outliers"] == 0
+
+
+def test_jit_compile_round_is_an_outlier_with_its_compile():
+    name = "h200_faults/h200_tiny_overlap_bs8_B12_jit-new-shape"
+    tr = gaptrace.load_trace(trace_path(name))
+    st = steps_mod.find_steps(tr)
+    ev = ref.complete(name)
+    _, iv = ref.step_intervals(ev)
+    durs = [e - s for s, e, _ in iv]
+    med = sorted(durs)[len(durs) // 2 - 1: len(durs) // 2 + 1]
+    med = sum(med) / 2 if len(durs) % 2 == 0 else sorted(durs)[len(durs) // 2]
+    outliers = [i for i, d in enumerate(durs) if d > steps_mod.OUTLIER_FACTOR * med]
+    assert [o.step for o in st.outliers] == outliers == [4]
+    s, e, _ = iv[4]
+    comp = [x for x in ev if x.get("cat") == "python_function" and x["name"] == "triton/compiler/compiler.py(226): compile"
+            and s <= float(x["ts"]) and float(x["ts"]) + float(x["dur"]) <= e]
+    assert comp and max(float(x["dur"]) for x in comp) >= steps_mod.CULPRIT_SHARE * (durs[4] - med)
+    o = st.outliers[0]
+    assert o.compile_frame == "triton/compiler/compiler.py(226): compile"
+    assert o.site == "runtime/faults.py(105): window_lengths"
+    v = verdicts_mod.step_verdicts(tr, st)
+    assert v.table.iloc[4]["verdict"] == "compile_bound" and v.overall["outliers_left_out"] == 1
