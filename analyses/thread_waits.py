@@ -205,31 +205,48 @@ def _step_of(steps: Any, w: pd.DataFrame) -> np.ndarray:
 
 
 def _others(trace: Trace, w: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Per wait: what the process's other threads recorded during it ("stacks" | "no_stacks" | "none") and which."""
+    """Per wait: what the process's other threads recorded during it ("stacks" | "no_stacks" | "none") and which.
+
+    Per other thread of the wait's (rank, pid), an event overlaps [ws, we] when one of its events starting before
+    we ends after ws: the running maximum of the ends over the events sorted by start, at searchsorted(starts, we).
+    O(n log n) per thread, vectorised over the waits."""
     h = trace.host
-    kinds, tids = [], []
-    if not len(w):
-        return kinds, tids
-    pid_all = h["pid"].astype(str).to_numpy()
-    tid_all = h["tid"].astype(str).to_numpy()
-    rank_all = h["rank"].to_numpy()
-    ts, te = h["ts_us"].to_numpy(), h["end_us"].to_numpy()
+    n = len(w)
+    if not n:
+        return [], []
+    key = pd.DataFrame({"rank": h["rank"].to_numpy(), "pid": h["pid"].astype(str).to_numpy(),
+                        "tid": h["tid"].astype(str).to_numpy()})
+    ts, te = h["ts_us"].to_numpy(np.float64), h["end_us"].to_numpy(np.float64)
     py = (h["cat"] == "python_function").to_numpy()
-    for r in w.itertuples(index=False):
-        m = (rank_all == r.rank) & (pid_all == str(r.pid)) & (tid_all != str(r.tid)) & (ts < r.end_us) & (te > r.start_us)
-        if not m.any():
-            kinds.append("none")
-            tids.append([])
+    ws, we = w["start_us"].to_numpy(np.float64), w["end_us"].to_numpy(np.float64)
+    any_hit: dict[str, np.ndarray] = {}
+    py_hit: dict[str, np.ndarray] = {}
+    for (rank, pid, tid), idx in key.groupby(["rank", "pid", "tid"], sort=True).indices.items():
+        mine = ((w["rank"].to_numpy() == rank) & (w["pid"].astype(str).to_numpy() == pid)
+                & (w["tid"].astype(str).to_numpy() != tid))
+        if not mine.any():
             continue
-        with_py = set(tid_all[m & py])
-        # a thread that is itself only parked (tqdm's monitor) is not the one the loop waits on
-        others = sorted(set(tid_all[m]))
+        for sel, out in ((idx, any_hit), (idx[py[idx]], py_hit)):
+            hit = np.zeros(n, dtype=bool)
+            if len(sel):
+                o = np.argsort(ts[sel], kind="stable")
+                s_sorted, run_end = ts[sel][o], np.maximum.accumulate(te[sel][o])
+                k = np.searchsorted(s_sorted, we, side="left")
+                hit = mine & (k > 0) & (run_end[np.maximum(k - 1, 0)] > ws)
+            out[tid] = hit
+    kinds, tids = [], []
+    for i in range(n):
+        with_py = sorted(t for t, m in py_hit.items() if m[i])
+        others = sorted(t for t, m in any_hit.items() if m[i])
         if with_py:
             kinds.append("stacks")
-            tids.append(sorted(with_py))
-        else:
+            tids.append(with_py)
+        elif others:
             kinds.append("no_stacks")
             tids.append(others)
+        else:
+            kinds.append("none")
+            tids.append([])
     return kinds, tids
 
 
