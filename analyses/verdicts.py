@@ -1,6 +1,10 @@
 """The verdict a user needs, per step and overall: what bounds the loop, with the figure behind it.
 
-For every step [s, e] of :func:`gaptrace.analyses.steps.find_steps` (on the analysed device, keyed (rank, device)):
+For every step of :func:`gaptrace.analyses.steps.find_steps` (on the analysed device, keyed (rank, device)), over
+its interval [s, e]: from its start to the next step's start (the period, as :mod:`.rounds` reads Tround: the
+loop's time between two steps is the loop's too; the runtime's overlapped ``round`` range covers about half of its
+period), or to its own end for the last step (no next start) and where the next step is on another thread or
+starts before this one ends; ``step_us`` = e − s:
 
 - ``gpu_busy_us``: device busy time inside [s, e] (union of kernels, memcpys, memsets; DESIGN.md "Busy /
   occupancy"); ``device_side_us``: idle inside it before activities that were already launched (bubbles between
@@ -77,7 +81,7 @@ VERDICTS = ("gpu_bound", "sync_bound", "compile_bound", "thread_wait", "launch_b
 _PARTS = ("sync_idle_us", "graph_launch_idle_us", "compile_idle_us", "thread_wait_idle_us", "launch_idle_us",
           "other_host_idle_us")
 
-VERDICT_COLUMNS = ["step", "verdict", "step_us", "gpu_busy_us", "gpu_busy_share", "device_side_us",
+VERDICT_COLUMNS = ["step", "verdict", "interval_start_us", "interval_end_us", "step_us", "gpu_busy_us", "gpu_busy_share", "device_side_us",
                    "host_wait_idle_us", *_PARTS, "blocked_us", "wait_us", "host_us", "eager_launches",
                    "graph_launches", "launch_paced_us", "launch_paced_share", "host_us_per_launch", "device_lag_us",
                    "top_sync", "top_compile", "top_wait", "top_host", "figure"]
@@ -218,8 +222,9 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
     lag = np.where(pos >= 0, first_dev.to_numpy()[np.maximum(pos, 0)] - l_end, np.nan) if len(corr) else np.empty(0)
 
     rows = []
-    for r in t.itertuples(index=False):
-        s, e = float(r.start_us), float(r.end_us)
+    ends = _interval_ends(t)
+    for r, e in zip(t.itertuples(index=False), ends):
+        s = float(r.start_us)
         step_us = e - s
         busy = float(tl.busy_between(np.array([s]), np.array([e]))[0])
         hw_idle = float(hw.idle_between(np.array([s]), np.array([e]))[0])
@@ -252,7 +257,7 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
         top_sync = c_label[int(np.flatnonzero(mc)[np.argmax(calls["blocked_us"].to_numpy()[mc])])] if mc.any() else ""
         top_comp = str(k_name[np.flatnonzero(mk)[np.argmax((k_e - k_s)[mk])]]) if mk.any() else ""
         top_wait = str(w_name[np.flatnonzero(mw)[np.argmax((w_e - w_s)[mw])]]) if mw.any() else ""
-        row = {"step": int(r.step), "step_us": step_us, "gpu_busy_us": busy,
+        row = {"step": int(r.step), "interval_start_us": s, "interval_end_us": e, "step_us": step_us, "gpu_busy_us": busy,
                "gpu_busy_share": busy / step_us if step_us > 0 else 0.0, "device_side_us": dev_side,
                "host_wait_idle_us": hw_idle, "sync_idle_us": sync_i, "graph_launch_idle_us": graph_i,
                "compile_idle_us": comp_i,
@@ -268,6 +273,20 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
         rows.append(row)
     tab = pd.DataFrame(rows)[VERDICT_COLUMNS]
     return Verdicts(table=tab, overall=_overall(tab, t, compile_kind))
+
+
+def _interval_ends(t: pd.DataFrame) -> np.ndarray:
+    """End of each step's interval: the next step's start when that step is on the same thread and starts at or
+    after this one's end (the period, as :mod:`.rounds` reads Tround), else the step's own end (the last step, or
+    steps of several threads)."""
+    end = t["end_us"].to_numpy(np.float64).copy()
+    if len(t) < 2:
+        return end
+    nxt = t["start_us"].to_numpy(np.float64)[1:]
+    same = t["tid"].astype(str).to_numpy()[1:] == t["tid"].astype(str).to_numpy()[:-1]
+    use = same & (nxt >= end[:-1] - stacks.EPS_US)
+    end[:-1] = np.where(use, nxt, end[:-1])
+    return end
 
 
 def _top_host(tree, hw, host_row: int, s: float, e: float, target_us: float) -> str:

@@ -58,9 +58,12 @@ def test_steps_and_gpu_busy_match_the_raw_events(name, rule, device, verdict):
     t0 = min(min(float(e["ts"]) for e in dev), t["start_us"].min())
     t1 = max(max(float(e["ts"]) + float(e["dur"]) for e in dev), t["end_us"].max())
     busy = ref.device_busy(ev, device, t0, t1)
-    for row, vr in zip(t.itertuples(index=False), v.table.itertuples(index=False)):
-        assert vr.gpu_busy_us == pytest.approx(ref.busy_in(busy, row.start_us, row.end_us), rel=1e-9, abs=1e-3)
-        assert vr.eager_launches == len(ref.eager_launches(ev, row.start_us, row.end_us))
+    periods = [(s, max(e, nxt[0]) if nxt[2] == tid and nxt[0] >= e else e)
+               for (s, e, tid), nxt in zip(iv, iv[1:] + [(None, None, None)])]
+    for (s, e), vr in zip(periods, v.table.itertuples(index=False)):
+        assert (vr.interval_start_us, vr.interval_end_us) == (pytest.approx(s, abs=1e-3), pytest.approx(e, abs=1e-3))
+        assert vr.gpu_busy_us == pytest.approx(ref.busy_in(busy, s, e), rel=1e-9, abs=1e-3)
+        assert vr.eager_launches == len(ref.eager_launches(ev, s, e))
     assert v.overall["verdict"] == verdict
 
 
@@ -75,8 +78,9 @@ def test_resnet_host_bound_on_the_data_loader():
         assert (vr.gpu_busy_us + vr.device_side_us) / vr.step_us < verdicts_mod.GPU_BOUND_SHARE
         assert vr.top_host == "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
         # the GPU idles longer under the data loader's ranges in the step than under all its back-to-back launching
-        idle = sum(busy.idle_between(max(float(e["ts"]), row.start_us), min(float(e["ts"]) + float(e["dur"]), row.end_us))
-                   for e in loader if float(e["ts"]) < row.end_us and float(e["ts"]) + float(e["dur"]) > row.start_us)
+        s, t = vr.interval_start_us, vr.interval_end_us  # checked against the raw periods above
+        idle = sum(busy.idle_between(max(float(e["ts"]), s), min(float(e["ts"]) + float(e["dur"]), t))
+                   for e in loader if float(e["ts"]) < t and float(e["ts"]) + float(e["dur"]) > s)
         assert idle > vr.launch_idle_us
         assert idle >= 0.5 * vr.other_host_idle_us
 
@@ -136,9 +140,10 @@ def test_hta_a100_gpu_bound_by_queued_work():
     t1 = max(max(float(e["ts"]) + float(e["dur"]) for e in dev), st.table["end_us"].max())
     busy = ref.device_busy(ev, 0, min(t0, st.table["start_us"].min()), t1)
     for row, vr in zip(st.table.itertuples(index=False), v.table.itertuples(index=False)):
-        side = ref.device_side_idle(ev, busy, 0, row.start_us, row.end_us)
+        s, t = vr.interval_start_us, vr.interval_end_us  # checked against the raw periods above
+        side = ref.device_side_idle(ev, busy, 0, s, t)
         assert vr.device_side_us == pytest.approx(side, abs=1e-3)
-        lag = ref.median_launch_lag(ev, 0, row.start_us, row.end_us)
+        lag = ref.median_launch_lag(ev, 0, s, t)
         assert vr.device_lag_us == pytest.approx(lag, abs=1e-3)
         gpu_side = (vr.gpu_busy_us + side) / vr.step_us
         assert gpu_side >= verdicts_mod.GPU_BOUND_SHARE or lag > verdicts_mod.LAG_SHARE * vr.step_us
