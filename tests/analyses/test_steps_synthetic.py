@@ -199,3 +199,53 @@ def test_graph_launch_idle_split(tmp_path):
     assert r.totals["idle_us"] == pytest.approx(100)
     none = launch_idle.graph_launch_idle(tr, None, None)
     assert none.totals["residual_idle_us"] == pytest.approx(100) and none.totals["kappa_idle_us"] == 0
+
+
+def _loop(with_readback: bool) -> list[dict]:
+    """Three ProfilerStep#N steps of 40 eager launches 10 µs apart (5 µs kernels that each wait for their launch),
+    and, with_readback, then an ``aten::item`` read-back (copy + stream sync that waits for the last kernel) and
+    300 µs of Python before the next step; without it, the same 300 µs spent on 30 more launches."""
+    ev, t, corr = [], 0.0, 1
+    for i in range(3):
+        start = t
+        n = 40 if with_readback else 70
+        for k in range(n):
+            ev += [launch(t, corr, dur=4), kernel(t + 6, 5, corr)]
+            corr += 1
+            t += 10
+        if with_readback:
+            last_end = t - 10 + 6 + 5
+            ev += [X("cpu_op", "aten::item", t, 30),
+                   X("cuda_runtime", "cudaMemcpyAsync", t + 1, 3, correlation=corr),
+                   {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": 7,
+                    "ts": max(last_end, t + 4), "dur": 2, "args": {"device": 0, "stream": 7, "correlation": corr,
+                                                                 "bytes": 8}},
+                   X("cuda_runtime", "cudaStreamSynchronize", t + 5, 20, correlation=corr + 1),
+                   X("python_function", "loop.py(20): bookkeeping", t + 31, 260)]
+            corr += 2
+            t += 300
+        ev.append(X("user_annotation", f"ProfilerStep#{i}", start, t - start))
+    ev += [launch(t, corr, dur=4), kernel(t + 6, 5, corr)]
+    return ev
+
+
+@pytest.mark.parametrize("with_readback,verdict", [(True, "sync_bound"), (False, "launch_bound")])
+def test_a_read_back_is_told_apart_from_eager_launching(tmp_path, with_readback, verdict):
+    tr = load(tmp_path, _loop(with_readback))
+    st = steps.find_steps(tr)
+    v = verdicts.step_verdicts(tr, st)
+    assert list(v.table["verdict"]) == [verdict] * 3
+    r = v.table.iloc[1]
+    if with_readback:
+        # step 1 is [700, 1400): the copy call starts at 1101 and its tail runs to the next kernel (1406), idle
+        # 3 + 294 µs inside the step, plus the 6 µs the previous step's tail holds at its start (700-706); the 39
+        # gaps of 5 µs between the eager kernels are the launches'
+        assert r["sync_idle_us"] == pytest.approx(303) and r["launch_idle_us"] == pytest.approx(195)
+        assert r["gpu_busy_us"] == pytest.approx(202) and r["step_us"] == 700
+        assert r["top_sync"].startswith("cudaMemcpyAsync (aten::item)")
+    else:
+        assert r["sync_idle_us"] == 0 and r["eager_launches"] == 70
+        # back-to-back launching from the first launch to the step's end: every launch stretch is < 1 ms
+        assert r["launch_paced_us"] == pytest.approx(r["step_us"])
+        assert r["host_us_per_launch"] == pytest.approx(10.0)
+        assert v.overall["figure"].startswith("3 of 3 steps launch-bound: 70 eager launches a step at 10 µs")
