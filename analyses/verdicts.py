@@ -36,8 +36,9 @@ Verdict of a step (thresholds and why):
 1. ``gpu_bound`` when the device runs more than half a step behind the host (``device_lag_us`` > ``LAG_SHARE`` ×
    step_us: the host ran ahead and waits only for queue space; what the host does cannot shorten the step), or
    when (gpu_busy_us + device_side_us) / step_us >= ``GPU_BOUND_SHARE`` (0.85: the device had work queued 85% of
-   the step, so at most 15% is the host's to win; the same share at which the runtime's overlapped rounds and the
-   seed's GPU-bound captures sit, 90–99%).
+   the step, so at most 15% is the host's to win; the shipped captures fall clearly on either side of it: the
+   runtime's overlapped rounds and the V100 trace-diff steps at 100%, the H100 Qwen forward at 95%, the sync
+   runtime's rounds at 75–80%, the eager-glue bs-1 rounds at about 60%).
 2. Else the largest of the host-wait idle parts names it: ``sync_bound``, ``compile_bound``, ``thread_wait``
    (waiting on another thread), ``launch_bound`` or ``host_bound``. ``launch_bound`` needs at least
    ``MIN_EAGER_LAUNCHES`` (20) eager launches in the step; with fewer, a CUDA graph saves at most a few launch
