@@ -270,9 +270,10 @@ def _repeating(trace: Trace, rank: int) -> tuple[np.ndarray | None, str | None, 
                        f"range ({len(rows)}×, regular period)")
 
 
-def find_steps(trace: Trace, device: int | tuple[int, int] | None = None) -> Steps:
+def find_steps(trace: Trace, device: int | tuple[int, int] | None = None, round_name: str | None = None) -> Steps:
     """The steps of ``trace`` by the first rule that applies (module docstring), on the rank of ``device``
     (default: the busiest device's rank; the first host event's rank in a trace without device activity).
+    ``round_name``: the verify-round range the ``round`` rule looks for (default ``round``; ``--rounds NAME``).
 
     Never raises for a trace without annotations: ``rule`` is then "none" with ``reason`` saying why. Cost: one
     pass over the user_annotation / cpu_op rows of the rank plus :func:`gaptrace.analyses.stacks.host_tree`.
@@ -283,10 +284,11 @@ def find_steps(trace: Trace, device: int | tuple[int, int] | None = None) -> Ste
     rank = _rank_of(trace, device)
     in_rank = h["rank"].to_numpy() == rank
     rule, rows, pattern, reason = "none", None, None, ""
-    ua, match, ua_rows = _round_annotations(trace, rank, ROUND_NAME)
+    round_name = round_name or ROUND_NAME
+    ua, match, ua_rows = _round_annotations(trace, rank, round_name)
     if int(match.sum()) >= 2:
-        rule, rows, pattern = "round", ua_rows[match], ROUND_NAME
-        reason = f"the trace carries the runtime's verify-round range '{ROUND_NAME}' ({int(match.sum())}×)"
+        rule, rows, pattern = "round", ua_rows[match], round_name
+        reason = f"the trace carries the runtime's verify-round range '{round_name}' ({int(match.sum())}×)"
     if rows is None:
         cand = np.flatnonzero(h["cat"].isin(("user_annotation", "cpu_op")).to_numpy() & in_rank)
         ps = cand[_name_mask(trace, cand, _PROFILER_STEP_RE.fullmatch)]
