@@ -371,6 +371,10 @@ def _figure_text(r: dict, v: str, step: float, compile_kind) -> str:
                     + (f"(GPU busy {r['gpu_busy_share']:.0%} of the step, {r['device_side_us'] / step:.0%} in gaps "
                        "before work already queued: stream / event dependencies, not the host)"
                        if r["gpu_busy_us"] > 0 else "(none of its device work ran inside the step)"))
+        if r["device_side_us"] > r["gpu_busy_us"]:
+            return (f"GPU busy {r['gpu_busy_share']:.0%} of the step ({_ms(r['gpu_busy_us'])} of {_ms(step)}) and "
+                    f"{r['device_side_us'] / step:.0%} idle before work already queued: the device waits on stream / "
+                    "event dependencies (another stream, a collective), not on the host")
         return (f"GPU busy {r['gpu_busy_share']:.0%} of the step ({_ms(r['gpu_busy_us'])} of {_ms(step)}; "
                 f"{r['device_side_us'] / step:.0%} more in bubbles between queued kernels): the host keeps ahead, "
                 "so only less device time shortens the step")
