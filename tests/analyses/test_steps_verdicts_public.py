@@ -147,6 +147,7 @@ def test_hta_a100_gpu_bound_by_queued_work():
         assert vr.device_lag_us == pytest.approx(lag, abs=1e-3)
         gpu_side = (vr.gpu_busy_us + side) / vr.step_us
         assert gpu_side >= verdicts_mod.GPU_BOUND_SHARE or lag > verdicts_mod.LAG_SHARE * vr.step_us
+    assert "stream / event dependencies" in v.overall["figure"]
 
 
 def test_runtime_sync_rounds_name_the_lengths_copy():
