@@ -17,6 +17,7 @@ import click
 # name -> "module:attribute" of a click command, imported only when the command runs (or --help lists it)
 LAZY_COMMANDS = {
     "analyze": "gaptrace.analyze:analyze",
+    "annotate": "gaptrace.annotate:annotate",
     "diff": "gaptrace.diff:diff",
     "decode": "gaptrace.runtime.cli:decode",
     "capture": "gaptrace.runtime.cli:capture",
