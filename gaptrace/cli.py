@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import errno
 import importlib
-import json
 import os
-import re
 import sys
 
 import click
+
+# the escape helpers live in gaptrace.text; re-exported for the commands that import them from here
+from gaptrace.text import escape_controls, escape_json_controls, escape_line, escape_strings  # noqa: F401
 
 # name -> "module:attribute" of a click command, imported only when the command runs (or --help lists it)
 LAZY_COMMANDS = {
@@ -114,50 +115,40 @@ def memory_limit_bytes(gb: float | None) -> int | None:
     return None if gb is None else int(gb * 1e9)
 
 
-# every character but printable ASCII, tab and newline: the candidates :func:`escape_controls` looks at one by one
-_NOT_PLAIN = re.compile(r"[^\t\n\x20-\x7e]")
-_NOT_ASCII_PRINTABLE = re.compile(r"[^\x20-\x7e]")  # the candidates escape_line looks at
+def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
+    """The error line when ``--rounds NAME`` was given on the command line and the trace has fewer than two
+    annotations named NAME (or NAME_<n>): the round model it asked for is absent (the default name may be absent:
+    most traces are not from the runtime). None when there is nothing to say."""
+    ctx = click.get_current_context(silent=True)
+    explicit = ctx is not None and ctx.get_parameter_source("round_name") != click.core.ParameterSource.DEFAULT
+    if explicit and res.get("devices") and not res.get("rounds"):
+        return (f"{trace_path}: fewer than two annotations named {round_name!r} (or {round_name}_<n>) on the analysed "
+                "device's rank: no verify rounds to model (--rounds)")
+    return None
 
 
-def escape_controls(text: str) -> str:
-    """``text`` safe to print on a terminal: every character ``repr`` would escape (``not str.isprintable()``: the
-    C0 controls such as ESC and BEL, DEL, the C1 controls such as the 8-bit CSI, bidi overrides, line separators)
-    is replaced by its ``repr`` escape (``\\x1b``, ``\\x07``, ``\\u202e``), except tab and newline. Printable
-    text (µ, →, CJK) is unchanged. Names in a trace are untrusted: raw, an ESC in a kernel name could drive the
-    terminal that prints the analysis."""
-    return _repr_escape(_NOT_PLAIN, text)
+def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, notes: list | None = None,
+                    label: str = ""):
+    """The capture sidecar next to ``trace_path`` (:func:`gaptrace.sidecar.read_sidecar_checked`) as a
+    :class:`gaptrace.sidecar.Sidecar`, or None; one ``gaptrace: warning:`` line on stderr when one is there but
+    cannot be used (not JSON, nested too deeply, not an object, a bad analysis_window, or, given the loaded
+    ``trace``, what :func:`gaptrace.sidecar.check_sidecar` refuses), or when some of its fields will be skipped: the analysis goes on without it (or them). The same line, without the
+    ``gaptrace: warning:`` prefix, is appended to ``notes`` when given (the ``warnings`` of ``--json`` output, so
+    a CI that reads only the JSON learns it too). ``label`` ("A: ", "B: ") starts the line (diff's two traces)."""
+    from gaptrace.sidecar import as_sidecar, check_sidecar, read_sidecar_checked, sidecar_path
+    from gaptrace.trace import clean_text
 
-
-def _repr_escape(candidates: re.Pattern, text: str) -> str:
-    """Each match of ``candidates`` in ``text`` that is not printable replaced by its ``repr`` escape."""
-    return candidates.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
-
-
-def escape_line(text: str) -> str:
-    """:func:`escape_controls` that also escapes tab, newline and carriage return: ``text`` stays on one line. For
-    strings from a trace inside a line of output (a newline in a frame name could forge a row or a second error
-    line)."""
-    return _repr_escape(_NOT_ASCII_PRINTABLE, text)
-
-
-def escape_strings(obj):
-    """``obj`` (dicts, lists and tuples of JSON-like values, as ``run_analysis`` returns them) with every string,
-    keys included, passed through :func:`escape_line`; other values unchanged. Text renderers apply it first, so
-    no name from the trace can break a row or a line."""
-    if isinstance(obj, str):
-        return escape_line(obj)
-    if isinstance(obj, dict):
-        return {escape_strings(k): escape_strings(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(escape_strings(v) for v in obj)
-    return obj
-
-
-def escape_json_controls(text: str) -> str:
-    """JSON text (from ``json.dumps(..., ensure_ascii=False)``, which escapes only the C0 controls) with the other
-    non-printable characters of :func:`escape_controls` written as JSON ``\\uXXXX`` escapes (surrogate pairs
-    beyond the BMP): the text decodes to the same values and prints safely on a terminal."""
-    return _NOT_PLAIN.sub(lambda m: m.group() if m.group().isprintable() else json.dumps(m.group())[1:-1], text)
+    side, why = read_sidecar_checked(trace_path)
+    fields = None
+    if side is not None and trace is not None:
+        side, why, fields = check_sidecar(side, trace, window, sidecar_path(os.fspath(trace_path).rstrip("/")))
+    line = f"capture sidecar ignored: {why}" if why is not None else fields
+    if line is not None:
+        line = label + line
+        click.echo(f"gaptrace: warning: {escape_line(line)}", err=True)
+        if notes is not None:
+            notes.append(clean_text(line))
+    return as_sidecar(side)
 
 
 def fail(message: str) -> "NoReturn":  # noqa: F821
