@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -39,8 +40,41 @@ def _drop_stdout() -> None:
         pass
 
 
+# the commands that run the runtime, and the modules of the runtime extra they need (pip install 'gaptrace[runtime]')
+RUNTIME_COMMANDS = ("decode", "capture")
+RUNTIME_EXTRA_MODULES = ("torch", "safetensors", "tokenizers", "nvtx")
+
+
+def _not_installed(module: str) -> bool:
+    """True when ``module`` cannot be imported here (no spec found), without importing it."""
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # a parent package missing, or a module whose __spec__ is None
+        return True
+
+
+def runtime_extra_message(command: str, missing: str) -> str:
+    """The one error line for ``gaptrace COMMAND`` run without a module of the runtime extra."""
+    return f"`gaptrace {command}` needs {missing}: pip install 'gaptrace[runtime]'"
+
+
+def _unavailable(name: str, missing: str) -> click.Command:
+    """A stand-in for command ``name`` that cannot run here: whatever its arguments, one error line naming the
+    extra to install, exit code 2."""
+    @click.command(name=name, help=f"(unavailable: {missing} is not installed)",
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def unavailable() -> None:
+        fail(runtime_extra_message(name, missing))
+
+    return unavailable
+
+
 class LazyGroup(click.Group):
-    """A click group whose subcommands live in other modules and are imported on first use."""
+    """A click group whose subcommands live in other modules and are imported on first use.
+
+    A runtime command (``RUNTIME_COMMANDS``) on a machine without torch is replaced by a stand-in that prints one
+    line naming the extra to install and exits 2; a module of the runtime extra found missing while such a
+    command runs (its imports sit inside the command) gives the same line, not a traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
@@ -49,17 +83,22 @@ class LazyGroup(click.Group):
         cmd = super().get_command(ctx, name)
         if cmd is not None or name not in LAZY_COMMANDS:
             return cmd
+        if name in RUNTIME_COMMANDS and _not_installed("torch"):
+            return _unavailable(name, "torch")
         module, attr = LAZY_COMMANDS[name].split(":")
         try:
             return getattr(importlib.import_module(module), attr)
-        except ImportError as e:  # e.g. torch missing for `decode`
-            missing = e.name or str(e)
+        except ImportError as e:  # a module the command's own module imports is missing
+            return _unavailable(name, e.name or str(e))
 
-            @click.command(name=name, help=f"(unavailable: {missing} is not installed)")
-            def unavailable() -> None:
-                raise click.UsageError(f"`gaptrace {name}` needs {missing}: pip install 'gaptrace[runtime]'")
-
-            return unavailable
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            missing = (e.name or "").split(".")[0]
+            if ctx.invoked_subcommand in RUNTIME_COMMANDS and missing in RUNTIME_EXTRA_MODULES:
+                fail(runtime_extra_message(ctx.invoked_subcommand, missing))
+            raise
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """click's entry point, with usage errors (a bad option value, an unknown option or command, a missing
