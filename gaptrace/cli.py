@@ -1,7 +1,10 @@
-"""The ``gaptrace`` command line (click).
+"""The ``gaptrace`` command line (click): the group, and what its commands share.
 
-Commands that need torch (``decode``, ``capture``) are imported lazily, so ``analyze``/``report``/``diff`` run on a
-machine without torch. Every command turns bad input into one line on stderr and exit code 2.
+Commands are imported lazily (``LAZY_COMMANDS``); those that need torch (``decode``, ``capture``) print one line
+naming the runtime extra when it is missing, so ``analyze``/``report``/``diff`` run on a machine without torch.
+Every command turns bad input into one line on stderr and exit code 2 (:func:`fail`); the shared options and
+checks live here too (``--memory-limit-gb``, the capture sidecar's warning line, the ``--rounds`` check). The
+escape helpers are :mod:`gaptrace.text` (re-exported here).
 """
 from __future__ import annotations
 
@@ -171,9 +174,10 @@ def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, note
     """The capture sidecar next to ``trace_path`` (:func:`gaptrace.sidecar.read_sidecar_checked`) as a
     :class:`gaptrace.sidecar.Sidecar`, or None; one ``gaptrace: warning:`` line on stderr when one is there but
     cannot be used (not JSON, nested too deeply, not an object, a bad analysis_window, or, given the loaded
-    ``trace``, what :func:`gaptrace.sidecar.check_sidecar` refuses), or when some of its fields will be skipped: the analysis goes on without it (or them). The same line, without the
-    ``gaptrace: warning:`` prefix, is appended to ``notes`` when given (the ``warnings`` of ``--json`` output, so
-    a CI that reads only the JSON learns it too). ``label`` ("A: ", "B: ") starts the line (diff's two traces)."""
+    ``trace``, what :func:`gaptrace.sidecar.check_sidecar` refuses), or when some of its fields will be skipped:
+    the analysis goes on without it (or them). The same line, without the ``gaptrace: warning:`` prefix, is
+    appended to ``notes`` when given (the ``warnings`` of ``--json`` output, so a CI that reads only the JSON
+    learns it too). ``label`` ("A: ", "B: ") starts the line (diff's two traces)."""
     from gaptrace.sidecar import as_sidecar, check_sidecar, read_sidecar_checked, sidecar_path
     from gaptrace.trace import clean_text
 
