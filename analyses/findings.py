@@ -10,6 +10,8 @@ from typing import Any
 
 import pandas as pd
 
+from .idle_sites import NO_PYTHON_FRAME, THREAD_WAITING
+
 __all__ = ["findings", "FINDING_MIN_SHARE", "ms_text"]
 
 # Findings below this share of the window's idle time are not stated (they stay in the tables).
@@ -78,7 +80,7 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
                         f"{r.device_busy_during:.0%} busy"),
             "idle_share": share, "call": r.call, "site": r.site, "aten_op": r.aten_op,
         })
-    for r in sites[~sites["site"].isin(["(no Python frame)", "(thread waiting)"])].head(5).itertuples(index=False):
+    for r in sites[~sites["site"].isin([NO_PYTHON_FRAME, THREAD_WAITING])].head(5).itertuples(index=False):
         share = float(r.share)
         if share < FINDING_MIN_SHARE:
             continue

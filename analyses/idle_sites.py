@@ -19,6 +19,7 @@ from .timeline import merge_intervals
 
 __all__ = ["idle_sites", "overhead_idle", "NO_PYTHON_FRAME", "THREAD_WAITING"]
 
+# the two sites that are no host function: no Python frame above the event, a parked thread
 NO_PYTHON_FRAME = "(no Python frame)"
 THREAD_WAITING = "(thread waiting)"
 
@@ -54,7 +55,7 @@ def idle_sites(result: Any, idle_total_us: float | None = None) -> pd.DataFrame:
     g, us, ue = grouped_union(site, s, e)
     idle = np.bincount(g, weights=tl.idle_between(us, ue), minlength=n_frames + 2)
     nz = np.flatnonzero(idle > 0)
-    names = np.r_[tree.frames.to_numpy(dtype=object), np.array(["(no Python frame)", "(thread waiting)"], dtype=object)]
+    names = np.r_[tree.frames.to_numpy(dtype=object), np.array([NO_PYTHON_FRAME, THREAD_WAITING], dtype=object)]
     # the NVTX / record_function range the host was in while at that site (innermost user_annotation; the one
     # holding most of the site's idle): how users label their phases, e.g. "verify" or "jit_new_shape"
     ann = stacks.enclosing(tree, node, tree.cat == stacks.CAT_CODE["user_annotation"], include_self=True)

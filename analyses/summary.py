@@ -107,11 +107,13 @@ def _top_pair(pairs: list[dict]) -> str:
     if not pairs:
         return ""
     p = pairs[0]
-    return (f"; the costliest boundary is {occupancy.short_kernel_name(p['before'])} -> {occupancy.short_kernel_name(p['after'])} "
+    before, after = occupancy.short_kernel_name(p["before"]), occupancy.short_kernel_name(p["after"])
+    return (f"; the costliest boundary is {before} -> {after} "
             f"({p['gaps']} gaps, median {p['median_us']:.2f} µs, {p['share']:.0%} of the node-bubble idle)")
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
+    """The rows of ``df`` as JSON-able dicts."""
     return [to_jsonable(r) for r in df.to_dict("records")]
 
 
@@ -137,16 +139,16 @@ def unlinked_warning(links: dict[str, int]) -> str | None:
             f"launched them ({causes}): {effect}")
 
 
-
 def summarize(trace: Trace, window: str | None = None, device: int | None = None,
               sidecar: Sidecar | Mapping[str, Any] | None = None, round_name: str = "round") -> AnalysisSummary:
-    """All four core analyses of ``trace`` over ``window`` as one :class:`AnalysisSummary` (see the module docstring).
+    """All four core analyses of ``trace`` over ``window`` as one :class:`AnalysisSummary` (module docstring).
 
     ``window``: None (each device's first to last activity, or the capture sidecar's ``analysis_window``
     annotation when the trace has it: the profiled rounds, without the profiler's own start and stop) or an
-    annotation name (its span; TraceError when no annotation has that name). ``device``: the device gap attribution and findings are computed for (default:
-    the busiest). ``sidecar``: a capture sidecar, a :class:`gaptrace.sidecar.Sidecar` or its parsed dict (unprofiled graph-launch costs feed the launch fit; τ per round and
-    unprofiled round times feed the rounds table). ``round_name``: the annotation that marks one verify round.
+    annotation name (its span; TraceError when no annotation has that name). ``device``: the device gap
+    attribution and findings are computed for (default: the busiest). ``sidecar``: a capture sidecar, a
+    :class:`gaptrace.sidecar.Sidecar` or its parsed dict (unprofiled graph-launch costs feed the launch fit; τ per
+    round and unprofiled round times feed the rounds table). ``round_name``: the annotation that marks one verify round.
     A trace with host events but no device activity yields devices [] and the host-side analyses only.
     """
     # names from argv may hold lone surrogates (bytes that are not UTF-8); the trace's own names are cleaned the
@@ -161,8 +163,8 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
         ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
         if (ua == named).any():  # the capture's decode window (its profiled rounds)
             window, window_source = named, "sidecar"
-    out: dict[str, Any] = {"trace": clean_text(trace.path), "window": window, "window_source": window_source, "devices": [], "gap_attribution": [],
-                           "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
+    out: dict[str, Any] = {"trace": clean_text(trace.path), "window": window, "window_source": window_source,
+                           "devices": [], "gap_attribution": [], "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
                            "rounds": None, "idle_split": None, "node_bubbles": [], "headline": [],
                            "warnings": warnings}
     has_device = not trace.device.empty
