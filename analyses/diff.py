@@ -1,6 +1,6 @@
 """Compare two analyses (A = baseline, B = candidate): what changed, and did it win.
 
-Input: two dicts from :func:`gaptrace.analyze.run_analysis`. Output (:func:`diff_analyses`):
+Input: two dicts from :func:`gaptrace.analyses.summary.run_analysis`. Output (:func:`diff_analyses`):
 
 - ``metrics``: {name: {a, b, delta, rel}} for occupancy, busy_us, idle_us, window_us, t_round_us, t_gpu_us,
   t_host_us, t_serial_us, tau, tpot_us, kappa_us_per_node, blocked_us (Σ over sync sites), idle_after_us;
@@ -138,7 +138,7 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
 
 def _window_warnings(a: dict, b: dict) -> list[str]:
     """One line when A and B were analysed over different windows (``window`` / ``window_source`` of
-    :func:`gaptrace.analyze.run_analysis`), else none."""
+    :func:`gaptrace.analyses.summary.run_analysis`), else none."""
     def span(r: dict) -> str:
         w = r.get("window")
         if w is None:

@@ -224,7 +224,7 @@ def _grouped_union(group: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.
     return g[first], s[first], run_end[last]
 
 
-grouped_union = _grouped_union  # public name; gaptrace.analyze uses it for the per-site union
+grouped_union = _grouped_union  # public name; analyses.idle_sites uses it for the per-site union
 
 
 def _gap_ranges(tl: BusyTimeline, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:

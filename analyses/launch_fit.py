@@ -246,8 +246,8 @@ def launch_fit(trace: Trace, unprofiled_us: Mapping[int, float] | None = None) -
     """Fit graph-launch host time against node count over every graph launch of ``trace`` (DESIGN.md "Launch fit").
 
     ``unprofiled_us``: optional host cost of one launch measured without the profiler, per node count
-    (e.g. ``{25: 5.4, 1600: 14.1}`` from a capture sidecar); sizes the trace lacks are ignored. The result then
-    carries per-size ratios and ``unprofiled_ratio`` = Σ launches·median_us / Σ launches·unprofiled_us over the
+    in µs (e.g. ``{25: 5.4, 1600: 14.1}``: :meth:`gaptrace.sidecar.Sidecar.unprofiled_launch_us`); sizes the
+    trace lacks are ignored. The result then carries per-size ratios and ``unprofiled_ratio`` = Σ launches·median_us / Σ launches·unprofiled_us over the
     sizes present in both (how much slower this trace's launch mix is under the profiler).
 
     Returns None when the trace has no graph launch that owns device work. With one distinct node count the

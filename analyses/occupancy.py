@@ -15,7 +15,6 @@ Windows (:func:`resolve_window`):
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import numpy as np
 import pandas as pd
@@ -287,18 +286,10 @@ def short_kernel_name(name: str, width: int = 60) -> str:
     return s if len(s) <= width else s[:width - 1] + "…"
 
 
-_TIMELINES: dict[int, tuple[weakref.ref, dict]] = {}
-
-
 def _timeline_cache(trace: Trace) -> dict:
-    """The memo of one trace's timelines (dropped with the trace). Timelines are frozen, so sharing is safe."""
-    hit = _TIMELINES.get(id(trace))
-    if hit is not None and hit[0]() is trace:
-        return hit[1]
-    memo: dict = {}
-    k = id(trace)
-    _TIMELINES[k] = (weakref.ref(trace, lambda _r, k=k: _TIMELINES.pop(k, None)), memo)
-    return memo
+    """The memo of one trace's timelines, kept on the trace (:meth:`gaptrace.trace.Trace.memo`; a new one when
+    ``trace.device`` is assigned a new frame). Timelines are frozen, so sharing is safe."""
+    return trace.memo("busy_timelines", trace.device, dict)
 
 
 def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
@@ -308,8 +299,8 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
     Busy = union of kernel, memcpy and memset intervals on all streams of that (rank, device); annotations,
     cuda_sync and profiler overhead events never count as busy (DESIGN.md "Busy / occupancy"). With
     ``host_wait_only`` the device-side gaps count as busy too (:func:`fill_device_side`): for attribution only,
-    never for occupancy. Memoised per trace object and (device, window, host_wait_only): every analysis of one
-    trace shares one timeline (a Trace is never mutated after :func:`gaptrace.trace.build_trace`).
+    never for occupancy. Memoised on the trace (:meth:`gaptrace.trace.Trace.memo`) per (device, window,
+    host_wait_only): every analysis of one trace shares one timeline.
     """
     key = resolve_device(trace, device)
     t0, t1 = (None, None) if window is None else resolve_window(trace, key, window)

@@ -1,4 +1,4 @@
-"""Verify rounds: the round timing model of seed 000 ("The round timing model") read off a trace.
+"""Verify rounds: the round timing model (Tround, TGPU, Thost, Tserial, τ, TPOT) read off a trace.
 
 With one host annotation per verify round (the runtime's NVTX/record_function range ``round``), for round i with
 host range [s_i, e_i] and period [s_i, s_{i+1}) (start to start; the last round has no period and is dropped):
@@ -11,7 +11,7 @@ host range [s_i, e_i] and period [s_i, s_{i+1}) (start to start; the last round 
   t_round_us = t_gpu_us + t_serial_us exactly, since busy + idle = period.
 - ``tau`` and ``tpot_us`` = t_round_us / tau when the capture sidecar holds the accepted tokens per round.
 
-Verdict (seed 000): an overlapped scheduler runs at Tround ≈ max(TGPU, Thost); with even one sync point inside the
+Verdict: an overlapped scheduler runs at Tround ≈ max(TGPU, Thost); with even one sync point inside the
 round it degrades to Tround ≈ TGPU + Tserial, because the host is pinned to the device's clock. A trace is called
 ``serialized`` when the median round holds blocking sync time (``blocked_us``, from :mod:`.syncs`) of at least
 ``SERIAL_BLOCKED_SHARE`` of Tround, else ``overlapped``; ``bound`` says which side is longer (GPU or host) and
@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
-from gaptrace.capture import positive_number, usable_tau
+from gaptrace.sidecar import Sidecar, as_sidecar
+from gaptrace.text import to_jsonable
 from gaptrace.trace import Trace
 
 from .launch_fit import launch_inflation_us, launch_points
@@ -74,32 +75,21 @@ class RoundsReport:
     host_ranges: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     def to_dict(self) -> dict[str, Any]:
-        from gaptrace.analyze import to_jsonable
-
+        """JSON-able {summary, rounds: [table rows], host_ranges: [rows]} (NaN -> None)."""
         return to_jsonable({"summary": self.summary, "rounds": self.table.to_dict("records"),
                             "host_ranges": self.host_ranges.to_dict("records")})
 
 
-def _round_taus(sidecar: dict | None) -> list[float] | None:
-    if not sidecar:
-        return None
-    rounds = sidecar.get("rounds")
-    if not isinstance(rounds, list):
-        return None
-    out = []
-    for r in rounds:
-        t = r.get("tau") if isinstance(r, dict) else r
-        out.append(float(t) if usable_tau(t) else float("nan"))  # sidecar_field_problems names the others
-    return out
-
-
 def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] | None = None,
-           sidecar: dict | None = None, kappa_us_per_node: float | None = None,
-           sync_calls: pd.DataFrame | None = None, launches: pd.DataFrame | None = None) -> RoundsReport | None:
+           sidecar: Sidecar | dict | None = None, kappa_us_per_node: float | None = None,
+           sync_calls: pd.DataFrame | None = None, launches: pd.DataFrame | None = None, *,
+           taus: Sequence[float] | None = None, unprofiled_round_ms: float | None = None) -> RoundsReport | None:
     """The round table of ``trace`` (module docstring), or None when it has fewer than two ``name`` annotations.
 
-    ``sidecar``: the capture sidecar (``rounds``: [{tau, ...}] in trace order, ``unprofiled_round_ms``: float or
-    list); ``kappa_us_per_node``: κ from :func:`gaptrace.analyses.launch_fit.launch_fit` for the profiler check;
+    ``taus``: tokens accepted per round in trace order (NaN: unknown; :attr:`gaptrace.sidecar.Sidecar.round_taus`);
+    ``unprofiled_round_ms``: the unprofiled round period in ms (:attr:`gaptrace.sidecar.Sidecar.unprofiled_round_ms`);
+    ``sidecar``: a capture sidecar (a :class:`gaptrace.sidecar.Sidecar` or its parsed dict) to take both from
+    instead; ``kappa_us_per_node``: κ from :func:`gaptrace.analyses.launch_fit.launch_fit` for the profiler check;
     ``sync_calls``: :attr:`.syncs.SyncReport.calls` already computed over a window containing the rounds;
     ``launches``: :func:`.launch_fit.launch_points` already computed (the fit's ``points``).
     Rounds are the host user_annotation ranges named ``name`` (or ``name_<n>``) on the rank of the analysed device, sorted by start.
@@ -158,7 +148,9 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         wait_tl = busy_timeline(trace, key, (float(s[0]), float(s[-1])), host_wait_only=True)
         waited = wait_tl.idle_between(lts[ok], np.minimum(lend[ok], pe[li[ok]]))
         exposed = np.bincount(li[ok], weights=np.minimum(linfl[ok], waited), minlength=len(ps))
-    taus = _round_taus(sidecar)
+    side = as_sidecar(sidecar)
+    if side is not None:
+        taus, unprofiled_round_ms = side.round_taus, side.unprofiled_round_ms
     tau = np.full(len(ps), np.nan)
     if taus:
         m = min(len(taus), len(ps))
@@ -184,7 +176,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         "rounds_excluded": [int(i) for i in np.flatnonzero(~steady)],
         "t_round_us": mean["t_round_us"], "t_gpu_us": mean["t_gpu_us"], "t_host_us": mean["t_host_us"],
         "t_serial_us": mean["t_serial_us"], "blocked_us": mean["blocked_us"],
-        # τ: mean tokens per request-round; TPOT = mean Tround / mean τ (seed 000: TPOT = Tround / τ)
+        # τ: mean tokens per request-round; TPOT = mean Tround / mean τ (TPOT = Tround / τ)
         "tau": tau_mean,
         "tpot_us": (mean["t_round_us"] / tau_mean) if tau_mean else None,
         "overlap_excess": excess,
@@ -194,11 +186,8 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         # which side is longer once the profiler's launch inflation is taken out of the host's time
         "bound_less_inflation": "GPU" if med["t_gpu_us"] >= med["t_host_less_inflation_us"] else "host",
     }
-    unprof = (sidecar or {}).get("unprofiled_round_ms")
-    if isinstance(unprof, list):  # the items sidecar_field_problems does not name as skipped
-        vals = [float(v) for v in unprof if positive_number(v)]
-        unprof = float(np.median(vals)) if vals else None
-    if positive_number(unprof):
+    unprof = unprofiled_round_ms
+    if unprof is not None:
         summary["unprofiled_round_us"] = float(unprof) * 1e3
         summary["profiler_excess_us"] = mean["t_round_us"] - float(unprof) * 1e3
         if kappa_us_per_node is not None:

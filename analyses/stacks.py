@@ -53,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import weakref
 
 import numpy as np
 import pandas as pd
@@ -213,22 +212,14 @@ def _partial(start: np.ndarray, end: np.ndarray, parent: np.ndarray, open_top: n
     return (open_top >= 0) & (open_top != parent) & (end[o] > start + EPS_US)
 
 
-_CACHE: dict[int, tuple[weakref.ref, HostTree]] = {}
-
-
 def host_tree(trace: Trace) -> HostTree:
     """Nesting of all host events of ``trace`` per (rank, pid, tid) thread (definitions: module docstring).
 
-    O(n log n): one lexsort, then pointer jumping (about log n vectorised rounds). Cached per trace object, so
-    every analysis of one trace shares it. Never raises for a trace without host events (n = 0).
+    O(n log n): one lexsort, then pointer jumping (about log n vectorised rounds). Kept on the trace
+    (:meth:`gaptrace.trace.Trace.memo`, while ``trace.host`` is the same frame), so every analysis of one trace
+    shares it. Never raises for a trace without host events (n = 0).
     """
-    hit = _CACHE.get(id(trace))
-    if hit is not None and hit[0]() is trace:
-        return hit[1]
-    tree = _build(trace)
-    key = id(trace)
-    _CACHE[key] = (weakref.ref(trace, lambda _r, k=key: _CACHE.pop(k, None)), tree)
-    return tree
+    return trace.memo("host_tree", trace.host, lambda: _build(trace))
 
 
 def _thread_start_order(thread: np.ndarray, start: np.ndarray, end: np.ndarray, n_threads: int) -> np.ndarray:

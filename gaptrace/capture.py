@@ -1,5 +1,7 @@
 """Capture a steady-state torch.profiler trace of any step loop, plus the ``TRACE.gaptrace.json`` sidecar.
 
+This module is the torch side of the sidecar only: it writes it; :mod:`gaptrace.sidecar` reads and checks it.
+
     from gaptrace.capture import Capture
     with Capture("decode.json.gz", warmup_steps=5, active_steps=20, config={"model": "my-model"}) as cap:
         for batch in loader:
@@ -21,152 +23,25 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import shutil
-import stat
 import tempfile
 import time
 from typing import Any
 
 from gaptrace.outputs import discard, resolve_output, set_output_mode, write_text_atomic
 
-__all__ = ["Capture", "sidecar_path", "write_json_atomic", "read_sidecar", "read_sidecar_checked", "sidecar_problem",
-           "load_sidecar_checked", "sidecar_field_problems", "positive_number", "usable_tau"]
+# the sidecar's reading and checking live in gaptrace.sidecar (torch-free); re-exported for callers of this module
+from gaptrace.sidecar import (SIDECAR_SUFFIX, load_sidecar_checked, positive_number,  # noqa: F401
+                              read_sidecar, read_sidecar_checked, sidecar_field_problems, sidecar_path,
+                              sidecar_problem, usable_tau)
 
-SIDECAR_SUFFIX = ".gaptrace.json"
-
-
-def sidecar_path(trace_path: str) -> str:
-    """``run.json.gz`` -> ``run.gaptrace.json`` (next to the trace)."""
-    base = trace_path
-    for suffix in (".json.gz", ".json", ".gz"):
-        if base.endswith(suffix):
-            base = base[: -len(suffix)]
-            break
-    return base + SIDECAR_SUFFIX
+__all__ = ["Capture", "profiler_kwargs", "write_json_atomic"]
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` via a temporary file in the same directory and ``os.replace``."""
     write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True, default=str))
-
-
-def read_sidecar(trace_path: str) -> dict | None:
-    """The sidecar next to ``trace_path`` as a dict, or None when absent or unreadable (it is optional)."""
-    p = sidecar_path(trace_path)
-    try:
-        with open(p) as f:
-            obj = json.load(f)
-        return obj if isinstance(obj, dict) else None
-    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
-        return None
-
-
-def sidecar_problem(obj: Any) -> str | None:
-    """Why ``obj`` (parsed JSON) cannot be used as a capture sidecar, in words; None when it can. Checks the shape
-    the analyses rely on: a JSON object whose ``analysis_window``, when present, is an annotation name (a string).
-    (Whether that name occurs in a trace needs the trace: the caller checks it.)"""
-    if not isinstance(obj, dict):
-        kind = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
-        return f"not a JSON object ({kind.get(type(obj), 'null')})"
-    w = obj.get("analysis_window")
-    if w is not None and (not isinstance(w, str) or not w):
-        return f"its analysis_window is {json.dumps(w)[:60]}, not an annotation name"
-    return None
-
-
-# what a capture writes is far inside these; outside them a number is a corrupt or hostile sidecar, and its
-# arithmetic (a mean of 1e308s, TPOT over a τ of 1e-320) would overflow into inf or NaN
-SIDECAR_MAX_NUMBER = 1e12   # round times (ms), launch costs (µs), node counts
-SIDECAR_MIN_NUMBER = 1e-9
-TAU_MAX = 1e6                # tokens accepted in one round
-TAU_MIN_NONZERO = 1e-6
-SIDECAR_MAX_BYTES = 64 * 10 ** 6
-
-
-def positive_number(v: Any) -> bool:
-    """A JSON number (not a boolean), finite, in [1e-9, 1e12] (SIDECAR_MIN_NUMBER, SIDECAR_MAX_NUMBER): what a
-    sidecar's round times, node counts and launch costs must be for the analyses to use them."""
-    return _finite(v) and SIDECAR_MIN_NUMBER <= v <= SIDECAR_MAX_NUMBER
-
-
-def usable_tau(t: Any) -> bool:
-    """A sidecar round's ``tau``: a JSON number (not a boolean), 0 or in [1e-6, 1e6] (TAU_MIN_NONZERO, TAU_MAX)."""
-    return _finite(t) and (t == 0 or TAU_MIN_NONZERO <= t <= TAU_MAX)
-
-
-def _finite(v: Any) -> bool:
-    """A JSON number (not a boolean) that is a finite float; an integer too large for a float (10**400) is not."""
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
-
-
-def sidecar_field_problems(obj: dict) -> list[str]:
-    """The fields of a usable sidecar (:func:`sidecar_problem` passed) that the analyses will skip, each as
-    ``name (why)``: ``unprofiled_round_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
-    finite number >= 0 (an empty list too), a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
-    unprofiled launch), ``rounds`` or ``graphs`` not a list. Empty when every field present is usable; the caller
-    says what was skipped (one warning line), since a skipped field silently drops a figure (τ, TPOT, the
-    profiler check, the launch fit's unprofiled points)."""
-    out: list[str] = []
-    u = obj.get("unprofiled_round_ms")
-    if u is not None:
-        if isinstance(u, list) and not u:  # no unprofiled round: the profiler-cost check has nothing to compare
-            out.append("unprofiled_round_ms (an empty list)")
-        elif isinstance(u, list):
-            out += [f"unprofiled_round_ms[{i}] (not a positive number)" for i, v in enumerate(u) if not positive_number(v)]
-        elif not positive_number(u):
-            out.append("unprofiled_round_ms (not a positive number)")
-    for key in ("rounds", "graphs"):
-        if key in obj and not isinstance(obj[key], list):
-            out.append(f"{key} (not a list)")
-    for i, r in enumerate(obj.get("rounds") if isinstance(obj.get("rounds"), list) else []):
-        t = r.get("tau") if isinstance(r, dict) else r
-        if not usable_tau(t):  # a round without τ drops out of the τ mean: say so
-            out.append(f"rounds[{i}].tau (missing, or not a finite number >= 0)")
-    for i, g in enumerate(obj.get("graphs") if isinstance(obj.get("graphs"), list) else []):
-        us = g.get("unprofiled_launch_us") if isinstance(g, dict) else None
-        if not isinstance(g, dict) or not positive_number(g.get("nodes")) or not (us is None or positive_number(us)):
-            out.append(f"graphs[{i}] (needs positive nodes and unprofiled_launch_us)")
-    return out
-
-
-def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:
-    """(sidecar, None) for a usable sidecar file at ``path``; (None, reason) when it cannot be read, is not JSON or
-    fails :func:`sidecar_problem`. The reason is one line naming the file."""
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, a device never end it
-            return None, f"{path}: the capture sidecar is not a regular file"
-        if st.st_size > SIDECAR_MAX_BYTES:
-            return None, (f"{path}: the capture sidecar is {st.st_size / 1e6:,.0f} MB, over the "
-                          f"{SIDECAR_MAX_BYTES // 10 ** 6} MB a sidecar can be")
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:
-        msg = ("JSON nested too deeply" if isinstance(e, RecursionError)
-               else getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0])
-        return None, f"{path}: cannot read the capture sidecar: {msg}"
-    why = sidecar_problem(obj)
-    if why is not None:
-        return None, f"{path}: the capture sidecar is {why}" if why.startswith("not ") else \
-            f"{path}: the capture sidecar is unusable: {why}"
-    return obj, None
-
-
-def read_sidecar_checked(trace_path: str) -> tuple[dict | None, str | None]:
-    """Like :func:`read_sidecar`, with the reason: (sidecar, None) when the sidecar next to ``trace_path`` is usable,
-    (None, None) when there is none, (None, reason) when one is there but cannot be used (the caller says it was
-    ignored). :func:`read_sidecar` keeps its contract (dict or None)."""
-    p = sidecar_path(trace_path)
-    if not os.path.lexists(p):
-        return None, None
-    return load_sidecar_checked(p)
 
 
 def _export_gz_atomic(prof: Any, path: str) -> None:

@@ -1,18 +1,23 @@
-"""The ``gaptrace`` command line (click).
+"""The ``gaptrace`` command line (click): the group, and what its commands share.
 
-Commands that need torch (``decode``, ``capture``) are imported lazily, so ``analyze``/``report``/``diff`` run on a
-machine without torch. Every command turns bad input into one line on stderr and exit code 2.
+Commands are imported lazily (``LAZY_COMMANDS``); those that need torch (``decode``, ``capture``) print one line
+naming the runtime extra when it is missing, so ``analyze``/``report``/``diff`` run on a machine without torch.
+Every command turns bad input into one line on stderr and exit code 2 (:func:`fail`); the shared options and
+checks live here too (``--memory-limit-gb``, the capture sidecar's warning line, the ``--rounds`` check). The
+escape helpers are :mod:`gaptrace.text` (re-exported here).
 """
 from __future__ import annotations
 
 import errno
 import importlib
-import json
+import importlib.util
 import os
-import re
 import sys
 
 import click
+
+# the escape helpers live in gaptrace.text; re-exported for the commands that import them from here
+from gaptrace.text import escape_controls, escape_json_controls, escape_line, escape_strings  # noqa: F401
 
 # name -> "module:attribute" of a click command, imported only when the command runs (or --help lists it)
 LAZY_COMMANDS = {
@@ -39,8 +44,41 @@ def _drop_stdout() -> None:
         pass
 
 
+# the commands that run the runtime, and the modules of the runtime extra they need (pip install 'gaptrace[runtime]')
+RUNTIME_COMMANDS = ("decode", "capture")
+RUNTIME_EXTRA_MODULES = ("torch", "safetensors", "tokenizers", "nvtx")
+
+
+def _not_installed(module: str) -> bool:
+    """True when ``module`` cannot be imported here (no spec found), without importing it."""
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # a parent package missing, or a module whose __spec__ is None
+        return True
+
+
+def runtime_extra_message(command: str, missing: str) -> str:
+    """The one error line for ``gaptrace COMMAND`` run without a module of the runtime extra."""
+    return f"`gaptrace {command}` needs {missing}: pip install 'gaptrace[runtime]'"
+
+
+def _unavailable(name: str, missing: str) -> click.Command:
+    """A stand-in for command ``name`` that cannot run here: whatever its arguments, one error line naming the
+    extra to install, exit code 2."""
+    @click.command(name=name, help=f"(unavailable: {missing} is not installed)",
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def unavailable() -> None:
+        fail(runtime_extra_message(name, missing))
+
+    return unavailable
+
+
 class LazyGroup(click.Group):
-    """A click group whose subcommands live in other modules and are imported on first use."""
+    """A click group whose subcommands live in other modules and are imported on first use.
+
+    A runtime command (``RUNTIME_COMMANDS``) on a machine without torch is replaced by a stand-in that prints one
+    line naming the extra to install and exits 2; a module of the runtime extra found missing while such a
+    command runs (its imports sit inside the command) gives the same line, not a traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
@@ -49,17 +87,22 @@ class LazyGroup(click.Group):
         cmd = super().get_command(ctx, name)
         if cmd is not None or name not in LAZY_COMMANDS:
             return cmd
+        if name in RUNTIME_COMMANDS and _not_installed("torch"):
+            return _unavailable(name, "torch")
         module, attr = LAZY_COMMANDS[name].split(":")
         try:
             return getattr(importlib.import_module(module), attr)
-        except ImportError as e:  # e.g. torch missing for `decode`
-            missing = e.name or str(e)
+        except ImportError as e:  # a module the command's own module imports is missing
+            return _unavailable(name, e.name or str(e))
 
-            @click.command(name=name, help=f"(unavailable: {missing} is not installed)")
-            def unavailable() -> None:
-                raise click.UsageError(f"`gaptrace {name}` needs {missing}: pip install 'gaptrace[runtime]'")
-
-            return unavailable
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as e:
+            missing = (e.name or "").split(".")[0]
+            if ctx.invoked_subcommand in RUNTIME_COMMANDS and missing in RUNTIME_EXTRA_MODULES:
+                fail(runtime_extra_message(ctx.invoked_subcommand, missing))
+            raise
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """click's entry point, with usage errors (a bad option value, an unknown option or command, a missing
@@ -115,50 +158,41 @@ def memory_limit_bytes(gb: float | None) -> int | None:
     return None if gb is None else int(gb * 1e9)
 
 
-# every character but printable ASCII, tab and newline: the candidates :func:`escape_controls` looks at one by one
-_NOT_PLAIN = re.compile(r"[^\t\n\x20-\x7e]")
-_NOT_ASCII_PRINTABLE = re.compile(r"[^\x20-\x7e]")  # the candidates escape_line looks at
+def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
+    """The error line when ``--rounds NAME`` was given on the command line and the trace has fewer than two
+    annotations named NAME (or NAME_<n>): the round model it asked for is absent (the default name may be absent:
+    most traces are not from the runtime). None when there is nothing to say."""
+    ctx = click.get_current_context(silent=True)
+    explicit = ctx is not None and ctx.get_parameter_source("round_name") != click.core.ParameterSource.DEFAULT
+    if explicit and res.get("devices") and not res.get("rounds"):
+        return (f"{trace_path}: fewer than two annotations named {round_name!r} (or {round_name}_<n>) on the analysed "
+                "device's rank: no verify rounds to model (--rounds)")
+    return None
 
 
-def escape_controls(text: str) -> str:
-    """``text`` safe to print on a terminal: every character ``repr`` would escape (``not str.isprintable()``: the
-    C0 controls such as ESC and BEL, DEL, the C1 controls such as the 8-bit CSI, bidi overrides, line separators)
-    is replaced by its ``repr`` escape (``\\x1b``, ``\\x07``, ``\\u202e``), except tab and newline. Printable
-    text (µ, →, CJK) is unchanged. Names in a trace are untrusted: raw, an ESC in a kernel name could drive the
-    terminal that prints the analysis."""
-    return _repr_escape(_NOT_PLAIN, text)
+def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, notes: list | None = None,
+                    label: str = ""):
+    """The capture sidecar next to ``trace_path`` (:func:`gaptrace.sidecar.read_sidecar_checked`) as a
+    :class:`gaptrace.sidecar.Sidecar`, or None; one ``gaptrace: warning:`` line on stderr when one is there but
+    cannot be used (not JSON, nested too deeply, not an object, a bad analysis_window, or, given the loaded
+    ``trace``, what :func:`gaptrace.sidecar.check_sidecar` refuses), or when some of its fields will be skipped:
+    the analysis goes on without it (or them). The same line, without the ``gaptrace: warning:`` prefix, is
+    appended to ``notes`` when given (the ``warnings`` of ``--json`` output, so a CI that reads only the JSON
+    learns it too). ``label`` ("A: ", "B: ") starts the line (diff's two traces)."""
+    from gaptrace.sidecar import as_sidecar, check_sidecar, read_sidecar_checked, sidecar_path
+    from gaptrace.trace import clean_text
 
-
-def _repr_escape(candidates: re.Pattern, text: str) -> str:
-    """Each match of ``candidates`` in ``text`` that is not printable replaced by its ``repr`` escape."""
-    return candidates.sub(lambda m: m.group() if m.group().isprintable() else repr(m.group())[1:-1], text)
-
-
-def escape_line(text: str) -> str:
-    """:func:`escape_controls` that also escapes tab, newline and carriage return: ``text`` stays on one line. For
-    strings from a trace inside a line of output (a newline in a frame name could forge a row or a second error
-    line)."""
-    return _repr_escape(_NOT_ASCII_PRINTABLE, text)
-
-
-def escape_strings(obj):
-    """``obj`` (dicts, lists and tuples of JSON-like values, as ``run_analysis`` returns them) with every string,
-    keys included, passed through :func:`escape_line`; other values unchanged. Text renderers apply it first, so
-    no name from the trace can break a row or a line."""
-    if isinstance(obj, str):
-        return escape_line(obj)
-    if isinstance(obj, dict):
-        return {escape_strings(k): escape_strings(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(escape_strings(v) for v in obj)
-    return obj
-
-
-def escape_json_controls(text: str) -> str:
-    """JSON text (from ``json.dumps(..., ensure_ascii=False)``, which escapes only the C0 controls) with the other
-    non-printable characters of :func:`escape_controls` written as JSON ``\\uXXXX`` escapes (surrogate pairs
-    beyond the BMP): the text decodes to the same values and prints safely on a terminal."""
-    return _NOT_PLAIN.sub(lambda m: m.group() if m.group().isprintable() else json.dumps(m.group())[1:-1], text)
+    side, why = read_sidecar_checked(trace_path)
+    fields = None
+    if side is not None and trace is not None:
+        side, why, fields = check_sidecar(side, trace, window, sidecar_path(os.fspath(trace_path).rstrip("/")))
+    line = f"capture sidecar ignored: {why}" if why is not None else fields
+    if line is not None:
+        line = label + line
+        click.echo(f"gaptrace: warning: {escape_line(line)}", err=True)
+        if notes is not None:
+            notes.append(clean_text(line))
+    return as_sidecar(side)
 
 
 def fail(message: str) -> "NoReturn":  # noqa: F821

@@ -1,10 +1,15 @@
-"""``gaptrace diff A B``: compare two traces (A baseline, B candidate) and gate CI on the result."""
+"""``gaptrace diff A B``: compare two traces (A baseline, B candidate) and gate CI on the result.
+
+Both traces are analysed by :func:`gaptrace.analyses.summary.summarize`; :func:`gaptrace.analyses.diff.diff_analyses`
+compares the two ``to_json()`` dicts; this module is the command and the text it prints (:func:`render_diff`).
+"""
 from __future__ import annotations
 
 import click
 
-from gaptrace.analyze import dumps_json, no_gpu_message, rounds_not_found, run_analysis, sidecar_or_warn
-from gaptrace.cli import escape_strings, memory_limit_option
+from gaptrace.analyses.summary import no_gpu_message, summarize
+from gaptrace.cli import memory_limit_option, rounds_not_found, sidecar_or_warn
+from gaptrace.text import dumps_json, escape_strings
 from gaptrace.trace import TraceError
 
 __all__ = ["diff", "render_diff"]
@@ -22,7 +27,7 @@ def _fmt(v, name: str) -> str:
 
 def render_diff(d: dict) -> str:
     """Text form of :func:`gaptrace.analyses.diff.diff_analyses`, non-printable characters of trace names and
-    paths escaped, newlines inside them included (:func:`gaptrace.cli.escape_strings`)."""
+    paths escaped, newlines inside them included (:func:`gaptrace.text.escape_strings`)."""
     from gaptrace.analyses.occupancy import short_kernel_name
 
     d = escape_strings(d)
@@ -81,8 +86,8 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
         res, notes = [], []  # notes: the sidecars' warnings (stderr), also in --json's warnings
         for side, p in (("A", trace_a), ("B", trace_b)):
             tr = load_trace(p, memory_limit_bytes=limit)
-            res.append(run_analysis(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, notes, f"{side}: "),
-                                    round_name=round_name))
+            res.append(summarize(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, notes, f"{side}: "),
+                                 round_name=round_name).to_json())
     except (TraceError, GateError) as e:
         fail(str(e))
     for p, r in zip((trace_a, trace_b), res):

@@ -7,7 +7,7 @@ statement per event), and dropped: no Python object per event outlives its chunk
 :class:`Symbols` table shared by all chunks and ranks.
 
 The struct types are strict, so every value they let through means what the reference reader
-(:func:`gaptrace.loader.events_to_raw`) makes of it. A chunk holding anything else (a bool or a string where a
+(:func:`gaptrace.reference.events_to_raw`) makes of it. A chunk holding anything else (a bool or a string where a
 number belongs, a float id, ``null`` args, a non-object element ...) fails validation and is decoded again
 without types and converted by the reference code itself, so the result is identical either way.
 """
@@ -20,7 +20,7 @@ from typing import Annotated, Any, Union
 import msgspec
 import numpy as np
 
-from .loader import _int as _int_ref  # the reference conversion, for the values a typed ``bytes`` can hold
+from .reference import _int as _int_ref  # the reference conversion, for the values a typed ``bytes`` can hold
 from .trace import RawColumns
 
 __all__ = ["Event", "Args", "Symbols", "ColumnSink", "COLUMNS", "decode_piece", "typed_columns", "python_columns"]
@@ -174,7 +174,7 @@ def typed_columns(events: list[Event], rank: int, symbols: Symbols) -> dict[str,
 
 def python_columns(events: list, rank: int, symbols: Symbols) -> dict[str, np.ndarray]:
     """Columns of already-decoded events (dicts), by the reference conversion itself (for odd chunks)."""
-    from .loader import events_to_raw
+    from .reference import events_to_raw
 
     raw = events_to_raw([(rank, events)])
     table = symbols.remap(raw.symbols)

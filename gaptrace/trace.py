@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -103,7 +103,11 @@ class RawColumns:
 
 @dataclasses.dataclass
 class Trace:
-    """One loaded trace (possibly several ranks). See the module docstring for the columns."""
+    """One loaded trace (possibly several ranks). See the module docstring for the columns.
+
+    ``_memo`` (not an argument, not compared) holds what analyses derive from the trace and share (the host
+    stack tree, busy timelines, the device ids): owned by the trace, so it is dropped with it (:meth:`memo`).
+    """
 
     path: str
     host: pd.DataFrame
@@ -114,14 +118,32 @@ class Trace:
     symbols: pd.Index
     metadata: dict[str, Any]
     warnings: list[str]
+    _memo: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                                          compare=False)
+
+    def memo(self, key: Any, source: Any, build: Callable[[], Any]) -> Any:
+        """``build()``, computed once per ``key`` and kept on this trace while ``source`` (the frame the value is
+        derived from, e.g. ``self.host``) is the same object: assigning a new frame to the field (``trace.device
+        = ...``) makes the next call rebuild; editing a frame in place is not seen. For values that are never
+        mutated after they are built (frozen timelines, the stack tree)."""
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] is source:
+            return hit[1]
+        value = build()
+        self._memo[key] = (source, value)
+        return value
 
     @property
     def device_ids(self) -> list[tuple[int, int]]:
-        """Sorted (rank, device) pairs that have device activity."""
+        """Sorted (rank, device) pairs that have device activity (a new list each call; computed once per
+        ``device`` frame, :meth:`memo`)."""
+        return list(self.memo("device_ids", self.device, self._device_ids))
+
+    def _device_ids(self) -> tuple[tuple[int, int], ...]:
         if self.device.empty:
-            return []
+            return ()
         pairs = self.device[["rank", "device"]].drop_duplicates().sort_values(["rank", "device"])
-        return [(int(r), int(d)) for r, d in pairs.itertuples(index=False)]
+        return tuple((int(r), int(d)) for r, d in pairs.itertuples(index=False))
 
     @property
     def has_python_stacks(self) -> bool:

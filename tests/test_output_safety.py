@@ -365,7 +365,7 @@ def test_analyze_and_diff_say_a_bad_sidecar_was_ignored(tmp_path, content):
 def test_a_fifo_or_oversized_sidecar_is_refused_without_reading_it(tmp_path, monkeypatch):
     """A FIFO named like a sidecar used to hang analyze (open() blocks until a writer comes); a huge file would be
     read whole. Both are named in one warning line and the analysis goes on (exit 0)."""
-    import gaptrace.capture as capture
+    import gaptrace.sidecar as capture  # the sidecar reader and its size limit
 
     trace = tmp_path / "Y.json.gz"
     shutil.copy(PROBE, trace)

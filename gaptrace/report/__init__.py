@@ -1,13 +1,14 @@
 """``gaptrace report``: one self-contained offline HTML file that explains where a trace's GPU idle time went.
 
-Sections, in reading order (issue 4, "Report"): the headline findings in words; per-device occupancy; occupancy over
+Sections, in reading order: the headline findings in words; per-device occupancy; occupancy over
 time as a busy-fraction strip with the annotation (NVTX / record_function) ranges below it; gap attribution as an
 icicle of the gap-clipped host stacks plus a table of self and inclusive idle; the blocking syncs with their call
 sites; the graph-launch fit with the capture's unprofiled launch costs beside it; per-round timings when the
 analysis has them; the trace's integrity warnings.
 
-The numbers come from :func:`gaptrace.analyze.run_analysis` (the JSON of ``gaptrace analyze --json``, issue 2); the
-report only adds views that need the trace itself (time bins, annotation lanes, the stack tree, launch points).
+The numbers come from :func:`gaptrace.analyses.summary.summarize` (its ``to_json()``, the JSON of
+``gaptrace analyze --json``); the capture sidecar is read and checked by :mod:`gaptrace.sidecar`; the report only
+adds views that need the trace itself (time bins, annotation lanes, the stack tree, launch points).
 Every string from the trace or the sidecar is escaped (see :mod:`gaptrace.report.html` and
 :func:`gaptrace.report.charts.esc`).
 """
@@ -24,6 +25,7 @@ from gaptrace.analyses.gaps import event_idle
 from gaptrace.analyses.launch_fit import launch_points
 from gaptrace.analyses.occupancy import busy_fraction_bins, resolve_device
 from gaptrace.outputs import write_text_atomic
+from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.trace import Trace, TraceError
 
 from . import charts
@@ -38,18 +40,18 @@ N_BINS = 1500  # strip resolution: exact busy fraction per bin, enough for a 1,5
 
 # ---------------------------------------------------------------------------------------------- sidecar
 def find_sidecar(trace_path: str) -> str | None:
-    """The capture sidecar next to a trace (:func:`gaptrace.capture.sidecar_path`: ``X.json.gz`` ->
+    """The capture sidecar next to a trace (:func:`gaptrace.sidecar.sidecar_path`: ``X.json.gz`` ->
     ``X.gaptrace.json``), or None when there is none."""
-    from gaptrace.capture import sidecar_path
+    from gaptrace.sidecar import sidecar_path
 
     p = sidecar_path(os.fspath(trace_path).rstrip("/"))
     return p if os.path.isfile(p) else None
 
 
 def load_sidecar(path: str) -> dict:
-    """Read a capture sidecar (a JSON object, :func:`gaptrace.capture.sidecar_problem`). Raises TraceError (one line
+    """Read a capture sidecar (a JSON object, :func:`gaptrace.sidecar.sidecar_problem`). Raises TraceError (one line
     naming the file) if it is unreadable or unusable."""
-    from gaptrace.capture import load_sidecar_checked
+    from gaptrace.sidecar import load_sidecar_checked
 
     data, why = load_sidecar_checked(path)
     if why is not None:
@@ -200,7 +202,7 @@ def _syncs(analysis: dict) -> str:
 
 def _node_bubbles(analysis: dict) -> str:
     """The device-side bubbles between two nodes of one graph launch, by the kernel pair at the boundary
-    (``node_bubbles`` of :func:`gaptrace.analyze.run_analysis`); nothing when the trace has none."""
+    (``node_bubbles`` of :func:`gaptrace.analyses.summary.summarize`); nothing when the trace has none."""
     pairs = analysis.get("node_bubbles") or []
     if not pairs:
         return ""
@@ -222,18 +224,14 @@ def _node_bubbles(analysis: dict) -> str:
                      ("median (µs)", "num"), ("max (µs)", "num"), ("share", "num")], rows, raw_cols=range(7)))
 
 
-def _sidecar_graphs(sidecar: dict | None) -> pd.DataFrame | None:
-    graphs = (sidecar or {}).get("graphs")
-    if not isinstance(graphs, list):
+def _sidecar_graphs(sidecar: Sidecar | None) -> pd.DataFrame | None:
+    """The sidecar's usable graphs (:attr:`gaptrace.sidecar.Sidecar.graphs`, the launch fit's rule) as columns
+    name, nodes, unprofiled_launch_us (µs); None without a sidecar."""
+    if sidecar is None:
         return None
-    from gaptrace.capture import positive_number
-
-    # the graphs the launch fit can use: the same rule as the analysis (capture.sidecar_field_problems names the rest)
-    rows = [g for g in graphs if isinstance(g, dict) and positive_number(g.get("nodes"))
-            and positive_number(g.get("unprofiled_launch_us"))]
-    return pd.DataFrame({"name": [str(g.get("name", "")) for g in rows],
-                         "nodes": [float(g["nodes"]) for g in rows],
-                         "unprofiled_launch_us": [float(g["unprofiled_launch_us"]) for g in rows]})
+    rows = sidecar.graphs
+    return pd.DataFrame({"name": [g.name for g in rows], "nodes": [g.nodes for g in rows],
+                         "unprofiled_launch_us": [g.unprofiled_launch_us for g in rows]})
 
 
 
@@ -243,7 +241,7 @@ def _interval(ci) -> str:
         return "–"
     return f"{fmt_us(ci[0], 3)} – {fmt_us(ci[1], 3)}"
 
-def _launch_fit(trace: Trace, analysis: dict, sidecar: dict | None, figures: dict) -> str:
+def _launch_fit(trace: Trace, analysis: dict, sidecar: Sidecar | None, figures: dict) -> str:
     fit = analysis.get("launch_fit")
     out = ['<h2 id="launch-fit">Graph-launch fit</h2><p class="how">Host time of each cudaGraphLaunch against N, '
            "the device activities it launched, with a robust affine fit t(N) = t0 + κN. Under the profiler κ is "
@@ -300,14 +298,12 @@ _ROUND_COLS = [  # (normalised key candidates, header, formatter)
 ]
 
 
-def _norm_round(r: dict, side: dict | None) -> dict:
-    """A round's fields keyed without underscores and in lower case; τ from the sidecar's round when the analysis
-    has none; TPOT = Tround / τ when missing."""
-    from gaptrace.capture import usable_tau
-
+def _norm_round(r: dict, side_tau: float | None) -> dict:
+    """A round's fields keyed without underscores and in lower case; τ from the sidecar's round (``side_tau``,
+    usable by the analysis' own rule, or None) when the analysis has none; TPOT = Tround / τ when missing."""
     norm = {k.replace("_", "").lower(): v for k, v in r.items()}
-    if norm.get("tau") is None and side and usable_tau(side.get("tau")):  # the analysis' own rule for τ
-        norm["tau"] = side["tau"]
+    if norm.get("tau") is None and side_tau is not None:
+        norm["tau"] = side_tau
     if norm.get("tpotus") is None:
         try:
             norm["tpotus"] = float(norm["troundus"]) / float(norm["tau"])
@@ -316,7 +312,7 @@ def _norm_round(r: dict, side: dict | None) -> dict:
     return norm
 
 
-def _rounds(analysis: dict, sidecar: dict | None, figures: dict) -> str:
+def _rounds(analysis: dict, sidecar: Sidecar | None, figures: dict) -> str:
     head = ('<h2 id="rounds">Verify rounds</h2><p class="how">Per annotated round (period = start to next start): '
             "Tround = the period, TGPU = device busy in it, Tserial = device idle in it (Tround = TGPU + Tserial), "
             "Thost = host dispatch time (the round range minus its blocked syncs), τ = tokens emitted (accepted "
@@ -328,9 +324,8 @@ def _rounds(analysis: dict, sidecar: dict | None, figures: dict) -> str:
         return head + ('<p class="pending">No per-round analysis for this trace: it needs one host annotation per '
                        'verify round (a range named "round" or "round_&lt;n&gt;", or the name given to '
                        "<code>--rounds</code>).</p>")
-    side_rounds = (sidecar or {}).get("rounds")
-    side_rounds = [r for r in side_rounds if isinstance(r, dict)] if isinstance(side_rounds, list) else []
-    norm = [_norm_round(r, side_rounds[i] if i < len(side_rounds) else None)
+    side_taus = sidecar.round_record_taus if sidecar is not None else ()
+    norm = [_norm_round(r, side_taus[i] if i < len(side_taus) else None)
             for i, r in enumerate(r for r in rounds if isinstance(r, dict))]
     out = [head]
     summary = rr.get("summary") if isinstance(rr, dict) else None
@@ -371,7 +366,9 @@ def _summary(v: Any) -> Any:
     return v
 
 
-def _sidecar_section(sidecar: dict | None, sidecar_path: str | None) -> str:
+def _sidecar_section(side: Sidecar | None, sidecar_path: str | None) -> str:
+    """The "Capture" section: the sidecar as read (``raw``), its config first; "" without a sidecar."""
+    sidecar = side.raw if side is not None else None
     if not sidecar:
         return ""
     out = [f'<h2 id="capture">Capture</h2><p class="how">From the capture sidecar {h(sidecar_path or "")}.</p>']
@@ -398,17 +395,19 @@ def _warnings(trace: Trace, analysis: dict, extra: list[str]) -> str:
     return '<h2 id="warnings">Integrity warnings</h2>' + body
 
 
-def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *, device: int | None = None,
+def render_report(trace: Trace, analysis: dict, sidecar: Sidecar | dict | None = None, *, device: int | None = None,
                   sidecar_path: str | None = None, warnings: list[str] | None = None) -> str:
     """The report page as one HTML string (self-contained: plotly.js inlined, nothing fetched).
 
-    ``analysis``: the dict of :func:`gaptrace.analyze.run_analysis` (issue 2 schema; unknown keys ignored, missing
-    sections rendered as absent). ``sidecar``: the capture sidecar dict or None. ``device``: the device the
+    ``analysis``: :meth:`gaptrace.analyses.summary.AnalysisSummary.to_json` (unknown keys ignored, missing
+    sections rendered as absent). ``sidecar``: the capture sidecar (a :class:`gaptrace.sidecar.Sidecar` or its
+    parsed dict) or None. ``device``: the device the
     analysis attributed idle time for (None: the busiest, as run_analysis). ``warnings``: extra lines for the
     integrity section (e.g. a sidecar that could not be read). Pure: writes nothing.
     """
     from gaptrace import __version__
 
+    sidecar = as_sidecar(sidecar)
     figures: dict[str, dict] = {}
     name = os.path.basename(os.fspath(trace.path).rstrip("/"))
     meta = trace.metadata or {}
@@ -443,7 +442,7 @@ def render_report(trace: Trace, analysis: dict, sidecar: dict | None = None, *, 
 def write_report(path_in: str, path_out: str, window: str | None = None, sidecar_path: str | None = None,
                  device: int | None = None, round_name: str = "round",
                  memory_limit_bytes: int | None = None) -> dict:
-    """Load ``path_in``, analyse it (:func:`gaptrace.analyze.run_analysis` with the sidecar, ``window``,
+    """Load ``path_in``, analyse it (:func:`gaptrace.analyses.summary.summarize` with the sidecar, ``window``,
     ``device`` and ``round_name``), render the report and write it to ``path_out`` atomically (a temporary file in
     the same directory, then ``os.replace``). The sidecar is ``sidecar_path`` or the one :func:`find_sidecar`
     finds; an explicitly named sidecar that cannot be read is an error, an implicit one becomes a warning.
@@ -457,10 +456,10 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     without GPU activity (nothing to report on); nothing is written then.
     """
     from gaptrace import load_trace
-    from gaptrace.analyze import check_sidecar, run_analysis
-
-    from gaptrace.capture import sidecar_path as implicit_sidecar
+    from gaptrace.analyses.summary import no_gpu_message, summarize
     from gaptrace.outputs import resolve_output
+    from gaptrace.sidecar import check_sidecar
+    from gaptrace.sidecar import sidecar_path as implicit_sidecar
 
     # the inputs: the trace, the named sidecar and the one next to the trace (even when another is named: replacing
     # a capture's sidecar with HTML is never what was meant)
@@ -484,7 +483,6 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
                 sidecar_path = None
     trace = load_trace(path_in, memory_limit_bytes=memory_limit_bytes)
     if trace.device.empty:
-        from gaptrace.analyze import no_gpu_message
         raise TraceError(no_gpu_message(path_in, trace.warnings, "the trace has no GPU activity (kernel/memcpy/memset):"
                                         " no occupancy or idle gaps to report; profile with ProfilerActivity.CUDA "
                                         "on a GPU machine"))
@@ -496,7 +494,7 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
             extra.append(f"capture sidecar ignored: {why}")
             sidecar_path = None
         extra += [fields] if fields is not None else []
-    analysis = run_analysis(trace, window=window, device=device, sidecar=sidecar, round_name=round_name)
+    analysis = summarize(trace, window=window, device=device, sidecar=sidecar, round_name=round_name).to_json()
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
     write_text_atomic(path_out_real, text, prefix=".gaptrace-report-")
     return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path,

@@ -25,8 +25,8 @@ def h(s: object) -> str:
     """``html.escape(str(s))`` (quotes too, so the result is safe in attributes), lone surrogates (a path from
     argv bytes that are not UTF-8, a sidecar string) replaced by U+FFFD so the page can be written as UTF-8, and
     other non-printable characters (ESC, BEL, bidi overrides from trace names) shown as escapes, as the text output
-    shows them (:func:`gaptrace.cli.escape_controls`)."""
-    from gaptrace.cli import escape_controls
+    shows them (:func:`gaptrace.text.escape_controls`)."""
+    from gaptrace.text import escape_controls
 
     return html.escape(escape_controls(clean_text("" if s is None else str(s))), quote=True)
 
@@ -106,7 +106,7 @@ def figures_script(figures: dict[str, dict]) -> str:
     """``var FIGURES = {...};`` followed by the report's renderer. The JSON has ``<``, ``>``, ``&`` and the
     JavaScript line separators escaped as ``\\uXXXX``, so no string in it can close the script element; the other
     non-printable characters (C1 controls, bidi overrides from trace names) as JSON escapes too (same values)."""
-    from gaptrace.cli import escape_json_controls
+    from gaptrace.text import escape_json_controls
 
     blob = escape_json_controls(clean_text(json.dumps(_finite(figures), separators=(",", ":"), allow_nan=False,
                                                       ensure_ascii=False)))

@@ -1,0 +1,267 @@
+"""The capture sidecar ``TRACE.gaptrace.json``: where it lives, how it is read and checked, and its typed form.
+
+A capture (:class:`gaptrace.capture.Capture`, ``gaptrace capture``) writes, next to the trace, one JSON object with
+what the trace cannot say: the run's ``config``, the accepted tokens τ of every profiled verify round (``rounds``),
+the graphs it launched with their node counts and unprofiled launch costs (``graphs``), the unprofiled round
+period (``unprofiled_round_ms``) and the annotation that spans the profiled rounds (``analysis_window``).
+
+The sidecar is optional and untrusted input. :func:`load_sidecar_checked` refuses a file that cannot be one (not a
+regular file, over ``SIDECAR_MAX_BYTES``, not JSON, not an object, a bad ``analysis_window``);
+:func:`sidecar_field_problems` names the fields the analyses will skip (each skip drops a figure: τ, TPOT, the
+profiler check, the launch fit's unprofiled points); :func:`check_sidecar` refuses a sidecar of another capture
+(its ``analysis_window`` names no annotation in the trace). :class:`Sidecar` is the checked object with only the
+usable values, in the units the analyses take; the analyses read its fields, never the dict.
+
+Torch-free and analysis-free: the trace model's :class:`gaptrace.trace.Trace` is the only gaptrace type it reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import stat
+from typing import Any, Mapping
+
+__all__ = ["Sidecar", "SidecarGraph", "SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "read_sidecar_checked",
+           "load_sidecar_checked", "sidecar_problem", "sidecar_field_problems", "positive_number", "usable_tau",
+           "as_sidecar", "check_sidecar", "sidecar_window_problem"]
+
+SIDECAR_SUFFIX = ".gaptrace.json"
+
+# what a capture writes is far inside these; outside them a number is a corrupt or hostile sidecar, and its
+# arithmetic (a mean of 1e308s, TPOT over a τ of 1e-320) would overflow into inf or NaN
+SIDECAR_MAX_NUMBER = 1e12   # round times (ms), launch costs (µs), node counts
+SIDECAR_MIN_NUMBER = 1e-9
+TAU_MAX = 1e6                # tokens accepted in one round
+TAU_MIN_NONZERO = 1e-6
+SIDECAR_MAX_BYTES = 64 * 10 ** 6
+
+
+def sidecar_path(trace_path: str) -> str:
+    """``run.json.gz`` -> ``run.gaptrace.json`` (next to the trace)."""
+    base = trace_path
+    for suffix in (".json.gz", ".json", ".gz"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    return base + SIDECAR_SUFFIX
+
+
+def read_sidecar(trace_path: str) -> dict | None:
+    """The sidecar next to ``trace_path`` as a dict, or None when absent or unreadable (it is optional)."""
+    p = sidecar_path(trace_path)
+    try:
+        with open(p) as f:
+            obj = json.load(f)
+        return obj if isinstance(obj, dict) else None
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
+        return None
+
+
+def sidecar_problem(obj: Any) -> str | None:
+    """Why ``obj`` (parsed JSON) cannot be used as a capture sidecar, in words; None when it can. Checks the shape
+    the analyses rely on: a JSON object whose ``analysis_window``, when present, is an annotation name (a string).
+    (Whether that name occurs in a trace needs the trace: :func:`sidecar_window_problem`.)"""
+    if not isinstance(obj, dict):
+        kind = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        return f"not a JSON object ({kind.get(type(obj), 'null')})"
+    w = obj.get("analysis_window")
+    if w is not None and (not isinstance(w, str) or not w):
+        return f"its analysis_window is {json.dumps(w)[:60]}, not an annotation name"
+    return None
+
+
+def positive_number(v: Any) -> bool:
+    """A JSON number (not a boolean), finite, in [1e-9, 1e12] (SIDECAR_MIN_NUMBER, SIDECAR_MAX_NUMBER): what a
+    sidecar's round times, node counts and launch costs must be for the analyses to use them."""
+    return _finite(v) and SIDECAR_MIN_NUMBER <= v <= SIDECAR_MAX_NUMBER
+
+
+def usable_tau(t: Any) -> bool:
+    """A sidecar round's ``tau``: a JSON number (not a boolean), 0 or in [1e-6, 1e6] (TAU_MIN_NONZERO, TAU_MAX)."""
+    return _finite(t) and (t == 0 or TAU_MIN_NONZERO <= t <= TAU_MAX)
+
+
+def _finite(v: Any) -> bool:
+    """A JSON number (not a boolean) that is a finite float; an integer too large for a float (10**400) is not."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def sidecar_field_problems(obj: dict) -> list[str]:
+    """The fields of a usable sidecar (:func:`sidecar_problem` passed) that the analyses will skip, each as
+    ``name (why)``: ``unprofiled_round_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
+    finite number >= 0 (an empty list too), a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
+    unprofiled launch), ``rounds`` or ``graphs`` not a list. Empty when every field present is usable; the caller
+    says what was skipped (one warning line), since a skipped field silently drops a figure (τ, TPOT, the
+    profiler check, the launch fit's unprofiled points)."""
+    out: list[str] = []
+    u = obj.get("unprofiled_round_ms")
+    if u is not None:
+        if isinstance(u, list) and not u:  # no unprofiled round: the profiler-cost check has nothing to compare
+            out.append("unprofiled_round_ms (an empty list)")
+        elif isinstance(u, list):
+            out += [f"unprofiled_round_ms[{i}] (not a positive number)" for i, v in enumerate(u) if not positive_number(v)]
+        elif not positive_number(u):
+            out.append("unprofiled_round_ms (not a positive number)")
+    for key in ("rounds", "graphs"):
+        if key in obj and not isinstance(obj[key], list):
+            out.append(f"{key} (not a list)")
+    for i, r in enumerate(obj.get("rounds") if isinstance(obj.get("rounds"), list) else []):
+        t = r.get("tau") if isinstance(r, dict) else r
+        if not usable_tau(t):  # a round without τ drops out of the τ mean: say so
+            out.append(f"rounds[{i}].tau (missing, or not a finite number >= 0)")
+    for i, g in enumerate(obj.get("graphs") if isinstance(obj.get("graphs"), list) else []):
+        us = g.get("unprofiled_launch_us") if isinstance(g, dict) else None
+        if not isinstance(g, dict) or not positive_number(g.get("nodes")) or not (us is None or positive_number(us)):
+            out.append(f"graphs[{i}] (needs positive nodes and unprofiled_launch_us)")
+    return out
+
+
+def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:
+    """(sidecar, None) for a usable sidecar file at ``path``; (None, reason) when it cannot be read, is not JSON or
+    fails :func:`sidecar_problem`. The reason is one line naming the file."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read, a device never end it
+            return None, f"{path}: the capture sidecar is not a regular file"
+        if st.st_size > SIDECAR_MAX_BYTES:
+            return None, (f"{path}: the capture sidecar is {st.st_size / 1e6:,.0f} MB, over the "
+                          f"{SIDECAR_MAX_BYTES // 10 ** 6} MB a sidecar can be")
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        msg = ("JSON nested too deeply" if isinstance(e, RecursionError)
+               else getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0])
+        return None, f"{path}: cannot read the capture sidecar: {msg}"
+    why = sidecar_problem(obj)
+    if why is not None:
+        return None, f"{path}: the capture sidecar is {why}" if why.startswith("not ") else \
+            f"{path}: the capture sidecar is unusable: {why}"
+    return obj, None
+
+
+def read_sidecar_checked(trace_path: str) -> tuple[dict | None, str | None]:
+    """Like :func:`read_sidecar`, with the reason: (sidecar, None) when the sidecar next to ``trace_path`` is usable,
+    (None, None) when there is none, (None, reason) when one is there but cannot be used (the caller says it was
+    ignored). :func:`read_sidecar` keeps its contract (dict or None)."""
+    p = sidecar_path(trace_path)
+    if not os.path.lexists(p):
+        return None, None
+    return load_sidecar_checked(p)
+
+
+@dataclasses.dataclass(frozen=True)
+class SidecarGraph:
+    """One usable entry of the sidecar's ``graphs``: ``name`` (str, "" when absent), ``nodes`` (the CUDA graph's
+    node count, > 0) and ``unprofiled_launch_us`` (host µs of one cudaGraphLaunch without the profiler, > 0)."""
+
+    name: str
+    nodes: float
+    unprofiled_launch_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Sidecar:
+    """A checked capture sidecar: only the values the analyses may use, each by the rules of
+    :func:`sidecar_field_problems` (which names what was skipped).
+
+    - ``raw``: the JSON object as read (the report's "Capture" section shows it; nothing else reads it);
+    - ``config``: the run's ``config`` object, {} when absent or not an object;
+    - ``analysis_window``: the annotation spanning the profiled rounds, or None (not a string);
+    - ``round_taus``: τ (tokens accepted) per profiled verify round in trace order, NaN where a round's ``tau`` is
+      unusable (:func:`usable_tau`; a round given as a bare number is its τ); None when ``rounds`` is absent or not
+      a list;
+    - ``round_record_taus``: τ of each round given as an object ({"tau": ...}), in order, None where unusable (the
+      report's per-round τ when the analysis has none);
+    - ``graphs``: the usable :class:`SidecarGraph` entries, in order (positive ``nodes`` and ``unprofiled_launch_us``);
+    - ``unprofiled_round_ms``: the unprofiled round period in ms (the median of the usable values when a list),
+      or None.
+    """
+
+    raw: Mapping[str, Any]
+    config: Mapping[str, Any]
+    analysis_window: str | None
+    round_taus: tuple[float, ...] | None
+    round_record_taus: tuple[float | None, ...]
+    graphs: tuple[SidecarGraph, ...]
+    unprofiled_round_ms: float | None
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> "Sidecar":
+        """The typed form of a parsed sidecar object (any dict: unusable fields are dropped, never raised on)."""
+        import numpy as np
+
+        rounds = obj.get("rounds")
+        taus = records = None
+        if isinstance(rounds, list):
+            taus = tuple(float(t) if usable_tau(t) else float("nan")
+                         for t in (r.get("tau") if isinstance(r, dict) else r for r in rounds))
+            records = tuple(float(r["tau"]) if usable_tau(r.get("tau")) else None
+                            for r in rounds if isinstance(r, dict))
+        graphs = obj.get("graphs")
+        usable = tuple(SidecarGraph(str(g.get("name", "")), float(g["nodes"]), float(g["unprofiled_launch_us"]))
+                       for g in (graphs if isinstance(graphs, list) else [])
+                       if isinstance(g, dict) and positive_number(g.get("nodes"))
+                       and positive_number(g.get("unprofiled_launch_us")))
+        unprof = obj.get("unprofiled_round_ms")
+        if isinstance(unprof, list):  # the items sidecar_field_problems does not name as skipped
+            vals = [float(v) for v in unprof if positive_number(v)]
+            unprof = float(np.median(vals)) if vals else None
+        window = obj.get("analysis_window")
+        config = obj.get("config")
+        return cls(raw=obj, config=config if isinstance(config, dict) else {},
+                   analysis_window=window if isinstance(window, str) else None, round_taus=taus,
+                   round_record_taus=records or (), graphs=usable,
+                   unprofiled_round_ms=float(unprof) if positive_number(unprof) else None)
+
+    def unprofiled_launch_us(self) -> dict[int, float] | None:
+        """{graph node count: unprofiled launch µs} for the launch fit
+        (:func:`gaptrace.analyses.launch_fit.launch_fit`), a later entry of one size replacing an earlier one;
+        None without usable graphs."""
+        return {int(g.nodes): g.unprofiled_launch_us for g in self.graphs} or None
+
+
+def as_sidecar(side: "Sidecar | Mapping[str, Any] | None") -> Sidecar | None:
+    """``side`` as a :class:`Sidecar`: a Sidecar unchanged, a dict through :meth:`Sidecar.from_dict`, anything
+    else (None, a list) None. The analyses' entry points accept either form."""
+    if isinstance(side, Sidecar):
+        return side
+    return Sidecar.from_dict(side) if isinstance(side, dict) else None
+
+
+def sidecar_window_problem(sidecar: "Sidecar | Mapping[str, Any]", trace, path: str) -> str | None:
+    """One line when the sidecar's ``analysis_window`` names no annotation in ``trace`` (a
+    :class:`gaptrace.trace.Trace`; the sidecar then describes another capture); None when it is absent or found."""
+    named = sidecar.analysis_window if isinstance(sidecar, Sidecar) else sidecar.get("analysis_window")
+    if not isinstance(named, str):
+        return None
+    ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
+    if (ua == named).any():
+        return None
+    return (f"{path}: the capture sidecar's analysis_window {json.dumps(named)[:80]} names no annotation in the "
+            "trace (a sidecar of another capture?)")
+
+
+def check_sidecar(side: "Sidecar | Mapping[str, Any]", trace, window: str | None, path: str
+                  ) -> tuple[Sidecar | None, str | None, str | None]:
+    """A read sidecar (a dict that passed :func:`sidecar_problem`, or a :class:`Sidecar`) checked against the
+    loaded ``trace`` (analyze, diff and report): (sidecar, None, fields) to use it, where ``fields`` is None or one
+    line naming the fields the analyses skip (:func:`sidecar_field_problems`; at most 4 named, then a count);
+    (None, why, None) when its analysis_window names no annotation in the trace (:func:`sidecar_window_problem`):
+    it describes another capture, so its τ and round times are not this trace's, whatever ``window`` the user
+    analyses; (None, None, None) when ``window`` is that same missing name (the window's own error says it all)."""
+    side = as_sidecar(side)
+    why = sidecar_window_problem(side, trace, path)
+    if why is not None:
+        if window is not None and window == side.analysis_window:
+            return None, None, None  # the user's window is the same missing name: its error line says it all
+        return None, why, None
+    bad = sidecar_field_problems(side.raw)
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    return side, None, (f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}" if bad else None)
