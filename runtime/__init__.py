@@ -14,8 +14,8 @@ Layout (gpt-fast's pure forward + nano-vllm's engine split):
     engine/          sequence.py (Request), block_manager.py (KV pages, host), scheduler.py (admission, the
                      host-only RoundPlan; sync / overlap), model_runner.py (both models, buffers, uploads, phases,
                      readbacks), graphs.py (CUDA graphs, node counts), rounds.py (the RoundStrategy protocol:
-                     ChainRound, PlainRound), tree_round.py (TreeRound), engine.py (Engine / PlainEngine: schedule,
-                     run, postprocess; the hook API EngineHooks)
+                     ChainRound, PlainRound), tree_round.py (TreeRound), hooks.py (the hook API: EngineHooks,
+                     RoundEvent), engine.py (Engine / PlainEngine: schedule, run, postprocess)
     faults.py        the switchable pathologies (--fault NAME), one function + one NVTX range each, parsed once
                      into Faults (one switch per fault, the hooks the engine calls); window_len_triton.py holds
                      jit-new-shape's Triton kernel (imported on CUDA only)

@@ -8,10 +8,11 @@ CUDA graphs, the round strategies, and the loop that joins them.
     graphs.py         CUDA graph capture (keep_graph=True), node counts, batch buckets
     rounds.py         RoundStrategy protocol; ChainRound (block-speculative), PlainRound (no draft)
     tree_round.py     TreeRound: the draft-tree round (``--tree-budget N``)
-    engine.py         Engine, PlainEngine: schedule, run, postprocess; EngineHooks, RoundEvent; DecodeStats
+    hooks.py          EngineHooks (on_prefill, on_round, on_round_read, on_tokens), RoundEvent, CallbackHooks
+    engine.py         Engine, PlainEngine: schedule, run, postprocess; DecodeStats, check_request
 """
-from .engine import (CallbackHooks, DecodeStats, Engine, EngineHooks, PlainEngine, RequestError, RoundEvent,
-                     check_request)
+from .engine import DecodeStats, Engine, PlainEngine, RequestError, check_request
+from .hooks import CallbackHooks, EngineHooks, RoundEvent
 
 __all__ = ["CallbackHooks", "DecodeStats", "Engine", "EngineHooks", "PlainEngine", "RequestError", "RoundEvent",
            "check_request"]
