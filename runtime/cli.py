@@ -5,7 +5,8 @@
     gaptrace decode --preset tiny --prompt "x = 1" --fault lengths-copy --fault eager-commit-glue
 
 Bad input (empty prompt, prompt longer than the context, unknown preset, B < 1, W not a multiple of P, a
-checkpoint missing a tensor, an unknown --fault, ...) prints one line on stderr and exits with code 2.
+checkpoint missing a tensor, an unknown --fault, the tiny preset's pair missing from an installed package without
+--preset-dir, ...) prints one line on stderr and exits with code 2.
 """
 from __future__ import annotations
 
