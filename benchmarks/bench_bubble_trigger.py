@@ -138,7 +138,7 @@ def main(argv=None) -> int:
             ev.record()
             ev.synchronize()  # SYNC (deliberate): the stage is the read-back the runtime does every round
         elif name == "graphedcall" and cuda:
-            from gaptrace.runtime.graphs import GraphedCall
+            from gaptrace.runtime.engine.graphs import GraphedCall
             kept.append(GraphedCall("chain", chain, torch.cuda.graph_pool_handle()))
             made[0] += 1
         elif name == "free":

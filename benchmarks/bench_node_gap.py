@@ -152,7 +152,7 @@ def main(argv=None) -> int:
                         fn(bufs)
                     if keep:
                         g.instantiate()
-                    from gaptrace.runtime.graphs import graph_node_count
+                    from gaptrace.runtime.engine.graphs import graph_node_count
                     nodes = graph_node_count(g) if keep else None
                     r["replay_us"] = timed_replay_us(g.replay, args.replays, torch)
                     if args.keep_alive:

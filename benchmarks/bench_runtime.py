@@ -20,7 +20,7 @@ the prompts (no request finishes inside the measured rounds, so no admission or 
    (1.0 = perfectly overlapped), and the profiler's cost: profiled − unprofiled Tround and the share of it that
    κ·ΣN explains (DESIGN.md "Launch fit").
 
-The floor: :class:`gaptrace.runtime.plain.PlainEngine`, the same runtime decoding one token per request per round
+The floor: :class:`gaptrace.runtime.engine.PlainEngine`, the same runtime decoding one token per request per round
 with no draft (a one-token target step, graphed per bucket), timed the same way; the speculative speed-up
 TPOT_plain / TPOT_spec is shown next to τ (speed-up / τ = Tround_plain / Tround_spec: the share of the ideal).
 
@@ -57,7 +57,7 @@ sys.path.insert(0, HERE)
 from _results import fmt, machine, md_table, pct, read_results, write_results  # noqa: E402
 
 
-# NVTX ranges of a round (runtime/engine.py): those that hold the graph replays, and all that do host work
+# NVTX ranges of a round (runtime/engine/): those that hold the graph replays, and all that do host work
 # without waiting on the device (plan waits in the sync scheduler's lengths copy, read in overlap's event wait)
 GRAPH_RANGES = ("draft", "verify", "tree")
 WORK_RANGES = ("draft", "tree", "verify", "accept", "commit", "sample")
@@ -91,7 +91,7 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
 
     from gaptrace.capture import Capture
     from gaptrace.runtime.annotate import record_host_ranges
-    from gaptrace.runtime.graphs import collect_launch_us
+    from gaptrace.runtime.engine.graphs import collect_launch_us
 
     t: dict[int, float] = {}
     launch_us: dict = {}
@@ -213,7 +213,7 @@ def run_cell(setup, texts: list[str], kind: str, scheduler: str, bs: int, B: int
     from gaptrace.capture import sidecar_path
     from gaptrace.runtime.capture_run import fill_batch
     from gaptrace.runtime.engine import Engine
-    from gaptrace.runtime.plain import PlainEngine
+    from gaptrace.runtime.engine import PlainEngine
     from gaptrace.runtime.session import encode_prompts
 
     timed = a.timed_rounds if timed is None else timed

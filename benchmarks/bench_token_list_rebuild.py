@@ -104,9 +104,9 @@ def run(args) -> dict:
     import numpy as np
     import torch
 
-    import gaptrace.runtime.model_runner as mr
-    from gaptrace.runtime.model_runner import ModelRunner
-    from gaptrace.runtime.sequence import Request
+    import gaptrace.runtime.faults as mr
+    from gaptrace.runtime.engine.model_runner import ModelRunner
+    from gaptrace.runtime.engine.sequence import Request
     from gaptrace.runtime.session import build_setup
 
     tokens = sorted(int(t) for t in args.tokens.split(","))

@@ -2,22 +2,27 @@
 
 Layout (gpt-fast's pure forward + nano-vllm's engine split):
 
-    config.py        ModelConfig (HF names), RuntimeConfig (B, P, W, batch, chunk, scheduler), presets tiny / bench
-    models/          the Qwen3-style hybrid decoder (GQA + gated delta rule, dense or MoE), HF checkpoints
-    cache/           paged KV block manager, the draft window s(L), c(L) and its bound, linear-attention states
+    config.py        ModelConfig (HF names), RuntimeConfig (B, P, W, batch, chunk, scheduler, faults, tree)
+    presets.py       the named pairs tiny / bench; the tiny pair's directory (--preset-dir)
+    models/          the Qwen3-style hybrid decoder (GQA + gated delta rule, dense or MoE), RoPE, the fused Triton
+                     kernels, HF checkpoints
+    cache/           the device side of the paged KV cache, the draft window s(L), c(L) and its bound,
+                     linear-attention states
     spec/            device state, window rectangle (fixed / packed), draft block, verify, accept, commit,
                      prefill, plain greedy reference; tree.py: draft trees (DDTree: builders, tree verify,
                      path accept, KV compaction, draft refeed)
-    tree.py          the draft-tree round's static buffers, CUDA graphs and phases (``--tree-budget N``)
-    model_runner.py  both models, static buffers, CUDA graphs per batch bucket, pinned copies and events
-    scheduler.py     sync (exact lengths on the host, three syncs a round) and overlap (Lplan bound, no sync)
-    engine.py        the loop: admit, plan, round, read one round late
-    plain.py         the target's plain greedy decoding in the same loop (one-token graphed step, no draft): the floor
-    graphs.py        CUDA graph capture (keep_graph=True) and node counts
+    engine/          sequence.py (Request), block_manager.py (KV pages, host), scheduler.py (admission, the
+                     host-only RoundPlan; sync / overlap), model_runner.py (both models, buffers, uploads, phases,
+                     readbacks), graphs.py (CUDA graphs, node counts), rounds.py (the RoundStrategy protocol:
+                     ChainRound, PlainRound), tree_round.py (TreeRound), hooks.py (the hook API: EngineHooks,
+                     RoundEvent), engine.py (Engine / PlainEngine: schedule, run, postprocess)
+    faults.py        the switchable pathologies (--fault NAME), one function + one NVTX range each, parsed once
+                     into Faults (one switch per fault, the hooks the engine calls); window_len_triton.py holds
+                     jit-new-shape's Triton kernel (imported on CUDA only)
     annotate.py      NVTX range + record_function of one name
-    faults.py        the switchable pathologies (--fault NAME), one function + one NVTX range each;
-                     window_len_triton.py holds jit-new-shape's Triton kernel (imported on CUDA only)
-    session.py, cli.py, tokenizer.py   `gaptrace decode`
+    session.py       from options to a decode: models, tokenizer, config; the one config dictionary (run_config)
+    cli.py           `gaptrace decode` / `gaptrace capture` (click); capture_run.py: the capture driver (hooks)
+    tokenizer.py     HF tokenizer.json or bytes
 
 Nothing here imports gaptrace.analyses; torch lives only in this package.
 """

@@ -2,10 +2,11 @@
 
 The profiler is armed only after ``warmup_rounds`` rounds (graph capture and the fla prewarm happen even before,
 in the engine's constructor) plus one discarded profiler warm-up round, then records ``rounds`` rounds with Python
-stacks (:class:`gaptrace.capture.Capture`, one ``step()`` per round through the engine's ``on_round`` hook). The
-unprofiled baseline is measured in the same process just before: the round periods of the warm-up rounds, and the
-host cost of every graph launch (``GraphedCall.last_launch_us``) in those rounds. The sidecar holds the config,
-per-round τ of the profiled rounds, each graph's node count and unprofiled launch cost.
+stacks (:class:`gaptrace.capture.Capture`, one ``step()`` per round). The unprofiled baseline is measured in the
+same process just before: the round periods of the warm-up rounds, and the host cost of every graph launch in those
+rounds. The sidecar holds the config, per-round τ of the profiled rounds, each graph's node count and unprofiled
+launch cost. The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
+``EngineHooks``): the round events, the rounds read, and the graph node counts the engine reports.
 """
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import os
 import statistics
 from typing import Callable
 
-from .session import DecodeSetup, encode_prompts
-from .engine import Engine
-from .graphs import collect_launch_us
+from .engine import Engine, EngineHooks, RoundEvent
+from .session import DecodeSetup, encode_prompts, run_config
 
 
 class _CaptureDone(Exception):
@@ -90,6 +90,38 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
         raise ValueError(f"{e.filename or path}: cannot write the capture {what}: {e.strerror or e}") from None
 
 
+class CaptureHooks(EngineHooks):
+    """The capture's observer: keeps each warm-up round's graph launch costs (unprofiled), cuts half the batch after
+    round ``shrink_at_round``, steps the profiler once per round, collects the τ of every round read, and ends the
+    decode (raising _CaptureDone) once the trace is written and the profiled rounds have been read back."""
+
+    def __init__(self, cap, warmup_rounds: int, rounds: int, shrink_at_round: int | None,
+                 on_round: Callable[[int], None] | None):
+        self.cap, self.warmup_rounds, self.rounds = cap, warmup_rounds, rounds
+        self.shrink_at_round, self.user_on_round = shrink_at_round, on_round
+        self.launch_us: dict[tuple[str, int], list[float]] = {}
+        self.round_tau: list[list[int]] = []
+
+    def on_round_read(self, index: int, taus: list[int]) -> None:
+        self.round_tau.append(taus)
+
+    def on_round(self, event: RoundEvent) -> None:
+        i = event.index  # rounds enqueued so far
+        if i <= self.warmup_rounds:  # unprofiled: keep each graph's host launch cost of this round
+            for key, us in event.graph_launch_us().items():
+                self.launch_us.setdefault(key, []).extend(us)
+        if i == self.shrink_at_round:
+            live = [event.running[s] for s in sorted(event.running)]
+            for r in live[(len(live) + 1) // 2:]:
+                r.max_new_tokens = len(r.output) + 1  # finishes at its next read
+        self.cap.step()
+        if self.user_on_round is not None:
+            self.user_on_round(i)
+        # stop once the trace is written and every profiled round's τ has been read back (one round late)
+        if self.cap.done and len(self.round_tau) > self.warmup_rounds + self.rounds:
+            raise _CaptureDone
+
+
 def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
                  max_new_tokens: int | None, on_round: Callable[[int], None] | None, shrink_at_round: int | None,
                  queue: bool, need: int) -> dict:
@@ -101,49 +133,28 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
     ids = encode_prompts(setup, texts, max_new_tokens)
     engine = Engine(setup.target, setup.draft, setup.rcfg, setup.eos_token_id)
     rc = setup.rcfg
-    config = {"preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler,
-              "device": rc.device, "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": B,
-              "page_size": rc.page_size, "window": rc.window, "max_seq_len": rc.max_seq_len,
-              "prefill_chunk": rc.prefill_chunk,
-              "max_new_tokens": max_new_tokens, "prompts": len(texts), "warmup_rounds": warmup_rounds,
-              "rounds": rounds, "cuda_graphs": bool(engine.graph_nodes), "faults": list(rc.faults),
-              "graph_buckets": rc.graph_bucket_mode, "kernels": "fused" if rc.fused_kernels else "eager", "queue": queue,
-              "shrink_at_round": shrink_at_round, "tree_budget": rc.tree_budget,
-              "tree_topk": rc.tree_topk if rc.tree else None,
-              "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
-              "verify_width": rc.verify_width,
-              "simulated_acceptance": rc.sim_accept_rate if setup.simulated else None}
-    launch_us: dict[tuple[str, int], list[float]] = {}
+    config = run_config(setup, bool(engine.graph_nodes), prefill_chunk=rc.prefill_chunk,
+                        max_new_tokens=max_new_tokens, prompts=len(texts), warmup_rounds=warmup_rounds,
+                        rounds=rounds, queue=queue, shrink_at_round=shrink_at_round,
+                        simulated_acceptance=rc.sim_accept_rate if setup.simulated else None)
     cap.config = config
-
-    def hook(i: int) -> None:  # i = rounds enqueued so far
-        if i <= warmup_rounds:  # unprofiled: keep each graph's host launch cost of this round
-            collect_launch_us(engine.runner.graphs, launch_us)
-        if i == shrink_at_round:
-            live = [engine.running[s] for s in sorted(engine.running)]
-            for r in live[(len(live) + 1) // 2:]:
-                r.max_new_tokens = len(r.output) + 1  # finishes at its next read
-        cap.step()
-        if on_round is not None:
-            on_round(i)
-        # stop once the trace is written and every profiled round's τ has been read back (one round late)
-        if cap.done and len(engine.round_tau) > warmup_rounds + rounds:
-            raise _CaptureDone
+    hooks = CaptureHooks(cap, warmup_rounds, rounds, shrink_at_round, on_round)
 
     with cap:
         try:
-            engine.generate(ids, max_new_tokens, on_round=hook)
+            engine.generate(ids, max_new_tokens, hooks=hooks)
         except _CaptureDone:
             pass
         if not cap.done:
-            raise ValueError(f"the decode ended after {len(engine.round_tau)} rounds, before the {warmup_rounds} "
+            raise ValueError(f"the decode ended after {len(hooks.round_tau)} rounds, before the {warmup_rounds} "
                              f"warm-up + 1 + {rounds} profiled rounds the capture needs: raise --max-new-tokens "
                              "or lower --rounds")
-    profiled = engine.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
+    profiled = hooks.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
     graphs = []
-    for (phase, nb), g in sorted(engine.runner.graphs.items()):
-        host = launch_us.get((phase, nb), [])
-        graphs.append({"name": f"{phase}_bs{nb}", "phase": phase, "bucket": nb, "nodes": g.num_nodes,
+    for phase, nb, nodes in sorted((p, nb, n) for p, by_bucket in engine.graph_nodes.items()
+                                   for nb, n in by_bucket.items()):
+        host = hooks.launch_us.get((phase, nb), [])
+        graphs.append({"name": f"{phase}_bs{nb}", "phase": phase, "bucket": nb, "nodes": nodes,
                        "unprofiled_launch_us": statistics.median(host) if host else None,
                        "unprofiled_launches": len(host)})
     # round periods of the second half of the warm-up (the first rounds still admit and prefill)

@@ -5,7 +5,8 @@
     gaptrace decode --preset tiny --prompt "x = 1" --fault lengths-copy --fault eager-commit-glue
 
 Bad input (empty prompt, prompt longer than the context, unknown preset, B < 1, W not a multiple of P, a
-checkpoint missing a tensor, an unknown --fault, ...) prints one line on stderr and exits with code 2.
+checkpoint missing a tensor, an unknown --fault, the tiny preset's pair missing from an installed package without
+--preset-dir, ...) prints one line on stderr and exits with code 2.
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ def decode_options(f):
     """The decode options, shared with ``gaptrace capture``."""
     opts = [
         click.option("--preset", default="tiny", show_default=True, help="Model pair: tiny (shipped) or bench."),
+        click.option("--preset-dir", type=str, help="The directory of the preset's shipped pair (tiny: tiny-target/, "
+                                                    "tiny-draft/, tokenizer.json; default: the repository's "
+                                                    "fixtures/models)."),
         click.option("--model-dir", type=str, help="A Hugging Face checkpoint directory to use as the target."),
         click.option("--draft-dir", type=str, help="Draft checkpoint directory (default with --model-dir: the "
                                                    "target itself)."),
@@ -112,7 +116,8 @@ def setup_from_options(o: dict):
         raise ValueError("--tree-topk / --tree-builder need tree mode: give --tree-budget N (N > 0)")
     if o.get("tree_builder") == "gpu" and "cpu-tree-build" in faults:
         raise ValueError("--tree-builder gpu contradicts --fault cpu-tree-build (= --tree-builder cpu-heapq)")
-    setup = build_setup(o["preset"], o["model_dir"], o["draft_dir"], seed=o["seed"], block_size=o["block_size"],
+    setup = build_setup(o["preset"], o["model_dir"], o["draft_dir"], seed=o["seed"], preset_dir=o.get("preset_dir"),
+                        block_size=o["block_size"],
                         page_size=o["page_size"], window=o["window"], batch_size=o["batch_size"],
                         max_seq_len=o["max_seq_len"], prefill_chunk=o["prefill_chunk"], scheduler=o["scheduler"],
                         device=o["device"], dtype=o["dtype"], cuda_graphs=False if o["no_graphs"] else None,

@@ -3,14 +3,14 @@
 ``ModelConfig`` mirrors a Hugging Face ``config.json`` (Qwen3 / Llama / Qwen3-MoE names; the hybrid's
 linear-attention fields follow Qwen3-Next). ``RuntimeConfig`` holds the decode-loop knobs of DESIGN.md "The
 runtime": page size P, draft window W, block size B, batch size, chunked prefill, scheduler. Every check raises
-``ConfigError`` (a ValueError) with one line naming the field and the problem.
+``ConfigError`` (a ValueError) with one line naming the field and the problem. The named model pairs (tiny,
+bench) are presets.py's.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from dataclasses import InitVar, dataclass, field
-from pathlib import Path
 
 FULL, LINEAR = "full_attention", "linear_attention"
 # the switchable pathologies of runtime/faults.py (one function each, named with "_" for "-")
@@ -19,8 +19,6 @@ FAULT_NAMES = ("lengths-copy", "dd-gather", "eager-commit-glue", "jit-new-shape"
 TREE_FAULTS = ("cpu-tree-build",)  # faults of the draft-tree round only (they need tree mode: tree_budget > 0)
 TREE_BUILDERS = ("gpu", "cpu-heapq")
 KERNELS = ("auto", "fused", "eager")
-REPO = Path(__file__).resolve().parents[1]
-MODELS_DIR = REPO / "fixtures" / "models"
 
 
 class ConfigError(ValueError):
@@ -290,63 +288,3 @@ def triton_available() -> bool:
     """True when Triton can be imported (it ships with CUDA builds of torch; absent from CPU machines)."""
     import importlib.util
     return importlib.util.find_spec("triton") is not None
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named model pair: configs for random init, checkpoint dirs (used when they hold weights), runtime
-    defaults, and whether acceptance is simulated (``bench``)."""
-
-    name: str
-    target: ModelConfig
-    draft: ModelConfig
-    target_dir: Path | None
-    draft_dir: Path | None
-    tokenizer: Path | None
-    runtime: RuntimeConfig
-    simulated: bool = False
-
-
-def tiny_target_config(vocab_size: int = 4096, eos_token_id: int | None = None) -> ModelConfig:
-    """The shipped tiny target: hidden 384, 8 layers, linear : full = 3 : 1."""
-    return ModelConfig(vocab_size=vocab_size, hidden_size=384, intermediate_size=1024, num_hidden_layers=8,
-                       num_attention_heads=6, num_key_value_heads=2, head_dim=64,
-                       layer_types=[FULL if i % 4 == 3 else LINEAR for i in range(8)], eos_token_id=eos_token_id)
-
-
-def tiny_draft_config(vocab_size: int = 4096, eos_token_id: int | None = None) -> ModelConfig:
-    """The shipped tiny draft: hidden 192, 3 full-attention layers, same tokenizer."""
-    return ModelConfig(vocab_size=vocab_size, hidden_size=192, intermediate_size=576, num_hidden_layers=3,
-                       num_attention_heads=3, num_key_value_heads=1, head_dim=64, eos_token_id=eos_token_id)
-
-
-def bench_target_config() -> ModelConfig:
-    """A ~1.5B-parameter hybrid target (hidden 2048, 24 layers, 18 linear + 6 full), random weights."""
-    return ModelConfig(vocab_size=32768, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
-                       num_attention_heads=16, num_key_value_heads=4, head_dim=128,
-                       linear_num_key_heads=8, linear_num_value_heads=16,
-                       layer_types=[FULL if i % 4 == 3 else LINEAR for i in range(24)], eos_token_id=None)
-
-
-def bench_draft_config() -> ModelConfig:
-    """The bench draft: hidden 1024, 2 full-attention layers."""
-    return ModelConfig(vocab_size=32768, hidden_size=1024, intermediate_size=2816, num_hidden_layers=2,
-                       num_attention_heads=8, num_key_value_heads=2, head_dim=128, eos_token_id=None)
-
-
-PRESETS: dict[str, Preset] = {
-    "tiny": Preset("tiny", tiny_target_config(), tiny_draft_config(), MODELS_DIR / "tiny-target",
-                   MODELS_DIR / "tiny-draft", MODELS_DIR / "tokenizer.json",
-                   RuntimeConfig(block_size=8, page_size=16, window=256, max_seq_len=2048)),
-    "bench": Preset("bench", bench_target_config(), bench_draft_config(), None, None, None,
-                    RuntimeConfig(block_size=12, page_size=64, window=1024, max_seq_len=4096, prefill_chunk=512,
-                                  dtype="bfloat16", sim_accept_rate=0.78),
-                    simulated=True),
-}
-
-
-def get_preset(name: str) -> Preset:
-    """The preset called ``name``; ConfigError naming the known ones otherwise."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r} (known: {', '.join(sorted(PRESETS))})")
-    return PRESETS[name]

@@ -4,6 +4,8 @@ issue 5 "Pathology switches").
 ``--fault NAME`` (repeatable, on ``gaptrace decode`` and ``gaptrace capture``; ``RuntimeConfig.faults``) switches
 one on, on top of the overlap scheduler. Each is ONE function below whose work runs inside ONE NVTX range (and
 ``record_function``) named like the function, so a trace names it twice: by the range and by the Python frame.
+The names are parsed once, into :class:`Faults` (one boolean switch per fault); the engine, the scheduler, the
+model runner and the round strategies call its hooks at the fault sites and test no fault name themselves.
 None changes a generated token (tests/test_runtime_faults.py decodes with each against without, token for token).
 
 | --fault              | function / range     | what the round does with it on                 | the default (the fix)        |
@@ -32,15 +34,19 @@ The host syncs of ``lengths_copy``, ``dd_gather`` and ``cpu_tree_build`` are del
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 import torch
 
 from .annotate import annotate
 from .cache.window import compact_len
-from .config import FAULT_NAMES
+from .config import FAULT_NAMES, ConfigError
 
-__all__ = ["FAULT_NAMES", "lengths_copy", "dd_gather", "eager_commit_glue", "jit_new_shape", "token_list_rebuild",
-           "cpu_tree_build", "window_lengths", "prewarm_window_lengths", "function_name"]
+__all__ = ["FAULT_NAMES", "Faults", "lengths_copy", "dd_gather", "eager_commit_glue", "jit_new_shape",
+           "token_list_rebuild", "cpu_tree_build", "window_lengths", "prewarm_window_lengths", "function_name"]
 
 
 def function_name(fault: str) -> str:
@@ -48,16 +54,97 @@ def function_name(fault: str) -> str:
     return fault.replace("-", "_")
 
 
-def lengths_copy(runner, slots: list[int], bound_cols: int) -> np.ndarray:
+@dataclass(frozen=True)
+class Faults:
+    """The pathologies switched on: one boolean per fault, named like its function (``lengths-copy`` ->
+    ``lengths_copy``), parsed once from the names (:meth:`from_names`). The hooks below are what the decode loop
+    calls at each fault site; with every switch off each hook does the default (the fix) and nothing else.
+
+    | hook / switch         | read by                                          | fault                     |
+    | --------------------- | ------------------------------------------------ | ------------------------- |
+    | ``prewarm``           | Engine, at start-up (CUDA)                       | jit-new-shape             |
+    | ``after_sizing``      | OverlapScheduler.allocate                        | lengths-copy              |
+    | ``build_window_rect`` | ChainRound / TreeRound.prepare (``plan`` range)  | dd-gather, jit-new-shape  |
+    | ``prefill_chunk_ids`` | ModelRunner.prefill                              | token-list-rebuild        |
+    | ``commit_on_host``    | graph capture (no commit in a graph)             | eager-commit-glue         |
+    | ``eager_commit_glue`` | ChainRound.commit, TreeRound's commit            | eager-commit-glue         |
+    | ``cpu_tree_build``    | TreeRound.build and its graph capture            | cpu-tree-build            |
+    """
+
+    lengths_copy: bool = False
+    dd_gather: bool = False
+    eager_commit_glue: bool = False
+    jit_new_shape: bool = False
+    token_list_rebuild: bool = False
+    cpu_tree_build: bool = False
+
+    @classmethod
+    def from_names(cls, names) -> "Faults":
+        """Faults from ``--fault`` names (``FAULT_NAMES``; repeats switch a fault on once). ConfigError (one line)
+        for an unknown name. The combinations a config refuses (a fault that needs the overlap scheduler, tree mode
+        or pow2 buckets) are RuntimeConfig.validate's."""
+        on = {}
+        for n in names:
+            if n not in FAULT_NAMES:
+                raise ConfigError(f"unknown fault {n!r} (known: {', '.join(FAULT_NAMES)})")
+            on[function_name(n)] = True
+        return cls(**on)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The switched-on faults' names, in FAULT_NAMES order."""
+        return tuple(n for n in FAULT_NAMES if getattr(self, function_name(n)))
+
+    @property
+    def commit_on_host(self) -> bool:
+        """eager-commit-glue: the linear states are committed by the eager per-layer glue, so the commit stays out
+        of every CUDA graph (host work by definition) and the commit does not recompute states from projections."""
+        return self.eager_commit_glue
+
+    # ------------------------------------------------------------------------------------------------- hooks
+    def prewarm(self, runner, bucket: int) -> None:
+        """At start-up on CUDA: jit-new-shape's single-shape warm-up (``bucket``, int64 lengths only)."""
+        if self.jit_new_shape:
+            prewarm_window_lengths(runner, [bucket], (torch.int64,))
+
+    def after_sizing(self, lengths_to_host: Callable[[], np.ndarray], slots: list[int], bound_cols: int,
+                     window: int, page_size: int) -> None:
+        """After the overlap scheduler sized the round from the bound: lengths-copy reads the exact lengths."""
+        if self.lengths_copy:
+            lengths_copy(lengths_to_host, slots, bound_cols, window, page_size)  # SYNC (fault)
+
+    def build_window_rect(self, runner, buf, packed: bool) -> None:
+        """The bucket's draft window rectangle: ``runner.build_rect(buf, packed)``, or dd-gather's data-dependent
+        rebuild; then jit-new-shape's Triton recompute of its lengths."""
+        if self.dd_gather:
+            dd_gather(runner, buf)  # SYNC (fault)
+        else:
+            runner.build_rect(buf, packed=packed)
+        if self.jit_new_shape:
+            jit_new_shape(runner, buf)
+
+    def prefill_chunk_ids(self, runner, request) -> Callable[[int, int], torch.Tensor] | None:
+        """token-list-rebuild: chunk [a, b)'s ids from the request's whole token list rebuilt; None = the default
+        (the prompt uploaded once, chunks sliced on the device)."""
+        if not self.token_list_rebuild:
+            return None
+        return lambda a, b: token_list_rebuild(runner, request, a, b)
+
+    def replace(self, **kw) -> "Faults":
+        """A copy with some switches changed."""
+        return dataclasses.replace(self, **kw)
+
+
+def lengths_copy(lengths_to_host: Callable[[], np.ndarray], slots: list[int], bound_cols: int, window: int,
+                 page_size: int) -> np.ndarray:
     """SYNC (fault ``lengths-copy``, seed 000 "The sync, and the bound that replaced it"): copy the exact
     accept-dependent lengths [num_slots] to the host with a blocking device-to-host copy (it waits for every
     queued round), as the seed's worker did once per verify round. The sizing stays the overlap scheduler's: the
     exact values are only checked against it (max c(L) over ``slots`` <= ``bound_cols``, the claim
-    c(L) <= min(Lplan, W + P - 1)). Returns the host lengths."""
+    c(L) <= min(Lplan, W + P - 1)). ``lengths_to_host``: the runner's blocking copy. Returns the host lengths."""
     with annotate("lengths_copy"):
-        lengths = runner.device_lengths_to_host()  # SYNC (fault): the seed's blocking lengths copy
-        rc = runner.rcfg
-        exact = max((int(compact_len(int(lengths[s]), rc.window, rc.page_size)) for s in slots), default=0)
+        lengths = lengths_to_host()  # SYNC (fault): the seed's blocking lengths copy
+        exact = max((int(compact_len(int(lengths[s]), window, page_size)) for s in slots), default=0)
         assert exact <= bound_cols, f"window bound {bound_cols} < exact compact length {exact}"
     return lengths
 

@@ -1,6 +1,7 @@
 """From options to a running decode: load the pair (a preset's shipped weights, a user's checkpoint, or random
-init), the tokenizer and the runtime config; run the engine; check exactness; build the result dictionary.
-Shared by ``gaptrace decode`` and, later, ``gaptrace capture``."""
+init), the tokenizer and the runtime config; run the engine; check exactness; build the result dictionary and the
+configuration dictionary (``run_config``, the one builder of it: ``gaptrace decode --json`` and the capture
+sidecar). Shared by ``gaptrace decode`` and ``gaptrace capture`` (capture_run.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,10 +9,11 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError, Preset, RuntimeConfig, get_preset
+from .config import ConfigError, RuntimeConfig
 from .engine import Engine, check_request
 from .models.checkpoint import CheckpointError, load_checkpoint, read_config
 from .models.model import Transformer
+from .presets import Preset, check_preset_dir, get_preset
 from .spec.reference import greedy_reference
 from .spec.state import DecodeState
 from .tokenizer import load_tokenizer
@@ -42,14 +44,18 @@ def _has_weights(d: Path | None) -> bool:
 
 
 def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: str | None = None,
-                seed: int = 0, **runtime) -> DecodeSetup:
+                seed: int = 0, preset_dir: str | None = None, **runtime) -> DecodeSetup:
     """Resolve a preset plus overrides (RuntimeConfig fields; None = the preset's) into models and config.
+    ``preset_dir``: where the preset's shipped pair is (presets.get_preset; default the repository's
+    fixtures/models), needed unless ``model_dir`` is given.
 
     Raises ConfigError / CheckpointError (ValueErrors, one line) on bad input.
     """
-    p = get_preset(preset)
+    p = get_preset(preset, preset_dir)
     if draft_dir is not None and model_dir is None:
         raise ConfigError("--draft-dir needs --model-dir (the target it drafts for); the preset brings its own pair")
+    if model_dir is None:
+        check_preset_dir(p)
     over = {k: v for k, v in runtime.items() if v is not None}
     if over.get("page_size", 0) > 0 and "max_seq_len" not in over:  # keep the preset's context, in whole pages
         over["max_seq_len"] = -(-p.runtime.max_seq_len // over["page_size"]) * over["page_size"]
@@ -128,6 +134,24 @@ def encode_prompts(setup: DecodeSetup, texts: list[str], max_new_tokens: int) ->
     return out
 
 
+def run_config(setup: DecodeSetup, cuda_graphs: bool, **extra) -> dict:
+    """The decode's configuration as one flat dictionary, the same keys for ``gaptrace decode --json`` and the
+    capture sidecar's ``config``: preset, weights, scheduler, device, dtype, batch_size, block_size (B), page_size
+    (P), window (W), max_seq_len, cuda_graphs (whether the engine captured graphs), graph_buckets, kernels (fused |
+    eager, as resolved), tree_budget (N), tree_topk, tree_builder (None for a chain), verify_width, faults; then
+    ``extra`` (the caller's own keys: capture's rounds, prompts, ...)."""
+    rc = setup.rcfg
+    return {
+        "preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler, "device": rc.device,
+        "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": rc.block_size, "page_size": rc.page_size,
+        "window": rc.window, "max_seq_len": rc.max_seq_len, "cuda_graphs": cuda_graphs,
+        "graph_buckets": rc.graph_bucket_mode, "kernels": "fused" if rc.fused_kernels else "eager",
+        "tree_budget": rc.tree_budget, "tree_topk": rc.tree_topk if rc.tree else None,
+        "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
+        "verify_width": rc.verify_width, "faults": list(rc.faults), **extra,
+    }
+
+
 def run_decode(setup: DecodeSetup, texts: list[str], max_new_tokens: int, check_exact: bool = False,
                on_tokens=None, on_round=None, engine: Engine | None = None) -> dict:
     """Decode ``texts`` and return the result dictionary (the ``--json`` schema):
@@ -152,13 +176,7 @@ def run_decode(setup: DecodeSetup, texts: list[str], max_new_tokens: int, check_
     out = {
         "requests": rows, "tau": stats.tau, "rounds": stats.rounds, "tokens_per_s": stats.tokens_per_s,
         "tpot_ms": stats.tpot_ms, "tround_ms": stats.tround_ms, "tokens": stats.tokens,
-        "preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler, "device": rc.device,
-        "dtype": rc.dtype, "batch_size": rc.batch_size, "block_size": rc.block_size, "page_size": rc.page_size,
-        "window": rc.window, "max_seq_len": rc.max_seq_len, "cuda_graphs": bool(engine.graph_nodes),
-        "graph_buckets": rc.graph_bucket_mode, "kernels": "fused" if rc.fused_kernels else "eager",
-        "tree_budget": rc.tree_budget, "tree_topk": rc.tree_topk if rc.tree else None,
-        "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
-        "verify_width": rc.verify_width, "faults": list(rc.faults),
+        **run_config(setup, bool(engine.graph_nodes)),
         "graph_nodes": {k: {str(b): n for b, n in v.items()} for k, v in engine.graph_nodes.items()},
         "simulated_acceptance": (f"acceptance simulated on the device: each drafted token accepted with "
                                  f"probability {rc.sim_accept_rate}; outputs are not the target's greedy decoding"

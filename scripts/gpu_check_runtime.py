@@ -120,7 +120,7 @@ def heldout_prompts(n: int) -> list[str]:
 
 def run_both(engine, ids, max_new):
     """sync and overlap on one engine (same graphs); returns {sched: (outputs, round_tau, stats)}."""
-    from gaptrace.runtime.scheduler import make_scheduler
+    from gaptrace.runtime.engine.scheduler import make_scheduler
     res = {}
     for sched in ("sync", "overlap"):
         engine.scheduler = make_scheduler(sched, engine.runner)
@@ -218,7 +218,7 @@ def bench(max_new=160, warm=6, active=6):
     from torch.profiler import ProfilerActivity, profile
 
     from gaptrace.runtime.engine import Engine
-    from gaptrace.runtime.scheduler import make_scheduler
+    from gaptrace.runtime.engine.scheduler import make_scheduler
     from gaptrace.runtime.session import build_setup, encode_prompts
     if DEVICE == "cuda":
         setup = build_setup("bench", device="cuda", batch_size=8, block_size=12)

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     if a.tokens < 1 or a.count < 1:
         p.error("--tokens and --count must be >= 1")
     from gaptrace.outputs import resolve_output, write_text_atomic
-    from gaptrace.runtime.config import get_preset
+    from gaptrace.runtime.presets import get_preset
     from gaptrace.runtime.tokenizer import load_tokenizer
 
     def fail(msg: str) -> int:

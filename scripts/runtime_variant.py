@@ -22,7 +22,7 @@ if variant.startswith("carveout"):
     import atexit
     atexit.register(lambda: print("carveout set on", counts, file=sys.stderr))
 elif variant == "default_graph":
-    import gaptrace.runtime.graphs as rg
+    import gaptrace.runtime.engine.graphs as rg
     _orig = torch.cuda.CUDAGraph
 
     class _Default(_orig):
@@ -38,14 +38,17 @@ elif variant == "default_graph":
     torch.cuda.CUDAGraph = _Default
     rg.graph_node_count = lambda g: None
 elif variant in ("one_bucket", "two_graphs"):
-    import gaptrace.runtime.model_runner as mr
+    import gaptrace.runtime.engine.model_runner as mr
     mr.batch_buckets = lambda max_batch: [max_batch]
     if variant == "two_graphs":
-        def _capture_bucket(self, nb, pool):
-            d = self.graphs["draft", nb] = mr.GraphedCall(f"draft_bs{nb}", self._draft_fn(nb), pool)
-            self.graphs["verify", nb] = mr.GraphedCall(f"verify_bs{nb}", self._verify_fn(nb, d.outputs[0]), pool)
+        import gaptrace.runtime.engine.rounds as rounds
 
-        mr.ModelRunner._capture_bucket = _capture_bucket
+        def _capture_bucket(self, nb, pool):
+            r = self.runner
+            d = r.graphs["draft", nb] = mr.GraphedCall(f"draft_bs{nb}", r.draft_fn(nb), pool)
+            r.graphs["verify", nb] = mr.GraphedCall(f"verify_bs{nb}", r.verify_fn(nb, d.outputs[0]), pool)
+
+        rounds.ChainRound.capture_bucket = _capture_bucket
 rest = sys.argv[2:]
 script = rest.pop(0) if rest and rest[0].endswith(".py") else "benchmarks/bench_runtime.py"
 sys.argv = [script] + rest

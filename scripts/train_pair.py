@@ -82,14 +82,15 @@ def _import_runtime():
 # ----------------------------------------------------------------------------------------------------- configs
 
 def model_config(role: str, vocab_size: int, eos_id: int, plain_attention: bool, dry_run: bool):
-    """The ModelConfig of the tiny target or draft: the runtime's ``tiny`` preset (gaptrace.runtime.config).
+    """The ModelConfig of the tiny target or draft: the runtime's ``tiny`` preset (gaptrace.runtime.presets).
 
     Target: 8 layers, hidden 384, linear : full = 3 : 1 (about 14 M parameters, about 28 MB in bf16);
     ``plain_attention``: the same shape with full attention in every layer (model_type qwen3). Draft: 3
     full-attention layers, hidden 192, tied embeddings (about 2.1 M parameters). ``dry_run`` shrinks both for a
     CPU smoke run.
     """
-    from gaptrace.runtime.config import FULL, ModelConfig, tiny_draft_config, tiny_target_config
+    from gaptrace.runtime.config import FULL, ModelConfig
+    from gaptrace.runtime.presets import tiny_draft_config, tiny_target_config
 
     base = tiny_target_config if role == "target" else tiny_draft_config
     d = dataclasses.asdict(base(vocab_size=vocab_size, eos_token_id=eos_id))

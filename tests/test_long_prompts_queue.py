@@ -18,7 +18,7 @@ def _run(*args, cwd=None):
 
 
 def test_long_prompts_within_budget(tmp_path):
-    from gaptrace.runtime.config import get_preset
+    from gaptrace.runtime.presets import get_preset
     from gaptrace.runtime.tokenizer import load_tokenizer
 
     out = tmp_path / "p.jsonl"

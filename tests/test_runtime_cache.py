@@ -8,7 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from gaptrace.runtime.cache.paged import BlockManager, CacheFullError, token_map  # noqa: E402
+from gaptrace.runtime.cache.paged import token_map  # noqa: E402
+from gaptrace.runtime.engine.block_manager import BlockManager, CacheFullError  # noqa: E402
 from gaptrace.runtime.cache.window import (compact_len, draft_window_bound, rect_width,  # noqa: E402
                                            window_start)
 
@@ -94,7 +95,7 @@ def _tiny_cfg(**kw):
 
 
 def _state(rcfg, target, draft):
-    from gaptrace.runtime.model_runner import ModelRunner
+    from gaptrace.runtime.engine.model_runner import ModelRunner
     return ModelRunner(target, draft, rcfg)
 
 

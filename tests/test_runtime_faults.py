@@ -105,7 +105,7 @@ def capture_all(tmp_path_factory):
 def test_token_list_rebuild_runs_per_prefill_chunk(pair, monkeypatch):
     """token-list-rebuild feeds every prefill chunk [a, b) from the whole rebuilt token list (seed 000: per chunk,
     O(context) each), inside its own range; the chunk ids equal the prompt's."""
-    import gaptrace.runtime.model_runner as mr
+    import gaptrace.runtime.faults as mr
     from torch.profiler import ProfilerActivity, profile
 
     calls = []

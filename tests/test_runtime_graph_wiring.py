@@ -9,11 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import gaptrace.runtime.model_runner as model_runner  # noqa: E402
-import gaptrace.runtime.tree as tree  # noqa: E402
+import gaptrace.runtime.engine.model_runner as model_runner  # noqa: E402
+import gaptrace.runtime.engine.rounds as rounds  # noqa: E402
+import gaptrace.runtime.engine.tree_round as tree  # noqa: E402
 from gaptrace.runtime.config import RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
-from gaptrace.runtime.plain import PlainEngine  # noqa: E402
+from gaptrace.runtime.engine import PlainEngine  # noqa: E402
 
 from _runtime_models import hybrid_target, near_copy, random_prompts  # noqa: E402
 
@@ -54,13 +55,13 @@ def _decode(pair, graphs: bool, engine_cls=Engine, **kw):
     rc = RuntimeConfig(**{"block_size": 4, "page_size": 4, "window": 16, "batch_size": 3, "max_seq_len": 128,
                           "prefill_chunk": 16, **kw})
     with pytest.MonkeyPatch.context() as mp:
-        for mod in (model_runner, tree):
+        for mod in (model_runner, rounds, tree):
             mp.setattr(mod, "GraphedCall", ReplayEmulation)
         mp.setattr(torch.cuda, "graph_pool_handle", lambda: None)
         mp.setattr(torch.cuda, "synchronize", lambda *a: None)
         eng = engine_cls(target, draft, rc) if engine_cls is Engine else engine_cls(target, rc, draft=draft)
         if graphs:
-            eng.runner.capture_graphs()
+            eng.capture_graphs()
         reqs, stats = eng.generate(prompts, 30)
     return [r.output for r in reqs], stats.round_tau, eng.runner.graphs
 

@@ -149,7 +149,7 @@ def test_graph_buckets_option(tmp_path, cmd):
     assert RuntimeConfig().graph_bucket_mode == "max" and RuntimeConfig(graph_buckets="pow2").graph_bucket_mode == "pow2"
     r = _run(cmd, "--prompt", "a", "--graph-buckets", "max", "--fault", "jit-new-shape", *extra)
     _one_line(r, "fault 'jit-new-shape' (a round in a new batch bucket) needs --graph-buckets pow2, not max")
-    from gaptrace.runtime.graphs import batch_buckets
+    from gaptrace.runtime.engine.graphs import batch_buckets
 
     with pytest.raises(ValueError, match="unknown graph buckets 'bogus'"):  # a mode set after construction
         batch_buckets(8, "bogus")

@@ -1,6 +1,7 @@
-"""The runtime's plain greedy decoding (runtime/plain.py, the floor of issue 6's runtime benchmark) emits exactly the
-target's greedy tokens of the independent reference (contiguous cache, one request at a time), in float32 on the
-CPU: hybrid target, several pages, chunked prefill, more prompts than slots, an EOS that stops a request early."""
+"""The runtime's plain greedy decoding (PlainRound, runtime/engine/rounds.py: the floor of the runtime benchmark)
+emits exactly the target's greedy tokens of the independent reference (contiguous cache, one request at a time), in
+float32 on the CPU: hybrid target, several pages, chunked prefill, more prompts than slots, an EOS that stops a
+request early."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from gaptrace.runtime.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.models.model import Transformer  # noqa: E402
-from gaptrace.runtime.plain import PlainEngine  # noqa: E402
+from gaptrace.runtime.engine import PlainEngine  # noqa: E402
 
 from _runtime_models import greedy_setup  # noqa: E402
 

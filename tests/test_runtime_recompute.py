@@ -21,7 +21,7 @@ from _runtime_models import hybrid_target, near_copy, random_prompts
 from gaptrace.runtime.cache.linear_state import LinearStatePool
 from gaptrace.runtime.config import RuntimeConfig
 from gaptrace.runtime.engine import Engine
-from gaptrace.runtime.plain import PlainEngine
+from gaptrace.runtime.engine import PlainEngine
 
 torch.set_num_threads(1)
 # the fused path on the CPU: Triton's interpreter runs the kernels (the config refuses fused off CUDA otherwise)

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ torch = pytest.importorskip("torch")
 from gaptrace.runtime.config import ConfigError, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.models.gdn import gated_delta_rule_ref, gated_delta_rule_tree  # noqa: E402
-from gaptrace.runtime.sequence import Request  # noqa: E402
+from gaptrace.runtime.engine.sequence import Request  # noqa: E402
 from gaptrace.runtime.spec.reference import greedy_reference  # noqa: E402
 from gaptrace.runtime.spec.tree import Tree, build_tree_heapq, build_tree_torch  # noqa: E402
 
@@ -179,13 +178,11 @@ def test_caches_after_tree_rounds_equal_a_prefill(pair):
     deviated = 0
     with torch.no_grad():
         for i in range(24):
-            plan = eng.scheduler.plan(i, {0: req})
-            pending = deque()
+            plan = eng.plan_round(i, {0: req})
             chain = run.run_draft(plan.nb)[0][0].clone()
-            eng._run_tree_round(plan, pending)
-            data = pending[-1][2].get()
+            data = eng.strategy.run_round(plan).readback().get()
             tau = int(data["tau"][0])
-            tree = run.tree.trees[plan.nb]
+            tree = eng.strategy.trees[plan.nb]
             node_tokens = [int(tree.tokens[0, t]) for t in range(rc.tree_budget)]
             accepted = [int(x) for x in data["pred"][0, :tau]]
             deviated += any(tok != int(chain[j]) for j, tok in enumerate(accepted[:-1]))
@@ -352,8 +349,8 @@ def test_graph_warmup_on_the_initial_trees_keeps_the_decode_exact(pair, builder)
     run, st = eng.runner, eng.runner.state
     with torch.no_grad():
         for nb in run.buckets:
-            pred, states = run.tree.verify(nb)
-            run.tree.accept_commit(nb, pred, states)
+            pred, states = eng.strategy.verify(nb)
+            eng.strategy.accept_commit(nb, pred, states)
     for name in ("tgt_k", "tgt_v", "drf_k", "drf_v"):
         assert all(torch.isfinite(t).all() for t in getattr(st, name)), name
     assert torch.isfinite(st.tgt_lin.pool).all() and torch.isfinite(st.drf_lin.pool).all()

@@ -13,6 +13,8 @@ Contract (stable; scripts/train_pair.py and the runtime rely on it)::
     save_checkpoint(model, cfg, "dir")                         # config.json + model.safetensors (HF names)
     model = load_checkpoint("dir", device, dtype)              # config at model.config; CheckpointError if bad
 
-Files: layers.py (RMSNorm, RoPE, GQA attention over gathered KV, SwiGLU, MoE), gdn.py (gated delta rule:
-reference recurrence + fla kernel), model.py (the decoder), checkpoint.py (HF directories).
+Files: rope.py (RoPE: angles, eager rotation, the fused kernels' tables), layers.py (RMSNorm, GQA attention over
+gathered KV, SwiGLU, MoE), gdn.py (gated delta rule: reference recurrence + fla kernel), fused.py (Triton kernels
+of the cached forward), model.py (the decoder), checkpoint.py (HF directories). Imports point one way: model ->
+layers / gdn -> fused -> rope.
 """

@@ -40,6 +40,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .rope import rope_tables  # noqa: F401  (part of the fused path: the tables its kernels read)
+
 
 def _interpreted() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (the tests), which computes tl.dot of bfloat16 tiles
@@ -234,17 +236,6 @@ def _check_pools(k_pool: torch.Tensor, v_pool: torch.Tensor) -> None:
         if p.dim() != 3 or p.stride(2) != 1 or p.stride(1) != p.shape[2]:
             raise ValueError(f"{name} must be [slots, Hkv, D] with each slot's Hkv x D block contiguous, got shape "
                              f"{tuple(p.shape)} strides {tuple(p.stride())}")
-
-
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, inv_freq: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [bs, T, head_dim / 2] float32 of positions [bs, T] (long): layers.rope_angles, the angles
-    layers.apply_rope uses, once per forward for every layer (or once per draft block for all its steps: a
-    [:, j:j + 1] slice of a block's tables is step j's)."""
-    from .layers import rope_angles
-
-    ang = rope_angles(positions, head_dim, theta, inv_freq)
-    return ang.cos(), ang.sin()
 
 
 def qkv_rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, tables: tuple[torch.Tensor, torch.Tensor],

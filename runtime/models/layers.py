@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from .rope import apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -28,36 +29,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return (xf * self.weight.float()).to(x.dtype)
-
-
-def rope_inv_freq(head_dim: int, theta: float, device) -> torch.Tensor:
-    """inv_freq [head_dim / 2] float32 = 1 / theta^(2i / D) (Su et al. 2021; HF ``_compute_default_rope_parameters``)."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-
-
-def rope_angles(positions: torch.Tensor, head_dim: int, theta: float, inv_freq: torch.Tensor | None = None
-                ) -> torch.Tensor:
-    """positions [bs, T] (long) -> the rotary angles [bs, T, head_dim / 2] float32: position x inv_freq
-    (``rope_inv_freq``; pass it precomputed to spare a CUDA graph its nodes on every replay: same values)."""
-    if inv_freq is None:
-        inv_freq = rope_inv_freq(head_dim, theta, positions.device)
-    return positions.to(torch.float32)[..., None] * inv_freq
-
-
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding, HF "rotate_half" layout. x [bs, T, H, D], positions [bs, T] (long) -> same shape as x.
-
-    cos/sin are computed from the positions on the fly (no table: fixed shapes, graph-safe). Su et al. 2021;
-    HF ``apply_rotary_pos_emb``.
-    """
-    d = x.shape[-1]
-    ang = rope_angles(positions, d, theta)  # [bs, T, D/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[:, :, None]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[:, :, None]
-    xf = x.float()
-    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
-    rot = torch.cat([-x2, x1], -1)
-    return (xf * cos + rot * sin).to(x.dtype)
 
 
 @dataclass
@@ -149,7 +120,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv: KVView | None, rope=None) -> torch.Tensor:
         """x [bs, T, hidden] -> [bs, T, hidden]. Without ``kv``: plain causal attention over x itself. ``rope``:
-        the (cos, sin) tables of models.fused.rope_tables for these positions (the fused path; needs ``kv``): one
+        the (cos, sin) tables of models.rope.rope_tables for these positions (the fused path; needs ``kv``): one
         q|k|v GEMM, then two nodes: q/k norm + RoPE with the pool writes (fused.qkv_rope_write), and attention
         straight from the pools (fused.paged_attention; SDPA over the gathered columns above
         ``PAGED_ATTENTION_MAX_T`` query tokens). Same values as the eager path to rounding."""

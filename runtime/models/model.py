@@ -118,8 +118,7 @@ class Transformer(nn.Module):
     def rope_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [bs, T, head_dim / 2] float32 of positions [bs, T] (``fused.rope_tables``), with inv_freq made
         once per model: a constant, so a CUDA graph holds no node that recomputes it on every replay."""
-        from .fused import rope_tables
-        from .layers import rope_inv_freq
+        from .rope import rope_inv_freq, rope_tables
 
         cfg = self.config
         if self._rope_inv_freq is None or self._rope_inv_freq.device != positions.device:

@@ -1,5 +1,5 @@
-"""The draft-tree round on the device (issue 8; seeds 003/004): per-bucket static tree buffers and CUDA graphs, and
-the phases the engine runs between the draft block and the readback. The math is in runtime/spec/tree.py.
+"""The draft-tree round strategy (``--tree-budget N``; seeds 003/004): per-bucket static tree buffers and CUDA
+graphs, and the phases between the draft block and the readback. The math is in runtime/spec/tree.py.
 
 A tree round (engine ranges in brackets):
 
@@ -22,26 +22,46 @@ from __future__ import annotations
 
 import torch
 
-from . import faults as F
-from .annotate import annotate
+from ..annotate import annotate
+from ..config import ConfigError
+from ..faults import cpu_tree_build, eager_commit_glue
+from ..spec.commit import commit_round
+from ..spec.tree import Tree, build_tree_torch, compact_kv, draft_refeed, tree_accept, tree_verify
 from .graphs import GraphedCall
-from .spec.commit import commit_round
-from .spec.tree import Tree, build_tree_torch, compact_kv, draft_refeed, tree_accept, tree_verify
+from .model_runner import ModelRunner, RoundBuffers
+from .rounds import RoundResult
+from .scheduler import RoundPlan
 
 
-class TreeRunner:
-    """The tree round's buffers, graphs and phases for one ModelRunner (``runner.tree`` in tree mode)."""
+class TreeRound:
+    """The tree round's buffers, graphs and phases over one ModelRunner (a :class:`~.rounds.RoundStrategy`)."""
 
-    def __init__(self, runner):
+    name = "tree"
+
+    def __init__(self, runner: ModelRunner):
         rc = runner.rcfg
-        self.runner, self.rcfg = runner, rc
+        self.runner, self.rcfg, self.faults = runner, rc, runner.faults
         self.N, self.k, self.D = rc.tree_budget, rc.tree_topk, rc.block_size - 1
         if self.k > runner.draft.config.vocab_size:
-            from .config import ConfigError
             raise ConfigError(f"tree top-k {self.k} exceeds the vocabulary ({runner.draft.config.vocab_size})")
-        self.cpu = rc.cpu_tree_build
-        self.glue = "eager-commit-glue" in rc.faults
         self.trees = {nb: Tree.empty(nb, self.N, runner.device) for nb in runner.buckets}  # verify graph inputs
+
+    def prepare(self, plan: RoundPlan, buf: RoundBuffers) -> None:
+        """The draft window rectangle (the draft block and the refeed read it; faults as the chain's)."""
+        self.faults.build_window_rect(self.runner, buf, plan.packed_rect)
+
+    def run_round(self, plan: RoundPlan) -> RoundResult:
+        """Draft, build the tree, verify it, accept a path, commit it."""
+        nb = plan.nb
+        with annotate("draft"):
+            drafted = self.runner.run_draft(nb)
+        with annotate("tree"):
+            self.build(nb, drafted)
+        with annotate("verify"):
+            pred, tgt_states = self.verify(nb)
+        with annotate("commit"):  # accept + commit: one graph on CUDA
+            emitted, tau = self.accept_commit(nb, pred, tgt_states)
+        return RoundResult(emitted, tau)
 
     # ------------------------------------------------------------------------------------- graph bodies
     def _build_fn(self, nb: int, logp: torch.Tensor, ids: torch.Tensor):
@@ -64,44 +84,42 @@ class TreeRunner:
         compact_kv(st, buf.rows, path)
         drf_states = draft_refeed(r.draft, st, buf.rows, buf.rect, buf.rect_len, emitted)
         last = path[:, -1]  # the last accepted node (path repeats it past tau)
-        if self.glue:
-            F.eager_commit_glue(buf.rows, last + 1, [(st.tgt_lin, r.target, tgt_states)])
-            F.eager_commit_glue(buf.rows, tau, [(st.drf_lin, r.draft, drf_states)])
+        if self.faults.eager_commit_glue:
+            eager_commit_glue(buf.rows, last + 1, [(st.tgt_lin, r.target, tgt_states)])
+            eager_commit_glue(buf.rows, tau, [(st.drf_lin, r.draft, drf_states)])
         else:
             st.tgt_lin.commit_at(buf.rows, tgt_states, last)
             st.drf_lin.commit(buf.rows, drf_states, tau)
         commit_round(st, buf.rows, emitted, tau, None, None, linear=False)
         return emitted, tau
 
-    def capture(self, nb: int, draft_outputs, pool) -> None:
-        """Capture bucket nb's graphs into ``runner.graphs``: tree (gpu builder only), verify, and commit (not under
-        the eager-commit-glue fault, whose glue must stay on the host); ``draft_outputs`` = the draft graph's
-        outputs (tokens, states, logp, ids). Capture order = replay order (one stream, one shared pool)."""
+    def capture_bucket(self, nb: int, pool) -> None:
+        """Capture bucket nb's graphs into ``runner.graphs``: rect and draft (the runner's), tree (gpu builder only),
+        verify, and commit (not under the eager-commit-glue fault, whose glue must stay on the host); the tree
+        build reads the draft graph's outputs (tokens, states, logp, ids). Capture order = replay order (one
+        stream, one shared pool)."""
+        draft_outputs = self.runner.capture_rect_draft(nb, pool).outputs
         g = self.runner.graphs
-        if not self.cpu:
+        if not self.faults.cpu_tree_build:
             g["tree", nb] = GraphedCall(f"tree_bs{nb}", self._build_fn(nb, draft_outputs[2], draft_outputs[3]), pool)
         v = g["verify", nb] = GraphedCall(f"verify_bs{nb}", self._verify_fn(nb), pool)
-        if not self.glue:
+        if not self.faults.commit_on_host:
             g["commit", nb] = GraphedCall(f"commit_bs{nb}", self._commit_fn(nb, *v.outputs), pool)
-
-    def _call(self, phase: str, nb: int, fn):
-        g = self.runner.graphs.get((phase, nb))
-        return g() if g is not None else fn()
 
     # ------------------------------------------------------------------------------------- phases
     def build(self, nb: int, drafted) -> None:
         """Fill bucket nb's tree from the draft block's top-k (``drafted`` = run_draft's 4-tuple)."""
         logp, ids = drafted[2], drafted[3]
-        if self.cpu:
-            F.cpu_tree_build(self.runner, self.trees[nb], logp[:, : self.D], ids[:, : self.D], self.N)
+        if self.faults.cpu_tree_build:
+            cpu_tree_build(self.runner, self.trees[nb], logp[:, : self.D], ids[:, : self.D], self.N)
         else:
             with annotate("gpu_tree_build"):
-                self._call("tree", nb, self._build_fn(nb, logp, ids))
+                self.runner.replay_or_run("tree", nb, self._build_fn(nb, logp, ids))
 
     def verify(self, nb: int):
         """(pred [nb, N], target states per node)."""
-        return self._call("verify", nb, self._verify_fn(nb))
+        return self.runner.replay_or_run("verify", nb, self._verify_fn(nb))
 
     def accept_commit(self, nb: int, pred: torch.Tensor, tgt_states):
         """(emitted [nb, B], tau [nb]) after committing the accepted paths (graph replay, or eager)."""
-        return self._call("commit", nb, self._commit_fn(nb, pred, tgt_states))
+        return self.runner.replay_or_run("commit", nb, self._commit_fn(nb, pred, tgt_states))

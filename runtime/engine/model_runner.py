@@ -1,27 +1,28 @@
 """The model runner: both models, the device state, per-bucket static buffers and CUDA graphs, and the host <->
 device traffic of a round (pinned non-blocking copies, events). nano-vllm's model_runner.py, for speculation.
 
-It runs phases; it decides nothing (the scheduler plans, the engine loops).
+It runs phases and does every upload; it decides nothing (the scheduler plans on the host, a round strategy of
+rounds.py / tree_round.py composes the phases, the engine loops).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
-from .cache.paged import BlockManager
-from .config import RuntimeConfig
-from .faults import eager_commit_glue, token_list_rebuild
+from ..config import RuntimeConfig
+from ..faults import Faults
+from ..models.model import Transformer
+from ..spec.accept import acceptance_draws
+from ..spec.draft import draft_block
+from ..spec.plan import rect_fixed, rect_packed
+from ..spec.prefill import prefill_request
+from ..spec.state import DecodeState
+from ..spec.verify import verify_block
+from .block_manager import BlockManager
 from .graphs import GraphedCall, batch_buckets
-from .models.model import Transformer
-from .spec.accept import acceptance_draws, greedy_accept, simulated_tau
-from .spec.commit import commit_round
-from .spec.draft import draft_block
-from .spec.plan import rect_fixed, rect_packed
-from .spec.prefill import prefill_request
-from .spec.state import DecodeState
-from .spec.verify import verify_block
 
 
 @dataclass
@@ -66,34 +67,30 @@ class Readback:
 
 
 class ModelRunner:
-    """Owns target + draft, the DecodeState, the block manager, and per-bucket buffers and graphs."""
+    """Owns target + draft, the DecodeState, and per-bucket buffers and graphs; reads the page table of the
+    scheduler's block manager ``blocks`` (made here when none is given) to upload it. ``faults``: the parsed
+    pathologies (:meth:`Faults.from_names` of ``rcfg.faults`` when None)."""
 
-    def __init__(self, target: Transformer, draft: Transformer, rcfg: RuntimeConfig):
+    def __init__(self, target: Transformer, draft: Transformer, rcfg: RuntimeConfig, faults: Faults | None = None,
+                 blocks: BlockManager | None = None):
         self.target, self.draft, self.rcfg = target, draft, rcfg
+        self.faults = faults if faults is not None else Faults.from_names(rcfg.faults)
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype
-        slots = rcfg.batch_size + 1
-        max_pages = rcfg.max_seq_len // rcfg.page_size
-        self.blocks = BlockManager(slots, max_pages, rcfg.page_size)
+        self.blocks = blocks if blocks is not None else BlockManager.for_config(rcfg)
         self.state = DecodeState.allocate(target.config, draft.config, rcfg, self.blocks.num_pages, self.device,
                                           self.dtype)
-        if rcfg.fused_kernels and not rcfg.tree and "eager-commit-glue" not in rcfg.faults:
+        if rcfg.fused_kernels and not rcfg.tree and not self.faults.eager_commit_glue:
             # the verify hands the commit its layers' projections and the commit recomputes the accepted prefix's
             # state (a tree's accepted path is not a prefix; the fault's glue needs every per-token state)
             self.state.tgt_lin.recompute_from(target)
         self.buckets = batch_buckets(rcfg.batch_size, rcfg.graph_bucket_mode)
         self.buffers = {nb: self._new_buffers(nb) for nb in self.buckets}
         self.graphs: dict[tuple[str, int], GraphedCall] = {}
-        # on CUDA the verify graph also accepts and commits, but for the fault's glue (host work by definition)
-        self.commit_in_verify_graph = "eager-commit-glue" not in rcfg.faults
         self.generator = None
         if rcfg.sim_accept_rate is not None:
             self.generator = torch.Generator(device=self.device)
             self.generator.manual_seed(rcfg.seed)
-        self.tree = None  # tree mode (issue 8): the tree round's buffers, graphs and phases (runtime/tree.py)
-        if rcfg.tree:
-            from .tree import TreeRunner
-            self.tree = TreeRunner(self)
 
     @property
     def scratch(self) -> int:
@@ -126,6 +123,12 @@ class ModelRunner:
         buf.rows.copy_(self.to_device(np.array(rows, dtype=np.int64)), non_blocking=True)
         return buf
 
+    def upload_plan(self, plan) -> RoundBuffers:
+        """The device side of a host-only :class:`~.scheduler.RoundPlan`: the page-table rows it allocated and its
+        row -> slot map; returns the bucket's buffers (the window rectangle is the round strategy's)."""
+        self.upload_page_tables()
+        return self.set_rows(plan.nb, plan.rows)
+
     def build_rect(self, buf: RoundBuffers, packed: bool) -> None:
         """Fill the bucket's window rectangle: fixed-shape (overlap; one graph replay on CUDA) or the seed's
         data-dependent gathers (sync: eager, its two host syncs cannot be captured)."""
@@ -145,59 +148,43 @@ class ModelRunner:
         """Prefill one request into ``slot`` (its pages must be allocated and uploaded); first token [1]. The prompt
         is uploaded once and each chunk sliced on the device; under the fault ``token-list-rebuild`` each chunk's
         ids come from rebuilding ``request``'s whole token list instead (runtime/faults.py)."""
-        chunk_ids = None
-        if request is not None and "token-list-rebuild" in self.rcfg.faults:
-            chunk_ids = lambda a, b: token_list_rebuild(self, request, a, b)  # noqa: E731
+        chunk_ids = self.faults.prefill_chunk_ids(self, request) if request is not None else None
         ids = self.to_device(np.array(prompt, dtype=np.int64))
         return prefill_request(self.target, self.draft, self.state, slot, ids, self.rcfg.prefill_chunk, chunk_ids)
 
-    def _draft_fn(self, nb: int):
+    def draft_fn(self, nb: int):
+        """The draft block of bucket nb as a no-argument call (a graph body)."""
         buf = self.buffers[nb]
         k = self.rcfg.tree_topk if self.rcfg.tree else 0  # a tree also needs each position's top-k
         return lambda: draft_block(self.draft, self.state, buf.rows, buf.rect, buf.rect_len, k)
 
-    def _verify_fn(self, nb: int, draft_tokens: torch.Tensor):
+    def verify_fn(self, nb: int, draft_tokens: torch.Tensor):
+        """The chain verify of bucket nb over ``draft_tokens`` as a no-argument call (a graph body)."""
         buf = self.buffers[nb]
         return lambda: verify_block(self.target, self.state, buf.rows, draft_tokens)
 
-    def _rect_fn(self, nb: int):
+    def rect_fn(self, nb: int):
+        """The fixed-shape window rectangle of bucket nb as a no-argument call (a graph body)."""
         buf = self.buffers[nb]
         return lambda: self._fill_rect(buf, packed=False)
 
-    def capture_graphs(self) -> dict[str, dict[int, int | None]]:
-        """Capture every bucket's graphs (CUDA only): the window rectangle (``rect``), the draft block, and the verify
-        with accept + commit in the same graph (``verify``; the commit stays eager under the ``eager-commit-glue``
-        fault, whose glue is host work by definition). Three graphs a bucket: each graph a process makes counts
-        toward the step past which every node costs more (GraphedCall). Returns node counts per phase and bucket.
-        Capture runs with every row on the scratch slot, so it writes only the garbage page; capture order is
-        replay order (one stream, one shared pool)."""
+    def capture_graphs(self, capture_bucket: Callable[[int, object], None]) -> dict[str, dict[int, int | None]]:
+        """Capture every bucket's graphs (CUDA only) with ``capture_bucket(nb, pool)``, the round strategy's (it
+        adds them to ``graphs``). Each graph a process makes counts toward the step past which every node costs more
+        (GraphedCall). Returns node counts per phase and bucket. Capture runs with every row on the scratch slot, so
+        it writes only the garbage page; capture order is replay order (one stream, one shared pool)."""
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
             for nb in self.buckets:
-                self._capture_bucket(nb, pool)
+                capture_bucket(nb, pool)
         torch.cuda.synchronize()  # SYNC (deliberate, start-up only): capture finished before decoding starts
         return self.node_counts()
 
-    def _capture_bucket(self, nb: int, pool) -> None:
-        self.graphs["rect", nb] = GraphedCall(f"rect_bs{nb}", self._rect_fn(nb), pool)
-        d = self.graphs["draft", nb] = GraphedCall(f"draft_bs{nb}", self._draft_fn(nb), pool)
-        if self.tree is not None:  # tree mode: tree build (gpu builder), tree verify, accept + commit
-            self.tree.capture(nb, d.outputs, pool)
-            return
-        self._capture_verify_commit(nb, d.outputs[0], d.outputs[1], pool)
-
-    def _capture_verify_commit(self, nb: int, draft_tokens, drf_states, pool) -> None:
-        """One graph ``verify``: the verify, then (unless the fault's glue is on) accept + commit; its outputs are
-        (pred, target states[, tau]). The acceptance draws (simulated acceptance) are written before it is
-        replayed (Engine._run_round)."""
-        verify = self._verify_fn(nb, draft_tokens)
-        if not self.commit_in_verify_graph:
-            fn = verify
-        else:
-            def fn():
-                pred, tgt_states = verify()
-                return pred, tgt_states, self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)[0]
-        self.graphs["verify", nb] = GraphedCall(f"verify_bs{nb}", fn, pool)
+    def capture_rect_draft(self, nb: int, pool) -> GraphedCall:
+        """Bucket nb's window-rectangle and draft-block graphs; returns the draft's (its outputs feed the verify)."""
+        self.graphs["rect", nb] = GraphedCall(f"rect_bs{nb}", self.rect_fn(nb), pool)
+        d = self.graphs["draft", nb] = GraphedCall(f"draft_bs{nb}", self.draft_fn(nb), pool)
+        return d
 
     def node_counts(self) -> dict[str, dict[int, int | None]]:
         """{"draft": {bucket: nodes}, "verify": {...}} of the captured graphs (tree mode adds "tree" with the gpu
@@ -207,54 +194,21 @@ class ModelRunner:
             out.setdefault(phase, {})[nb] = g.num_nodes
         return out
 
+    def replay_or_run(self, phase: str, nb: int, fn):
+        """The outputs of bucket nb's graph ``phase`` (replayed) when captured, else of ``fn()`` (eager)."""
+        g = self.graphs.get((phase, nb))
+        return g() if g is not None else fn()
+
     def run_draft(self, nb: int):
         """(tokens [nb, B], draft states) for bucket nb: graph replay, or eager; in tree mode also (logp, ids)
         [nb, B, k], each position's top-k."""
-        g = self.graphs.get(("draft", nb))
-        return g() if g is not None else self._draft_fn(nb)()
-
-    def run_verify(self, nb: int, draft_tokens: torch.Tensor):
-        """(pred [nb, B], target states): graph replay (its input is the draft graph's output; the same graph then
-        accepts and commits the round, see :meth:`accept_commit`), or eager."""
-        g = self.graphs.get(("verify", nb))
-        if g is None:
-            return self._verify_fn(nb, draft_tokens)()
-        out = g()
-        return out[0], out[1]
+        return self.replay_or_run("draft", nb, self.draft_fn(nb))
 
     def draw_acceptance(self, nb: int) -> None:
         """The bench preset's simulated acceptance: this round's draws into bucket nb's static buffer (eager, one
         kernel: a graph would replay the generator offset it captured); nothing under greedy verification."""
         if self.generator is not None:
             acceptance_draws(self.buffers[nb].draws, self.generator)
-
-    def accept_commit(self, nb: int, draft_tokens: torch.Tensor, pred: torch.Tensor, tgt_states,
-                      drf_states) -> torch.Tensor:
-        """tau [nb] after committing the round (graph replay on CUDA, or eager): greedy verification of
-        ``draft_tokens`` against ``pred``, or the simulated acceptance over the draws of ``draw_acceptance``."""
-        g = self.graphs.get(("verify", nb))
-        if g is not None and self.commit_in_verify_graph:  # the verify graph run_verify replayed committed the round
-            return g.outputs[2]
-        return self._accept_commit(nb, draft_tokens, pred, tgt_states, drf_states)[0]
-
-    def _accept_commit(self, nb: int, draft_tokens, pred, tgt_states, drf_states) -> tuple[torch.Tensor]:
-        if self.generator is not None:
-            tau = simulated_tau(self.buffers[nb].draws, self.rcfg.sim_accept_rate)
-        else:
-            tau = greedy_accept(draft_tokens, pred)
-        self.commit(nb, pred, tau, tgt_states, drf_states)
-        return (tau,)
-
-    def commit(self, nb: int, pred, tau, tgt_states, drf_states) -> None:
-        """Advance lengths, pending tokens and linear states of bucket nb's rows (the linear states through the
-        per-layer eager glue under the ``eager-commit-glue`` fault)."""
-        rows = self.buffers[nb].rows
-        if "eager-commit-glue" not in self.rcfg.faults:
-            commit_round(self.state, rows, pred, tau, tgt_states, drf_states)
-            return
-        commit_round(self.state, rows, pred, tau, None, None, linear=False)
-        eager_commit_glue(rows, tau, [(self.state.tgt_lin, self.target, tgt_states),
-                                      (self.state.drf_lin, self.draft, drf_states)])
 
     def device_lengths_to_host(self) -> np.ndarray:
         """SYNC (deliberate; the sync scheduler's, seed 000): exact accept-dependent lengths, copied to the host
