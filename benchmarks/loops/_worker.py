@@ -172,6 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--warmup must be >= 1, --steps >= 3, --active >= 1")
     if a.mode == "capture" and not a.out.endswith(".json.gz"):
         ap.error(f"--out {a.out}: a capture is written as .json.gz")
+    if device.type == "cpu":
+        import torch
+
+        torch.set_num_threads(1)  # a CPU smoke run: no OpenMP thread pool spinning on a shared machine
     t_start = time.perf_counter()
     loop = mod.build(a.variant, device)
     t_built = time.perf_counter()

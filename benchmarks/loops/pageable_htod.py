@@ -13,8 +13,9 @@ rotated among ``buffers`` host tensors) goes to the device, is cast to bfloat16 
   stream into one of two device buffers while this step computes (events order the copy after the compute that
   last read that buffer, and the compute after its copy).
 
-Expected saving: the copy's time leaves the step: 8 MiB per step is ~0.5-1 ms from pageable memory against a
-compute of ~0.5 ms with the sizes below on an H200, so the planted step should be roughly 1.5-2.5x the fixed one.
+Expected saving (an estimate, before measurement): the copy's time leaves the step: 8 MiB per step is ~0.4-1 ms
+from pageable memory, ~0.2 ms from pinned memory (hidden under the compute), against a compute of ~0.2-0.4 ms with
+the sizes below on an H200, so the planted step should be roughly 2-3x the fixed one.
 On CPU both variants make the same plain copy (a smoke run only).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ._common import LaggedRead, Loop, check_variant, pick, site, step_range
 NAME = "pageable_htod"
 CAUSE = "pageable, blocking host-to-device copy of each step's inputs on the compute stream"
 FIX = "pinned host buffers, non_blocking copy of the next step's inputs on a side stream, double-buffered"
+SITE = "planted_htod_copy"  # the range around the planted cause (and its fix)
 CUDA_SIZE = {"tokens": 2048, "d": 1024, "layers": 12, "buffers": 2}
 CPU_SIZE = {"tokens": 8, "d": 16, "layers": 2, "buffers": 2}
 
@@ -73,7 +75,7 @@ class PageableHtoD(Loop):
     def step(self) -> None:
         with step_range():
             n, self.n = self.n, self.n + 1
-            with site("planted_htod_copy"):
+            with site(SITE):
                 if self.variant == "planted" or not self.cuda:
                     feats = self.host[n % len(self.host)].to(self.device)  # SYNC (planted): pageable HtoD
                 else:

@@ -9,9 +9,9 @@ Python list (what a serving loop does to detokenize and check stop conditions).
 * fixed: one ``copy_(..., non_blocking=True)`` of the whole [batch] token vector into pinned memory, one event
   wait, one ``tolist()``.
 
-Expected saving: ``batch - 1`` sync round trips (each ~10-20 µs of host time on an H200 host: the indexing kernel
-launch, the copy, the wait), with 32 requests ~0.3-0.6 ms per step against a step of a few hundred µs: the planted
-step should be roughly 1.5-2.5x the fixed one. On CPU the read-backs are plain reads (a smoke run only).
+Expected saving (an estimate, before measurement): ``batch - 1`` sync round trips (each ~10-20 µs of host time:
+the indexing kernel launch, the copy, the wait), with 16 requests ~0.15-0.3 ms per step against an eager step of
+~0.25-0.35 ms: the planted step should be roughly 1.5-2x the fixed one. On CPU the read-backs are plain reads (a smoke run only).
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from ._common import Loop, check_variant, pick, site, step_range
 NAME = "per_request_readback"
 CAUSE = "one blocking .item()-style read-back per request per step"
 FIX = "one batched non-blocking copy to pinned memory, one wait, one tolist()"
-CUDA_SIZE = {"batch": 32, "d": 2048, "layers": 4, "vocab": 16384}
+SITE = "planted_per_request_readback"  # the range around the planted cause (and its fix)
+CUDA_SIZE = {"batch": 16, "d": 2048, "layers": 8, "vocab": 16384}
 CPU_SIZE = {"batch": 4, "d": 32, "layers": 1, "vocab": 64}
 
 
@@ -56,7 +57,7 @@ class PerRequestReadback(Loop):
             for w1, w2 in zip(self.w1, self.w2):
                 x = x + torch.nn.functional.gelu(x @ w1) @ w2
             self.tokens = (x @ self.head).argmax(-1)
-            with site("planted_per_request_readback"):
+            with site(SITE):
                 if self.variant == "planted":
                     for i, req in enumerate(self.requests):
                         req.append(int(self.tokens[i]))  # SYNC (planted): one read-back per request

@@ -78,7 +78,14 @@ def spread(values: list[float]) -> dict:
             "mad_ms": statistics.median(abs(v - med) for v in values)}
 
 
-def summarize_loop(loop: str, out: str, n_proc: int) -> dict:
+def _measurement_files(out: str, loop: str, variant: str) -> list[str]:
+    """``LOOP.VARIANT.mK.json`` under ``out``, in the order of K."""
+    pre = f"{loop}.{variant}.m"
+    ks = [n[len(pre):-len(".json")] for n in os.listdir(out) if n.startswith(pre) and n.endswith(".json")]
+    return [os.path.join(out, f"{pre}{k}.json") for k in sorted((k for k in ks if k.isdigit()), key=int)]
+
+
+def summarize_loop(loop: str, out: str) -> dict:
     """``LOOP.pairs.json``'s content from the measurement files ``LOOP.VARIANT.mK.json`` under ``out``.
 
     Per variant: ``periods_ms_per_process`` (each process's median step period over its steady steps),
@@ -88,10 +95,7 @@ def summarize_loop(loop: str, out: str, n_proc: int) -> dict:
     res: dict = {"loop": loop}
     for v in VARIANTS:
         per, wall, files = [], [], []
-        for k in range(n_proc):
-            p = os.path.join(out, f"{loop}.{v}.m{k}.json")
-            if not os.path.exists(p):
-                continue
+        for p in _measurement_files(out, loop, v):
             with open(p) as f:
                 m = json.load(f)
             per.append(m["median_period_ms"])
@@ -166,6 +170,20 @@ def bundle(out: str, path: str) -> None:
         raise
 
 
+def round_estimate_s(procs: list[dict], loops: list[str]) -> float:
+    """Seconds one measurement round of ``loops`` is expected to take: per loop x variant, the mean wall time of
+    its measurement processes so far, else of its capture (a capture runs the same build and warm-up), else the
+    mean of all processes so far (0 before any)."""
+    every = [p["wall_s"] for p in procs]
+    total = 0.0
+    for loop in loops:
+        for v in VARIANTS:
+            mine = [p["wall_s"] for p in procs if p["loop"] == loop and p["variant"] == v and p["kind"] == "measure"]
+            mine = mine or [p["wall_s"] for p in procs if p["loop"] == loop and p["variant"] == v]
+            total += statistics.fmean(mine or every or [0.0])
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.loops.run_pairs",
                                  description=__doc__.split("\n\n")[0],
@@ -176,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=30, help="unprofiled warm-up steps per process (default 30)")
     ap.add_argument("--trace-steps", type=int, default=8, help="profiled steps per capture (default 8)")
     ap.add_argument("--no-capture", action="store_true", help="measure only")
+    ap.add_argument("--no-measure", action="store_true", help="capture only")
+    ap.add_argument("--round-offset", type=int, default=0,
+                    help="number the measurement files from this round on (a second call adding rounds to the "
+                         "same loops: unpack both bundles into one folder, then --summarize-only)")
+    ap.add_argument("--summarize-only", action="store_true",
+                    help="run nothing: rewrite the LOOP.pairs.json files and summary.md from the files in --out")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out", required=True, help="directory for the flat output files (made if missing)")
     ap.add_argument("--bundle", help="also write everything in --out to this tar.gz")
@@ -186,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in loops if s not in LOOP_MODULES]
     if bad:
         ap.error(f"unknown loop {bad[0]!r} (known: {', '.join(LOOP_MODULES)})")
-    if not loops or a.processes < 1 or a.steps < 3 or a.warmup < 1 or a.trace_steps < 1 or a.budget_s <= 0:
-        ap.error("need at least one loop, --processes >= 1, --steps >= 3, --warmup >= 1, --trace-steps >= 1, "
+    if not loops or a.processes < 0 or a.round_offset < 0 or a.steps < 3 or a.warmup < 1 or a.trace_steps < 1 or a.budget_s <= 0:
+        ap.error("need at least one loop, --processes >= 0, --round-offset >= 0, --steps >= 3, --warmup >= 1, --trace-steps >= 1, "
                  "--budget-s > 0")
     if os.path.exists(a.out) and not os.path.isdir(a.out):
         ap.error(f"--out {a.out}: exists and is not a directory")
@@ -209,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             print(r["stderr_tail"][-600:], file=sys.stderr, flush=True)
         return r
 
+    if a.summarize_only:
+        a.no_capture = a.no_measure = True
     if not a.no_capture:
         for loop in loops:
             for v in VARIANTS:
@@ -218,11 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                                         "--out", os.path.join(a.out, f"{loop}.{v}.trace.json.gz"),
                                         "--info", os.path.join(a.out, f"{loop}.{v}.capture.json")])
     rounds = 0
-    for k in range(a.processes):
-        done = [p["wall_s"] for p in procs if p["kind"] == "measure"] or \
-               [p["wall_s"] for p in procs]  # before any measurement, a capture's time is the best guess
-        est = (statistics.fmean(done) if done else 0.0) * 2 * len(loops)
-        if k > 0 and est > left():
+    for k in range(0 if a.no_measure else a.processes):
+        est = round_estimate_s(procs, loops)
+        if (k > 0 or not a.no_capture) and est > left():
             print(f"budget: round {k + 1} would take ~{est:.0f}s, {left():.0f}s left; stopping after {k} rounds",
                   flush=True)
             break
@@ -230,11 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         for loop in loops:
             for v in order:
                 go("measure", loop, v, ["--steps", str(a.steps),
-                                        "--out", os.path.join(a.out, f"{loop}.{v}.m{k}.json")])
+                                        "--out", os.path.join(a.out, f"{loop}.{v}.m{k + a.round_offset}.json")])
         rounds += 1
     rows = []
     for loop in loops:
-        r = summarize_loop(loop, a.out, a.processes)
+        r = summarize_loop(loop, a.out)
         _write_json(os.path.join(a.out, f"{loop}.pairs.json"), r)
         rows.append(r)
     settings = {"loops": loops, "processes": a.processes, "rounds_run": rounds, "steps": a.steps,
@@ -242,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
                 "device_name": next((r.get("device_name") for r in rows if r.get("device_name")), None),
                 "python": sys.executable, "wall_s": round(time.perf_counter() - t0, 1)}
     _write_text_atomic(os.path.join(a.out, "summary.md"), summary_markdown(rows, settings))
-    _write_json(os.path.join(a.out, "run.json"), {"settings": settings, "processes": procs})
+    if not a.summarize_only:
+        run_json = "run.json" if a.round_offset == 0 else f"run.r{a.round_offset}.json"
+        _write_json(os.path.join(a.out, run_json), {"settings": settings, "processes": procs})
     if a.bundle:
         bundle(a.out, a.bundle)
     print(open(os.path.join(a.out, "summary.md")).read())

@@ -8,9 +8,9 @@ its own: when profiled, ``prof.step()`` marks the steps (``ProfilerStep#N`` rang
   of the step, so the host waits for the backward and optimizer kernels before it launches the next forward.
 * fixed: the loss is copied to pinned memory without blocking and logged one step late (:class:`LaggedRead`).
 
-Expected saving: the overlap of the host's launch path (autograd + optimizer, ~60 launches) with the device's work:
-with the sizes below both are a few hundred µs per step on an H200, so the planted step should be roughly
-1.3-1.8x the fixed one. On CPU the read-back costs nothing (a smoke run only).
+Expected saving (an estimate, before measurement): the overlap of the host's launch path (autograd + optimizer,
+~60 launches) with the device's work: with the sizes below both are a few hundred µs per step on an H200 (fp32
+matmuls, 16 GFLOP per step), so the planted step should be roughly 1.3-1.8x the fixed one. On CPU the read-back costs nothing (a smoke run only).
 
 :func:`run_profiled` is the capture the loop is written for: the tutorial's ``torch.profiler.profile(schedule=...,
 on_trace_ready=...)`` with ``prof.step()`` after every step.
@@ -24,6 +24,7 @@ from ._common import LaggedRead, Loop, check_variant, pick, site
 NAME = "train_step_logging"
 CAUSE = "per-step loss.item() for logging in a training loop"
 FIX = "loss copied to pinned memory without blocking, logged one step late"
+SITE = "planted_loss_logging"  # the range around the planted cause (and its fix)
 CUDA_SIZE = {"batch": 512, "d": 1024, "layers": 4}
 CPU_SIZE = {"batch": 8, "d": 16, "layers": 2}
 HAS_STEP_RANGE = False
@@ -57,7 +58,7 @@ class TrainStepLogging(Loop):
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        with site("planted_loss_logging"):
+        with site(SITE):
             if self.variant == "planted":
                 self.losses.append(loss.item())  # SYNC (planted): every step
             else:
