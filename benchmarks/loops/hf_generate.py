@@ -80,13 +80,16 @@ class HFGenerate(Loop):
         self.model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype).eval()
         g = torch.Generator().manual_seed(0)
         self.prompt = torch.randint(3, sz["vocab"], (sz["batch"], sz["prompt"]), generator=g).to(device)
-        banned = torch.randperm(sz["vocab"] - 3, generator=g)[: sz["banned"]].add(3).tolist()
+        # the config's eos id is banned too (and generate is told there is none), so every call runs its full length
+        banned = [cfg.eos_token_id] + torch.randperm(sz["vocab"] - 3, generator=g)[: sz["banned"] - 1].add(3).tolist()
         self.processors = LogitsProcessorList([_processors(variant, banned, sz["vocab"], device)])
         self._tick = None
         self._range = None
+        self.forwards = 0
         self.model.register_forward_pre_hook(self._pre_forward)
 
     def _pre_forward(self, module, args):
+        self.forwards += 1
         self._close()
         if self._tick is not None:
             self._tick()
@@ -101,14 +104,17 @@ class HFGenerate(Loop):
     def run(self, n_steps, tick) -> None:
         """One ``generate`` call of exactly ``n_steps`` forwards (prefill + n_steps - 1 decode steps)."""
         self._tick = tick
+        self.forwards = 0
         try:
             with torch.inference_mode():
                 self.model.generate(self.prompt, attention_mask=torch.ones_like(self.prompt), do_sample=False,
-                                    max_new_tokens=n_steps, min_new_tokens=n_steps, eos_token_id=None,
+                                    max_new_tokens=n_steps, eos_token_id=None,
                                     pad_token_id=0, logits_processor=self.processors)
         finally:
             self._close()
             self._tick = None
+        if self.forwards != n_steps:
+            raise RuntimeError(f"generate ran {self.forwards} forwards, not the {n_steps} asked for")
         tick()
 
     def step(self) -> None:

@@ -121,9 +121,10 @@ def summarize_loop(loop: str, out: str) -> dict:
 
 def summary_markdown(rows: list[dict], settings: dict) -> str:
     """The summary table (ms; the spread is each variant's [min-max] over its processes)."""
+    rows_steps = ", ".join(sorted({str(r.get("steps")) for r in rows if r.get("steps")})) or str(settings["steps"])
     lines = [f"# Planted vs fixed step periods ({settings['device']}, {settings.get('device_name') or ''})", "",
              f"Unprofiled step period per process = median of the host's step-start intervals over the steady "
-             f"steps ({settings['steps']} steps per process, the first 10% dropped); the variant's figure is the "
+             f"steps ({rows_steps} steps per process, the first 10% dropped); the variant's figure is the "
              f"median over its processes. Saving = planted - fixed; its range is [min planted - max fixed, "
              f"max planted - min fixed].", "",
              "| loop | planted ms (n) [min-max] | fixed ms (n) [min-max] | saving ms [range] | saving % | "
