@@ -10,8 +10,9 @@ Python list (what a serving loop does to detokenize and check stop conditions).
   wait, one ``tolist()``.
 
 Expected saving (an estimate, before measurement): ``batch - 1`` sync round trips (each ~10-20 µs of host time:
-the indexing kernel launch, the copy, the wait), with 16 requests ~0.15-0.3 ms per step against an eager step of
-~0.25-0.35 ms: the planted step should be roughly 1.5-2x the fixed one. On CPU the read-backs are plain reads (a smoke run only).
+``tokens[i]`` is a view, ``int()`` copies its 8 bytes to pageable memory and waits), with 16 requests ~0.15-0.3 ms
+per step against an eager step of ~0.25-0.35 ms: the planted step should be roughly 1.5-2x the fixed one. On CPU
+the read-backs are plain reads (a smoke run only).
 """
 from __future__ import annotations
 

@@ -147,6 +147,11 @@ def summary_markdown(rows: list[dict], settings: dict) -> str:
             sav = pct = "—"
         wr = ", ".join(f"{v['wall_median_ms'] / v['median_ms']:.2f}" if v["median_ms"] else "—" for v in (p, f))
         lines.append(f"| {r['loop']} | {cell(p)} | {cell(f)} | {sav} | {pct} | {wr} |")
+    big = [f"{t} ({os.path.getsize(os.path.join(settings['out'], t)) / 1e6:.1f} MB)" for r in rows
+           for v in VARIANTS for t in [r[v].get("trace")] if t and "out" in settings
+           and os.path.getsize(os.path.join(settings["out"], t)) > 2e6]
+    if big:
+        lines += ["", "Traces over 2 MB: " + ", ".join(big)]
     lines += ["", "A wall/median ratio far from 1 means the host ran ahead of the device (or stalled) within the "
               "process: the median of host intervals then is not the device-bound period.", ""]
     return "\n".join(lines)
@@ -211,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [s for s in loops if s not in LOOP_MODULES]
     if bad:
         ap.error(f"unknown loop {bad[0]!r} (known: {', '.join(LOOP_MODULES)})")
-    if not loops or a.processes < 0 or a.round_offset < 0 or a.steps < 3 or a.warmup < 1 or a.trace_steps < 1 or a.budget_s <= 0:
-        ap.error("need at least one loop, --processes >= 0, --round-offset >= 0, --steps >= 3, --warmup >= 1, --trace-steps >= 1, "
-                 "--budget-s > 0")
+    if (not loops or a.processes < 0 or a.round_offset < 0 or a.steps < 3 or a.warmup < 1 or a.trace_steps < 1
+            or a.budget_s <= 0):
+        ap.error("need at least one loop, --processes >= 0, --round-offset >= 0, --steps >= 3, --warmup >= 1, "
+                 "--trace-steps >= 1, --budget-s > 0")
     if os.path.exists(a.out) and not os.path.isdir(a.out):
         ap.error(f"--out {a.out}: exists and is not a directory")
     os.makedirs(a.out, exist_ok=True)
@@ -225,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         return a.budget_s - (time.perf_counter() - t0)
 
     def go(kind: str, loop: str, v: str, extra: list[str]) -> dict:
+        target = extra[extra.index("--out") + 1]
+        if os.path.isfile(target):  # an earlier run's file of this name must not stand in for a failed process
+            os.unlink(target)
         r = run_process([kind, loop, v, *common, *extra], a.process_timeout_s)
         r.update(kind=kind, loop=loop, variant=v)
         procs.append(r)
@@ -240,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         for loop in loops:
             for v in VARIANTS:
                 if left() <= 0:
-                    break
+                    print(f"budget: no time left for the capture of {loop}.{v}", flush=True)
+                    continue
                 go("capture", loop, v, ["--active", str(a.trace_steps),
                                         "--out", os.path.join(a.out, f"{loop}.{v}.trace.json.gz"),
                                         "--info", os.path.join(a.out, f"{loop}.{v}.capture.json")])
@@ -264,11 +274,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
     settings = {"loops": loops, "processes": a.processes, "rounds_run": rounds, "steps": a.steps,
                 "warmup": a.warmup, "trace_steps": a.trace_steps, "device": a.device, "budget_s": a.budget_s,
+                "out": os.path.abspath(a.out),
                 "device_name": next((r.get("device_name") for r in rows if r.get("device_name")), None),
                 "python": sys.executable, "wall_s": round(time.perf_counter() - t0, 1)}
     _write_text_atomic(os.path.join(a.out, "summary.md"), summary_markdown(rows, settings))
     if not a.summarize_only:
-        run_json = "run.json" if a.round_offset == 0 else f"run.r{a.round_offset}.json"
+        run_json = ("run.captures.json" if a.no_measure else f"run.m{a.round_offset}.json" if a.no_capture
+                    else "run.json")  # one name per kind of call, so merged calls keep each record
         _write_json(os.path.join(a.out, run_json), {"settings": settings, "processes": procs})
     if a.bundle:
         bundle(a.out, a.bundle)

@@ -10,7 +10,8 @@ its own: when profiled, ``prof.step()`` marks the steps (``ProfilerStep#N`` rang
 
 Expected saving (an estimate, before measurement): the overlap of the host's launch path (autograd + optimizer,
 ~60 launches) with the device's work: with the sizes below both are a few hundred µs per step on an H200 (fp32
-matmuls, 16 GFLOP per step), so the planted step should be roughly 1.3-1.8x the fixed one. On CPU the read-back costs nothing (a smoke run only).
+matmuls, 16 GFLOP per step), so the planted step should be roughly 1.3-1.8x the fixed one. On CPU the read-back
+costs nothing (a smoke run only).
 
 :func:`run_profiled` is the capture the loop is written for: the tutorial's ``torch.profiler.profile(schedule=...,
 on_trace_ready=...)`` with ``prof.step()`` after every step.
