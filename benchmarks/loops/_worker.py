@@ -149,7 +149,7 @@ def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict) 
 
 def main(argv: list[str] | None = None) -> int:
     from . import loop_module
-    from ._common import check_variant, resolve_device
+    from ._common import check_variant, pick, resolve_device
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.loops._worker", description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=("measure", "capture"))
@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     t_built = time.perf_counter()
     try:
         head = {"loop": a.loop, "variant": a.variant, "device": a.device, "cause": mod.CAUSE, "fix": mod.FIX,
-                "build_s": t_built - t_start, **_env(device)}
+                "site": mod.SITE, "size": pick(device, mod.CUDA_SIZE, mod.CPU_SIZE),
+                "expected_ratio": list(mod.EXPECTED_RATIO), "build_s": t_built - t_start, **_env(device)}
         if a.mode == "measure":
             res = {**head, **measure(loop, device, a.warmup, a.steps)}
             _write_json(a.out, res)

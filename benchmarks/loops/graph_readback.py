@@ -27,6 +27,7 @@ NAME = "graph_readback"
 CAUSE = "per-step blocking .item() of a device flag after a CUDA graph replay"
 FIX = "non-blocking copy to pinned memory, read one step late"
 SITE = "planted_readback"  # the range around the planted cause (and its fix)
+EXPECTED_RATIO = (1.3, 1.7)  # planted / fixed step period on an H200: the estimate above, before measurement
 CUDA_SIZE = {"batch": 8, "d": 1024, "layers": 6, "vocab": 8192}
 CPU_SIZE = {"batch": 2, "d": 32, "layers": 2, "vocab": 64}
 

@@ -30,6 +30,7 @@ NAME = "helper_thread"
 CAUSE = "main thread blocks on a queue for a producer thread that only starts when asked"
 FIX = "the producer runs ahead into a bounded queue"
 SITE = "planted_queue_wait"  # the range around the planted cause (and its fix)
+EXPECTED_RATIO = (1.4, 1.8)  # planted / fixed step period on an H200: the estimate above, before measurement
 CUDA_SIZE = {"batch": 16, "d": 2048, "layers": 12, "vocab": 16384, "io_ms": 0.2, "text_words": 8}
 CPU_SIZE = {"batch": 2, "d": 32, "layers": 1, "vocab": 64, "io_ms": 0.2, "text_words": 8}
 

@@ -24,6 +24,7 @@ NAME = "host_detokenize"
 CAUSE = "pure-Python re-detokenization of each request's window every step"
 FIX = "cached text, append the new piece, search only the new tail"
 SITE = "planted_detokenize"  # the range around the planted cause (and its fix)
+EXPECTED_RATIO = (1.5, 2.5)  # planted / fixed step period on an H200: the estimate above, before measurement
 CUDA_SIZE = {"batch": 8, "d": 2048, "layers": 4, "vocab": 16384, "window": 512}
 CPU_SIZE = {"batch": 2, "d": 32, "layers": 1, "vocab": 64, "window": 32}
 STOP = "\n\nUser:"

@@ -25,6 +25,7 @@ NAME = "launch_bound"
 CAUSE = "hundreds of tiny eager kernel launches per step"
 FIX = "the same forward captured in a CUDA graph, one replay per step"
 SITE = "planted_eager_launches"  # the range around the planted cause (and its fix)
+EXPECTED_RATIO = (2.0, 3.0)  # planted / fixed step period on an H200: the estimate above, before measurement
 CUDA_SIZE = {"batch": 8, "d": 512, "layers": 24}
 CPU_SIZE = {"batch": 2, "d": 16, "layers": 3}
 

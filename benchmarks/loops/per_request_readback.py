@@ -24,6 +24,7 @@ NAME = "per_request_readback"
 CAUSE = "one blocking .item()-style read-back per request per step"
 FIX = "one batched non-blocking copy to pinned memory, one wait, one tolist()"
 SITE = "planted_per_request_readback"  # the range around the planted cause (and its fix)
+EXPECTED_RATIO = (1.5, 2.0)  # planted / fixed step period on an H200: the estimate above, before measurement
 CUDA_SIZE = {"batch": 16, "d": 2048, "layers": 8, "vocab": 16384}
 CPU_SIZE = {"batch": 4, "d": 32, "layers": 1, "vocab": 64}
 

@@ -101,10 +101,8 @@ def summarize_loop(loop: str, out: str) -> dict:
             per.append(m["median_period_ms"])
             wall.append(m["wall_period_ms"])
             files.append(os.path.basename(p))
-            res.setdefault("cause", m.get("cause"))
-            res.setdefault("fix", m.get("fix"))
-            res.setdefault("device_name", m.get("device_name"))
-            res.setdefault("steps", m.get("steps"))
+            for key in ("cause", "fix", "site", "size", "expected_ratio", "device_name", "steps"):
+                res.setdefault(key, m.get(key))
         trace = f"{loop}.{v}.trace.json.gz"
         res[v] = {"periods_ms_per_process": per, "wall_period_ms_per_process": wall, "files": files,
                   "median_ms": statistics.median(per) if per else None,
@@ -114,6 +112,7 @@ def summarize_loop(loop: str, out: str) -> dict:
     if p["median_ms"] is not None and f["median_ms"] is not None:
         res["saving_ms"] = p["median_ms"] - f["median_ms"]
         res["saving_fraction"] = res["saving_ms"] / p["median_ms"]
+        res["ratio"] = p["median_ms"] / f["median_ms"]
         res["saving_range_ms"] = [p["spread"]["min_ms"] - f["spread"]["max_ms"],
                                   p["spread"]["max_ms"] - f["spread"]["min_ms"]]
     return res
@@ -128,8 +127,8 @@ def summary_markdown(rows: list[dict], settings: dict) -> str:
              f"median over its processes. Saving = planted - fixed; its range is [min planted - max fixed, "
              f"max planted - min fixed].", "",
              "| loop | planted ms (n) [min-max] | fixed ms (n) [min-max] | saving ms [range] | saving % | "
-             "wall/median (planted, fixed) |",
-             "|---|---|---|---|---|---|"]
+             "planted/fixed (expected) | wall/median (planted, fixed) |",
+             "|---|---|---|---|---|---|---|"]
 
     def cell(v):
         if v["median_ms"] is None:
@@ -145,8 +144,10 @@ def summary_markdown(rows: list[dict], settings: dict) -> str:
             pct = f"{100 * r['saving_fraction']:.1f}"
         else:
             sav = pct = "—"
+        exp = r.get("expected_ratio")
+        ratio = (f"{r['ratio']:.2f}" if "ratio" in r else "—") + (f" ({exp[0]}-{exp[1]})" if exp else "")
         wr = ", ".join(f"{v['wall_median_ms'] / v['median_ms']:.2f}" if v["median_ms"] else "—" for v in (p, f))
-        lines.append(f"| {r['loop']} | {cell(p)} | {cell(f)} | {sav} | {pct} | {wr} |")
+        lines.append(f"| {r['loop']} | {cell(p)} | {cell(f)} | {sav} | {pct} | {ratio} | {wr} |")
     big = [f"{t} ({os.path.getsize(os.path.join(settings['out'], t)) / 1e6:.1f} MB)" for r in rows
            for v in VARIANTS for t in [r[v].get("trace")] if t and "out" in settings
            and os.path.getsize(os.path.join(settings["out"], t)) > 2e6]

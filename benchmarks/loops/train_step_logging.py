@@ -26,6 +26,7 @@ NAME = "train_step_logging"
 CAUSE = "per-step loss.item() for logging in a training loop"
 FIX = "loss copied to pinned memory without blocking, logged one step late"
 SITE = "planted_loss_logging"  # the range around the planted cause (and its fix)
+EXPECTED_RATIO = (1.3, 1.8)  # planted / fixed step period on an H200: the estimate above, before measurement
 CUDA_SIZE = {"batch": 512, "d": 1024, "layers": 4}
 CPU_SIZE = {"batch": 8, "d": 16, "layers": 2}
 HAS_STEP_RANGE = False

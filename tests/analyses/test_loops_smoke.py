@@ -144,6 +144,8 @@ def test_measurement_figures_follow_from_the_periods(tmp_path):
     assert s["saving_ms"] == pytest.approx(statistics.median(meds["planted"]) - statistics.median(meds["fixed"]))
     assert s["saving_range_ms"] == pytest.approx([min(meds["planted"]) - max(meds["fixed"]),
                                                   max(meds["planted"]) - min(meds["fixed"])])
+    assert s["ratio"] == pytest.approx(statistics.median(meds["planted"]) / statistics.median(meds["fixed"]))
+    assert s["site"] == "planted_per_request_readback" and s["size"] == loop_module("per_request_readback").CPU_SIZE
     md = run_pairs.summary_markdown([s], {"device": "cpu", "steps": 12})
     assert "| per_request_readback |" in md and f"{s['saving_ms']:.4f}" in md
 
@@ -160,7 +162,7 @@ def test_driver_end_to_end(tmp_path):
     for v in ("planted", "fixed"):
         m = json.loads((out / f"graph_readback.{v}.m0.json").read_text())
         assert pairs[v]["periods_ms_per_process"] == [m["median_period_ms"]]
-    run = json.loads((out / "run.json").read_text())
+    run = json.loads((out / "run.m0.json").read_text())  # a --no-capture call from round 0
     assert [p["variant"] for p in run["processes"]] == ["planted", "fixed"]
     assert all(p["rc"] == 0 for p in run["processes"])
     with tarfile.open(tmp_path / "b.tar.gz") as t:
