@@ -147,6 +147,21 @@ def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict) 
     return out
 
 
+def size_override(preset: dict, items: list[str]) -> dict:
+    """``preset`` with each ``key=value`` of ``items`` applied (the value parsed as the preset's type: int, float);
+    ValueError naming the item when the key is not in the preset or the value does not parse."""
+    out = dict(preset)
+    for it in items:
+        key, sep, val = it.partition("=")
+        if not sep or key not in preset:
+            raise ValueError(f"--size {it}: expected KEY=VALUE with KEY one of {', '.join(preset)}")
+        try:
+            out[key] = type(preset[key])(val)
+        except ValueError:
+            raise ValueError(f"--size {it}: {val!r} is not a {type(preset[key]).__name__}") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from . import loop_module
     from ._common import check_variant, pick, resolve_device
@@ -161,11 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--active", type=int, default=8, help="profiled steps (capture)")
     ap.add_argument("--out", required=True, help="the measurement JSON (measure) or the .json.gz trace (capture)")
     ap.add_argument("--info", help="capture: also write what was captured to this JSON file")
+    ap.add_argument("--size", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one entry of the loop's size preset for this device (repeatable)")
     a = ap.parse_args(argv)
     try:
         mod = loop_module(a.loop)
         check_variant(a.variant)
         device = resolve_device(a.device)
+        size = size_override(pick(device, mod.CUDA_SIZE, mod.CPU_SIZE), a.size)
     except ValueError as e:
         ap.error(str(e))
     if a.warmup < 1 or a.steps < 3 or a.active < 1:
@@ -177,11 +195,11 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(1)  # a CPU smoke run: no OpenMP thread pool spinning on a shared machine
     t_start = time.perf_counter()
-    loop = mod.build(a.variant, device)
+    loop = mod.build(a.variant, device, size)
     t_built = time.perf_counter()
     try:
         head = {"loop": a.loop, "variant": a.variant, "device": a.device, "cause": mod.CAUSE, "fix": mod.FIX,
-                "site": mod.SITE, "size": pick(device, mod.CUDA_SIZE, mod.CPU_SIZE),
+                "site": mod.SITE, "size": size,
                 "expected_ratio": list(mod.EXPECTED_RATIO), "build_s": t_built - t_start, **_env(device)}
         if a.mode == "measure":
             res = {**head, **measure(loop, device, a.warmup, a.steps)}

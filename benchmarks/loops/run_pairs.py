@@ -30,7 +30,7 @@ import tarfile
 import tempfile
 import time
 
-from . import LOOP_MODULES
+from . import LOOP_MODULES, loop_module
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                          "same loops: unpack both bundles into one folder, then --summarize-only)")
     ap.add_argument("--summarize-only", action="store_true",
                     help="run nothing: rewrite the LOOP.pairs.json files and summary.md from the files in --out")
+    ap.add_argument("--size", action="append", default=[], metavar="LOOP.KEY=VALUE",
+                    help="override one entry of a loop's size preset, e.g. graph_readback.layers=4 (repeatable; "
+                         "the sizes used are in every measurement file)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--out", required=True, help="directory for the flat output files (made if missing)")
     ap.add_argument("--bundle", help="also write everything in --out to this tar.gz")
@@ -221,6 +224,15 @@ def main(argv: list[str] | None = None) -> int:
             or a.budget_s <= 0):
         ap.error("need at least one loop, --processes >= 0, --round-offset >= 0, --steps >= 3, --warmup >= 1, "
                  "--trace-steps >= 1, --budget-s > 0")
+    sizes: dict[str, list[str]] = {}
+    for it in a.size:
+        loop, dot, kv = it.partition(".")
+        if not dot or loop not in LOOP_MODULES or "=" not in kv:
+            ap.error(f"--size {it}: expected LOOP.KEY=VALUE with LOOP one of {', '.join(LOOP_MODULES)}")
+        keys = loop_module(loop).CUDA_SIZE  # imports torch, only when --size is given
+        if kv.partition("=")[0] not in keys:
+            ap.error(f"--size {it}: {loop} has no size {kv.partition('=')[0]!r} (its sizes: {', '.join(keys)})")
+        sizes.setdefault(loop, []).append(kv)
     if os.path.exists(a.out) and not os.path.isdir(a.out):
         ap.error(f"--out {a.out}: exists and is not a directory")
     os.makedirs(a.out, exist_ok=True)
@@ -235,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         target = extra[extra.index("--out") + 1]
         if os.path.isfile(target):  # an earlier run's file of this name must not stand in for a failed process
             os.unlink(target)
-        r = run_process([kind, loop, v, *common, *extra], a.process_timeout_s)
+        size_args = [x for kv in sizes.get(loop, []) for x in ("--size", kv)]
+        r = run_process([kind, loop, v, *common, *size_args, *extra], a.process_timeout_s)
         r.update(kind=kind, loop=loop, variant=v)
         procs.append(r)
         status = "ok" if r["rc"] == 0 else f"FAILED rc={r['rc']}"
@@ -275,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
     settings = {"loops": loops, "processes": a.processes, "rounds_run": rounds, "steps": a.steps,
                 "warmup": a.warmup, "trace_steps": a.trace_steps, "device": a.device, "budget_s": a.budget_s,
-                "out": os.path.abspath(a.out),
+                "out": os.path.abspath(a.out), "size_overrides": sizes,
                 "device_name": next((r.get("device_name") for r in rows if r.get("device_name")), None),
                 "python": sys.executable, "wall_s": round(time.perf_counter() - t0, 1)}
     _write_text_atomic(os.path.join(a.out, "summary.md"), summary_markdown(rows, settings))

@@ -150,6 +150,18 @@ def test_measurement_figures_follow_from_the_periods(tmp_path):
     assert "| per_request_readback |" in md and f"{s['saving_ms']:.4f}" in md
 
 
+def test_size_override_reaches_the_loop(tmp_path):
+    """``--size KEY=VALUE`` changes the preset the loop is built with and is recorded; an unknown key exits 2."""
+    out = tmp_path / "m.json"
+    assert _worker.main(["measure", "per_request_readback", "fixed", "--device", "cpu", "--warmup", "1",
+                         "--steps", "4", "--size", "batch=3", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["size"] == {**loop_module("per_request_readback").CPU_SIZE, "batch": 3}
+    with pytest.raises(SystemExit) as e:
+        _worker.main(["measure", "per_request_readback", "fixed", "--device", "cpu", "--size", "nope=1",
+                      "--out", str(tmp_path / "n.json")])
+    assert e.value.code == 2 and not (tmp_path / "n.json").exists()
+
+
 def test_driver_end_to_end(tmp_path):
     """Two fresh processes (one per variant), the loop's pairs file, summary.md, run.json and the bundle."""
     out = tmp_path / "pairs"
