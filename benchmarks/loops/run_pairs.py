@@ -127,7 +127,7 @@ def summary_markdown(rows: list[dict], settings: dict) -> str:
              f"median over its processes. Saving = planted - fixed; its range is [min planted - max fixed, "
              f"max planted - min fixed].", "",
              "| loop | planted ms (n) [min-max] | fixed ms (n) [min-max] | saving ms [range] | saving % | "
-             "planted/fixed (expected) | wall/median (planted, fixed) |",
+             "planted/fixed (H200 estimate) | wall/median (planted, fixed) |",
              "|---|---|---|---|---|---|---|"]
 
     def cell(v):

@@ -112,6 +112,24 @@ def test_capture_is_kineto_json_with_step_and_site(tmp_path):
         assert side["active_steps"] == 3 and side["config"]["loop"] == "graph_readback"
 
 
+def test_capture_without_gaptrace_replicates_its_settings(tmp_path, monkeypatch):
+    """Where gaptrace cannot be imported (a bare GPU host), the worker profiles with the same settings itself:
+    the trace has the step and site ranges and Python stack events, and no sidecar is written."""
+    monkeypatch.setitem(sys.modules, "gaptrace.capture", None)  # import gaptrace.capture now raises ImportError
+    kw, source = _worker.profiler_kwargs()
+    assert source == "replicated" and kw["with_stack"] is True and kw["record_shapes"] is False
+    trace = tmp_path / "x.json.gz"
+    info = tmp_path / "info.json"
+    assert _worker.main(["capture", "host_detokenize", "fixed", "--device", "cpu", "--warmup", "2",
+                         "--active", "3", "--out", str(trace), "--info", str(info)]) == 0
+    ev = _trace_events(trace)
+    assert len(_ranges(ev, "step")) == 3 and len(_ranges(ev, "planted_detokenize")) == 3
+    assert any(e.get("cat") == "python_function" for e in ev)
+    meta = json.loads(info.read_text())
+    assert meta["profiler_kwargs_from"] == "replicated" and meta["sidecar"] is None
+    assert sorted(os.listdir(tmp_path)) == ["info.json", "x.json.gz"]  # no temporaries left
+
+
 def test_capture_of_the_profiler_step_loop(tmp_path):
     """The training loop is profiled by its own schedule + prof.step(): ProfilerStep ranges, no ``step`` range."""
     trace = tmp_path / "t.json.gz"
