@@ -75,6 +75,11 @@ def test_twins_compute_the_same_values():
     assert r["planted"] == r["fixed"] and len(r["planted"][0]) == 5
     r = _run_both("host_detokenize", 5, lambda l: ([list(h) for h in l.history], l.stopped))
     assert r["planted"] == r["fixed"]
+    pytest.importorskip("transformers")
+    scores = torch.randn(1, loop_module("hf_generate").CPU_SIZE["vocab"])
+    r = {v: _build("hf_generate", v).processors[0](None, scores.clone()) for v in ("planted", "fixed")}
+    assert torch.equal(r["planted"], r["fixed"])
+    assert int(torch.isinf(r["fixed"]).sum()) == loop_module("hf_generate").CPU_SIZE["banned"]
     r = _run_both("train_step_logging", 5, lambda l: list(l.losses))
     assert len(r["planted"]) == 5 and r["fixed"] == r["planted"][:4]  # the fix logs one step late
 
