@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"budget: round {k + 1} would take ~{est:.0f}s, {left():.0f}s left; stopping after {k} rounds",
                   flush=True)
             break
-        order = VARIANTS if k % 2 == 0 else VARIANTS[::-1]
+        order = VARIANTS if (k + a.round_offset) % 2 == 0 else VARIANTS[::-1]
         for loop in loops:
             for v in order:
                 go("measure", loop, v, ["--steps", str(a.steps),
