@@ -167,6 +167,7 @@ def test_measurement_figures_follow_from_the_periods(tmp_path):
     assert s["saving_ms"] == pytest.approx(statistics.median(meds["planted"]) - statistics.median(meds["fixed"]))
     assert s["saving_range_ms"] == pytest.approx([min(meds["planted"]) - max(meds["fixed"]),
                                                   max(meds["planted"]) - min(meds["fixed"])])
+    assert s["separated"] == (min(meds["planted"]) > max(meds["fixed"]))
     assert s["ratio"] == pytest.approx(statistics.median(meds["planted"]) / statistics.median(meds["fixed"]))
     assert s["site"] == "planted_per_request_readback" and s["size"] == loop_module("per_request_readback").CPU_SIZE
     md = run_pairs.summary_markdown([s], {"device": "cpu", "steps": 12})
