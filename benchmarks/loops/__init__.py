@@ -1,0 +1,20 @@
+"""Measured loops with one planted cause each and its fixed twin, and the driver that measures them.
+
+Each module is one loop (see its docstring for the cause, the fix and the expected saving) with ``NAME``,
+``CAUSE``, ``FIX`` and ``build(variant, device, size=None)``; :data:`LOOPS` lists them in the driver's order.
+``python -m benchmarks.loops.run_pairs --help`` runs them (README.md in this folder).
+"""
+from __future__ import annotations
+
+import importlib
+
+LOOP_MODULES = ("graph_readback", "hf_generate", "launch_bound", "per_request_readback", "host_detokenize",
+                "pageable_htod", "helper_thread", "train_step_logging")
+LOOPS = LOOP_MODULES
+
+
+def loop_module(name: str):
+    """The module of loop ``name`` (one of :data:`LOOPS`); ValueError naming the known ones otherwise."""
+    if name not in LOOP_MODULES:
+        raise ValueError(f"unknown loop {name!r} (known: {', '.join(LOOP_MODULES)})")
+    return importlib.import_module(f"{__name__}.{name}")
