@@ -67,7 +67,8 @@ class ReplayModel:
     ``graph_nodes`` (N for graph launches, else 0).
     Device items, (I,) arrays in launch order: ``item_call`` (index into the chain), ``item_stream``,
     ``item_dur_us``, ``item_gap_us`` (q_i), ``item_lat_us`` (λ), ``item_after_end`` (True: l = max(S, E + λ),
-    graph launches; False: l = S + λ), ``item_start_us`` / ``item_end_us`` (measured).
+    graph launches; False: l = S + λ), ``item_prior`` (launched before the trace: l = its measured start),
+    ``item_busy_us`` (Σ of its ops' durations), ``item_start_us`` / ``item_end_us`` (measured).
     Device ops, (n,) arrays: ``op_row`` (position in ``trace.device``), ``op_item``, ``op_offset_us`` (start minus
     its item's start), ``op_start_us`` (measured).
     ``latency_us``: the calibrated λ and q by kind ({"kernel", "memcpy", "memset", "graph", "queue_gap"}).
@@ -93,6 +94,7 @@ class ReplayModel:
     item_lat_us: np.ndarray
     item_after_end: np.ndarray
     item_prior: np.ndarray
+    item_busy_us: np.ndarray
     item_start_us: np.ndarray
     item_end_us: np.ndarray
     op_row: np.ndarray
@@ -241,34 +243,24 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> Re
         m = idle & (item_kind == kind)
         latency[kind] = _median(item_start[m] - cs[m], default)
         lat[item_kind == kind] = latency[kind]
-    # graph launches: under the profiler the first node starts either when cudaGraphLaunch returns or soon after it
-    # began, depending on the graph; per graph size, the reference (call start or end) with the smaller spread
+    # graph launches: under the profiler the first node starts somewhere inside the cudaGraphLaunch call (at its
+    # return for some graphs, soon after it began for others): per graph size, the median fraction f of the call
+    # elapsed when the first node started, over the launches that found their stream idle; l = S + f·(E − S)
     gn_item = np.zeros(I, dtype=np.int64)
     if I:
         gn_item = np.bincount(op_item, minlength=I)
-    ig = idle & item_graph
-    rs, re_ = item_start[ig] - cs[ig], item_start[ig] - ce[ig]
-
-    def _pick(m: np.ndarray) -> tuple[bool, float]:
-        if not m.any():
-            return True, 0.0
-        a_, b_ = rs[m], re_[m]
-        mad_s = float(np.median(np.abs(a_ - np.median(a_))))
-        mad_e = float(np.median(np.abs(b_ - np.median(b_))))
-        return (True, float(np.median(b_))) if mad_e <= mad_s else (False, float(np.median(a_)))
-
-    glob_end, glob_lat = _pick(np.ones(int(ig.sum()), dtype=bool))
-    latency["graph"] = glob_lat
-    latency["graph_reference"] = "end" if glob_end else "start"
-    per_size: dict[int, tuple[bool, float]] = {}
+    ig = idle & item_graph & (ce > cs)
+    frac = np.clip((item_start[ig] - cs[ig]) / (ce[ig] - cs[ig]), 0.0, 1.0)
+    glob_f = float(np.median(frac)) if len(frac) else 1.0
+    latency["graph_fraction"] = glob_f
+    per_size: dict[int, float] = {}
     for n in np.unique(gn_item[item_graph]):
         m = gn_item[ig] == n
-        per_size[int(n)] = _pick(m) if m.sum() >= 2 else (glob_end, glob_lat)
+        per_size[int(n)] = float(np.median(frac[m])) if m.sum() >= 2 else glob_f
         sel = item_graph & (gn_item == n)
-        after_end[sel], lat[sel] = per_size[int(n)]
-    latency["graph_by_nodes"] = {str(k): {"reference": "end" if v[0] else "start", "latency_us": v[1]}
-                                 for k, v in per_size.items()}
-    allowed = np.where(after_end, np.maximum(cs, ce + lat), cs + lat)
+        after_end[sel], lat[sel] = True, per_size[int(n)]
+    latency["graph_fraction_by_nodes"] = {str(k): v for k, v in per_size.items()}
+    allowed = np.where(after_end, cs + lat * (ce - cs), cs + lat)
     queued = ~item_graph & ~item_prior & (prev_end > allowed) & np.isfinite(prev_end)
     latency["queue_gap"] = max(0.0, _median(item_start[queued] - prev_end[queued], 0.0))
     item_gap = np.where(item_graph | item_prior, 0.0, latency["queue_gap"])
@@ -323,7 +315,8 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> Re
         trace_path=trace.path, key=key, tid=tid, t0_us=t0, call_row=rows, call_name=names, call_start_us=s,
         call_end_us=e, work_us=work, cost_us=cost, blocking=blocking, await_items=await_items.astype(np.int64),
         graph_nodes=gnodes, item_call=item_call, item_stream=item_stream, item_dur_us=item_dur,
-        item_gap_us=item_gap, item_lat_us=lat, item_after_end=after_end, item_prior=item_prior, item_start_us=item_start,
+        item_gap_us=item_gap, item_lat_us=lat, item_after_end=after_end, item_prior=item_prior,
+        item_busy_us=np.bincount(op_item, weights=oend - ots, minlength=I) if I else np.zeros(0), item_start_us=item_start,
         item_end_us=item_end, op_row=op_rows, op_item=op_item, op_offset_us=op_offset, op_start_us=ots,
         latency_us=latency, warnings=warnings)
 
@@ -387,7 +380,7 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
             cc = np.maximum(c, 0)
             cs = S[cc]
             ce = np.where(c < kb, E[np.minimum(cc, max(kb - 1, 0))], cs) if kb < K else E[cc]
-            l = np.where(model.item_after_end[sl], np.maximum(cs, ce + lat), cs + lat)
+            l = np.where(model.item_after_end[sl], cs + lat * (ce - cs), cs + lat)
             l = np.where(c < 0, lat, l)  # work launched before the trace: its measured start
             u = model.item_gap_us[sl] + dur[sl]
             if single:
