@@ -123,7 +123,7 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     removed: dict[str, float] = {}
     for c in np.unique(cats):
         m = (cats == c) & (in_call | in_work)
-        removed[c] = float(per_event[m].sum())
+        removed[str(c)] = float(per_event[m].sum())
     cost = model.cost_us.copy()
     launch = model.graph_nodes > 0
     by_size = sidecar_launch_us(sidecar)

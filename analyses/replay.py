@@ -270,7 +270,8 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> Re
     # blocking calls and what each one waits for
     nitem_before = np.searchsorted(item_call, np.arange(K), side="left")  # items launched by calls < k
     nitem_through = np.searchsorted(item_call, np.arange(K), side="right")  # items launched by calls <= k
-    blocking = np.array([bool(SYNC_NAMES.match(n)) for n in names], dtype=bool)
+    name_s = pd.Series(names, dtype=object)
+    blocking = name_s.str.match(SYNC_NAMES).to_numpy(dtype=bool).copy()
     await_items = np.where(blocking, nitem_before, 0)
     # copies: by the kind of the copy they launched
     cp_item = np.full(K, -1)
@@ -288,11 +289,14 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> Re
     # measured completion of items [0, m): prefix max of the measured item ends
     pm = np.concatenate(([-np.inf], np.maximum.accumulate(item_end))) if I else np.array([-np.inf])
     # event syncs: the latest record before the call whose prefix completed by the call's return
-    rec = np.flatnonzero([bool(EVENT_RECORD.match(n)) for n in names])
-    for k in np.flatnonzero([bool(EVENT_SYNC.match(n)) for n in names]):
-        r = rec[rec < k]
-        done = pm[nitem_before[r]] <= e[k] + RELEASE_EPS_US
-        await_items[k] = int(nitem_before[r[done][-1]]) if done.any() else 0
+    # (the records' prefix completions are non-decreasing, so the done records before k are a prefix of them)
+    rec = np.flatnonzero(name_s.str.match(EVENT_RECORD).to_numpy(dtype=bool))
+    ev_sync = np.flatnonzero(name_s.str.match(EVENT_SYNC).to_numpy(dtype=bool))
+    if len(ev_sync):
+        rec_done = pm[nitem_before[rec]]
+        j = np.minimum(np.searchsorted(rec_done, e[ev_sync] + RELEASE_EPS_US, side="right"),
+                       np.searchsorted(rec, ev_sync, side="left")) - 1
+        await_items[ev_sync] = np.where(j >= 0, nitem_before[rec[np.maximum(j, 0)]], 0)
     # stream syncs on a stream with no pending work of this thread, or a prefix that is not done: trust the measure
     R = pm[await_items]
     bad = blocking & (R > e + RELEASE_EPS_US)
