@@ -9,7 +9,9 @@ host chain is the measured one with those costs subtracted:
   start inside that interval on the launching thread;
 - call k's own cost: cost'_k = max(0, cost_k − cost_runtime − Σ_c m_{k,c} · cost_c) over the events nested in it;
   a graph launch of N nodes costs the sidecar's unprofiled launch time for a graph of N nodes where the capture
-  measured one, else max(0, cost_k − κN) − cost_runtime (κ: :func:`gaptrace.analyses.launch_fit.launch_fit`).
+  measured one, else max(0, cost_k − κN) − cost_runtime (κ: :func:`gaptrace.analyses.launch_fit.launch_fit`);
+- the profiler's own buffer handling (the trace's ``overhead`` events: Buffer Flush, Activity Buffer Request) is
+  taken out of every interval it overlaps.
 
 The per-event costs come from a calibration JSON (``gaptrace calibrate``: the same small benchmark with and without
 the profiler, :mod:`gaptrace.calibrate`), else the shipped default ``data/calibration_default.json``; the result
@@ -41,7 +43,8 @@ COST_KEYS = {"cpu_op": "aten_op_us", "user_annotation": "aten_op_us", "python_fu
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """Per-event host costs of the profiler, µs: ``aten_op_us`` (one recorded ATen op or user annotation),
-    ``python_frame_us`` (one recorded Python frame), ``runtime_call_us`` (one CUPTI-traced runtime call);
+    ``python_frame_us`` (one recorded Python frame), ``runtime_call_us`` (one CUPTI-traced runtime call),
+    ``device_op_us`` (extra device time per traced device op; optional in the file, 0 when absent);
     ``source`` (the file), ``measured_on`` (what machine and torch measured it)."""
 
     aten_op_us: float
@@ -49,6 +52,7 @@ class Calibration:
     runtime_call_us: float
     source: str
     measured_on: str
+    device_op_us: float = 0.0
 
     def cost_of(self, cat: str) -> float:
         return float(getattr(self, COST_KEYS[cat])) if cat in COST_KEYS else 0.0
@@ -74,6 +78,10 @@ def load_calibration(path: str | None = None) -> Calibration:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {v!r})")
         vals[k] = float(v)
+    d = obj.get("device_op_us", 0.0)
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
+        raise ValueError(f"{p}: calibration field device_op_us must be a finite number >= 0 (got {d!r})")
+    vals["device_op_us"] = float(d)
     on = obj.get("measured_on")
     if not isinstance(on, str):
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"
@@ -96,7 +104,8 @@ def sidecar_launch_us(sidecar: dict | None) -> dict[int, float]:
 
 def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration,
                       sidecar: dict | None = None, kappa_us_per_node: float | None = None) -> dict[str, Any]:
-    """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) with the profiler's
+    """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
+    ((I,): each item less ``device_op_us`` per op) with the profiler's
     host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
     trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
     none) for each graph launch size. κ is fitted on ``trace`` when not given."""
@@ -119,7 +128,20 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     in_work = (pos % 2 == 0) & (pos // 2 < K) & not_chain & (pos > 0)
     work_cost = np.bincount(pos[in_work] // 2, weights=per_event[in_work], minlength=K)
     call_cost = np.bincount((pos[in_call] - 1) // 2, weights=per_event[in_call], minlength=K)
-    work = np.maximum(model.work_us - work_cost, 0.0)
+    # the profiler's own buffer handling (Kineto "overhead" events: Buffer Flush, Activity Buffer Request) runs
+    # on the host inside whatever the thread was doing: its overlap with each interval goes too
+    ov = trace.overhead
+    ov = ov[ov["rank"].to_numpy() == model.key[0]] if "rank" in ov else ov
+    ov_work = np.zeros(K)
+    ov_call = np.zeros(K)
+    if len(ov):
+        from .whatif import _coverage, _merge
+
+        us, ue = _merge(ov["ts_us"].to_numpy() - model.t0_us, ov["end_us"].to_numpy() - model.t0_us)
+        a = np.concatenate(([s[0]], e[:-1]))
+        ov_work = _coverage(us, ue, a, s)
+        ov_call = _coverage(us, ue, s, e)
+    work = np.maximum(model.work_us - work_cost - ov_work, 0.0)
     removed: dict[str, float] = {}
     for c in np.unique(cats):
         m = (cats == c) & (in_call | in_work)
@@ -142,9 +164,16 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
             new_launch[k] = max(0.0, cost[k] - kappa * n - calibration.runtime_call_us)
             sources.setdefault(n, "kappa" if kappa else "none")
     other = ~launch
-    new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us - call_cost, 0.0), new_launch)
+    new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us - call_cost - ov_call, 0.0),
+                        new_launch)
     removed["graph_launches"] = float((cost - new_cost)[launch].sum())
     removed["runtime_calls"] = float((cost - new_cost)[other].sum())
     removed["host_work"] = float((model.work_us - work).sum())
-    return {"work_us": work, "cost_us": new_cost, "removed_us": removed, "kappa_us_per_node": kappa or None,
+    removed["profiler_overhead_events"] = float(ov_work.sum() + ov_call[other].sum())
+    # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
+    # less that cost)
+    n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
+    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us, 0.0)
+    removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
+    return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
             "launch_source": {str(k): v for k, v in sorted(sources.items())}}

@@ -52,7 +52,8 @@ MEMCPY_SYNC_NAMES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cuMemcpyDtoH
 EVENT_RECORD = re.compile(r"^(cudaEventRecord|cuEventRecord)")
 EVENT_SYNC = re.compile(r"^(cudaEventSynchronize|cuEventSynchronize)")
 STREAM_SYNC = re.compile(r"^(cudaStreamSynchronize|cuStreamSynchronize)")
-RELEASE_EPS_US = 2.0  # an event's completion may trail the sync's return by clock skew of this much
+RELEASE_EPS_US = 2.0
+LAUNCH_BOUND_GAP_US = 5.0  # a graph's first node that started this long after its stream's previous item was held by its launch  # an event's completion may trail the sync's return by clock skew of this much
 
 
 @dataclasses.dataclass
@@ -245,18 +246,21 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> Re
         lat[item_kind == kind] = latency[kind]
     # graph launches: under the profiler the first node starts somewhere inside the cudaGraphLaunch call (at its
     # return for some graphs, soon after it began for others): per graph size, the median fraction f of the call
-    # elapsed when the first node started, over the launches that found their stream idle; l = S + f·(E − S)
+    # elapsed when the first node started, over the launches whose first node started more than LAUNCH_BOUND_GAP_US after the stream's previous item
+    # (so the launch, not the stream, set its start); l = S + f·(E − S)
     gn_item = np.zeros(I, dtype=np.int64)
     if I:
         gn_item = np.bincount(op_item, minlength=I)
-    ig = idle & item_graph & (ce > cs)
+    # a launch whose first node did not start right after its stream's previous item (more than
+    # LAUNCH_BOUND_GAP_US later) started when the launch let it: those calibrate f
+    ig = item_graph & (ce > cs) & ((prev_end < cs) | (item_start - prev_end > LAUNCH_BOUND_GAP_US))
     frac = np.clip((item_start[ig] - cs[ig]) / (ce[ig] - cs[ig]), 0.0, 1.0)
     glob_f = float(np.median(frac)) if len(frac) else 1.0
     latency["graph_fraction"] = glob_f
     per_size: dict[int, float] = {}
     for n in np.unique(gn_item[item_graph]):
         m = gn_item[ig] == n
-        per_size[int(n)] = float(np.median(frac[m])) if m.sum() >= 2 else glob_f
+        per_size[int(n)] = float(np.median(frac[m])) if m.any() else glob_f
         sel = item_graph & (gn_item == n)
         after_end[sel], lat[sel] = True, per_size[int(n)]
     latency["graph_fraction_by_nodes"] = {str(k): v for k, v in per_size.items()}

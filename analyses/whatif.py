@@ -189,7 +189,8 @@ class Context:
              & (h["tid"].astype(str).to_numpy() == self.model.tid))
         self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
         self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar)
-        self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"])
+        self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
+                           item_dur_us=self.unprof["item_dur_us"])
         self.replayed = replay(self.model)
 
     def periods(self, res: ReplayResult) -> np.ndarray:
@@ -198,7 +199,7 @@ class Context:
     def run(self, changes: Iterable[Change]) -> ReplayResult:
         w, c, wait = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                    list(changes), self.window)
-        return replay(self.model, w, c, wait)
+        return replay(self.model, w, c, wait, item_dur_us=self.unprof["item_dur_us"])
 
 
 def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = None,

@@ -2,7 +2,9 @@
 
 Small benchmarks run with and without ``torch.profiler`` (the settings of ``gaptrace capture``:
 :func:`gaptrace.capture.profiler_kwargs`): a chain of Python calls (python_function events), a loop of tiny ATen
-ops (cpu_op events, with their Python frames) and, with CUDA, a loop of tiny kernel launches (cuda_runtime events).
+ops (cpu_op events, with their Python frames) and, with CUDA, a loop of tiny kernel launches (cuda_runtime events)
+and a CUDA graph of tiny kernels timed on the device (``device_op_us``: the extra device time per graph node under
+the profiler).
 For benchmark b, Δt_b = t_profiled − t_plain = Σ_c n_{b,c} · cost_c, n_{b,c} the events of category c its trace
 holds; the costs are the non-negative least-squares solution (docs/DESIGN.md "The replay model", "The profiler
 taken out"). Writes JSON (``aten_op_us``, ``python_frame_us``, ``runtime_call_us``, torch version, CPU model,
@@ -84,6 +86,44 @@ def _count(path: str) -> dict[str, int]:
     return counts
 
 
+def device_node_us(torch, nodes: int = 1000, replays: int = 20) -> float | None:
+    """Extra device time per CUDA graph node under the profiler, µs: a graph of ``nodes`` tiny kernels replayed
+    ``replays`` times, timed with CUDA events with and without the profiler; (t_prof − t_plain) / (replays·nodes).
+    None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    import torch.profiler as tp
+
+    x = torch.zeros(1, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            x.add_(1.0)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(nodes):
+            x.add_(1.0)
+
+    def run() -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3  # µs
+
+    run()
+    plain = min(run() for _ in range(3))
+    with tp.profile(**profiler_kwargs(True)):
+        run()
+        prof = min(run() for _ in range(3))
+    return max(0.0, (prof - plain) / (replays * nodes))
+
+
 def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     """Run the benchmarks (module docstring) and return the calibration dict."""
     import torch
@@ -118,8 +158,11 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     y = np.array([(r["profiled_s"] - r["plain_s"]) * 1e6 for r in rows])
     x = _nnls(A, y)
     cost = dict(zip(cats, x))
+    dev = device_node_us(torch)
     return {
         "gaptrace_calibration": 1,
+        "device_op_us": float(dev or 0.0),
+        "device_op_measured": dev is not None,
         "aten_op_us": float(cost.get("cpu_op", 0.0)),
         "python_frame_us": float(cost.get("python_function", 0.0)),
         "runtime_call_us": float(cost.get("cuda_runtime", 0.0)),
@@ -170,4 +213,5 @@ def calibrate(output: str, iterations: int) -> None:
     except OSError as e:
         fail(f"{output}: cannot write the calibration ({e.strerror or e})")
     click.echo(f"aten op {res['aten_op_us']:.3f} µs, python frame {res['python_frame_us']:.3f} µs, runtime call "
-               f"{res['runtime_call_us']:.3f} µs ({res['measured_on']}) -> {output}")
+               f"{res['runtime_call_us']:.3f} µs, device per graph node {res['device_op_us']:.3f} µs "
+               f"({res['measured_on']}) -> {output}")
