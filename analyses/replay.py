@@ -11,8 +11,8 @@ What is replayed, for one device ``(rank, device)`` and the one host thread that
   (its N nodes keep their measured offsets from the first node, so the measured intra-graph gaps are kept;
   ``dur_us`` is the graph's span);
 - dependencies: item i of a stream ends at e_i = max(l_i, e_{i−1} + q_i) + d_i, with l_i the earliest start its
-  launch allows (call start + λ_kind for kernels, copies and memsets; max(call start, call end + λ_graph) for graph
-  launches: under the profiler a graph's first node starts when cudaGraphLaunch returns) and q_i the device's
+  launch allows (call start + λ_kind for kernels, copies and memsets; S + f·(E − S) for graph launches, f the
+  median fraction of the cudaGraphLaunch call elapsed when a launch-bound first node started) and q_i the device's
   queued-launch gap (median start − previous end of items that found their stream busy; 0 for graph launches).
   λ_kind is the median start − launch of the items that found their stream idle (calibrated on the trace itself);
 - blocking calls (CUDA "API synchronization behavior"): cudaStreamSynchronize / cudaDeviceSynchronize and the driver
@@ -67,12 +67,13 @@ class ReplayModel:
     ``await_items`` (int: the call waits for items [0, await_items) to complete; 0 = nothing),
     ``graph_nodes`` (N for graph launches, else 0).
     Device items, (I,) arrays in launch order: ``item_call`` (index into the chain), ``item_stream``,
-    ``item_dur_us``, ``item_gap_us`` (q_i), ``item_lat_us`` (λ), ``item_after_end`` (True: l = max(S, E + λ),
+    ``item_dur_us``, ``item_gap_us`` (q_i), ``item_lat_us`` (λ, or f for graph launches), ``item_after_end`` (True: l = S + f·(E − S),
     graph launches; False: l = S + λ), ``item_prior`` (launched before the trace: l = its measured start),
     ``item_busy_us`` (Σ of its ops' durations), ``item_start_us`` / ``item_end_us`` (measured).
     Device ops, (n,) arrays: ``op_row`` (position in ``trace.device``), ``op_item``, ``op_offset_us`` (start minus
     its item's start), ``op_start_us`` (measured).
-    ``latency_us``: the calibrated λ and q by kind ({"kernel", "memcpy", "memset", "graph", "queue_gap"}).
+    ``latency_us``: the calibrated λ by kind ("kernel", "memcpy", "memset"), "queue_gap" (q), "graph_fraction"
+    (f over all sizes) and "graph_fraction_by_nodes" ({N: f}).
     """
 
     trace_path: str

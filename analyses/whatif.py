@@ -130,7 +130,8 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
 class WhatIf:
     """A counterfactual's prediction (µs): ``profiled_round_us`` (median measured period), ``replayed_round_us``
     (the unchanged replay), ``before_round_us`` (unprofiled), ``after_round_us`` (unprofiled, changed),
-    ``saving_us``, ``one_off_saving_us``, ``occupancy_before`` / ``occupancy_after`` (device busy / time over the
+    ``saving_us``, ``one_off_saving_us``, ``before_mean_round_us`` / ``after_mean_round_us`` (the means over all
+    rounds: one-offs included), ``occupancy_before`` / ``occupancy_after`` (device busy / time over the
     rounds), ``tau``, ``tpot_before_us`` / ``tpot_after_us``, ``periods_*`` per round, ``calibration`` (what was
     used), ``removed_us`` (the profiler cost taken out), ``changes``, ``unprofiled_round_us`` (the sidecar's
     measured one, when present) and ``latency_us``."""
@@ -232,6 +233,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "before_round_us": med_b,
         "after_round_us": med_a,
         "saving_us": saving,
+        "before_mean_round_us": float(np.mean(p_before)),
+        "after_mean_round_us": float(np.mean(p_after)),
         "one_off_saving_us": one_off,
         "unprofiled_round_us": unp,
         "unprofiled_error": (med_b - unp) / unp if unp else None,
