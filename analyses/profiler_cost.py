@@ -30,7 +30,7 @@ import numpy as np
 from gaptrace.trace import Trace
 
 from .launch_fit import launch_fit
-from .replay import ReplayModel
+from .replay import ReplayModel, _coverage, _merge
 
 __all__ = ["Calibration", "load_calibration", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us",
            "COST_KEYS"]
@@ -135,8 +135,6 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     ov_work = np.zeros(K)
     ov_call = np.zeros(K)
     if len(ov):
-        from .whatif import _coverage, _merge
-
         us, ue = _merge(ov["ts_us"].to_numpy() - model.t0_us, ov["end_us"].to_numpy() - model.t0_us)
         a = np.concatenate(([s[0]], e[:-1]))
         ov_work = _coverage(us, ue, a, s)

@@ -330,6 +330,31 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> Re
         latency_us=latency, warnings=warnings)
 
 
+def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [s, e) as sorted, disjoint (starts, ends)."""
+    if len(s) == 0:
+        return s, e
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    reach = np.maximum.accumulate(e)
+    new = np.concatenate(([True], s[1:] > reach[:-1]))
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def _coverage(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """µs of the merged intervals [us, ue) inside each [a, b): C(b) − C(a), C(t) the covered length before t."""
+    cum = np.concatenate(([0.0], np.cumsum(ue - us)))
+
+    def C(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(us, t, side="right")  # intervals starting at or before t
+        full = cum[np.maximum(i - 1, 0)]
+        part = np.where(i > 0, np.clip(t - us[np.maximum(i - 1, 0)], 0.0, (ue - us)[np.maximum(i - 1, 0)]), 0.0)
+        return np.where(i > 0, full + part, 0.0)
+
+    return np.maximum(C(b) - C(a), 0.0)
+
+
 def _stream_scan(l: np.ndarray, u: np.ndarray, d: np.ndarray, carry: float) -> np.ndarray:
     """Ends of a stream's items: e_i = max(l_i, e_{i−1} + q_i) + d_i with u = q + d, e_{−1} = carry (max-plus
     closed form: e_i = U_i + max(carry, max_{j<=i}(l_j + d_j − U_j)), U = cumsum(u))."""

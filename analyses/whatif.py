@@ -26,7 +26,8 @@ import numpy as np
 from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import Calibration, load_calibration, unprofiled_inputs
-from .replay import ReplayModel, ReplayResult, build_model, replay, round_starts, host_time_map
+from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
+                     round_starts)
 
 __all__ = ["Change", "WhatIf", "site_intervals", "apply_changes", "whatif", "cause_savings", "parse_speedup"]
 
@@ -49,17 +50,6 @@ def parse_speedup(text: str) -> Change:
     if not sep or not site or not math.isfinite(factor) or factor <= 0:
         raise ValueError(f"--speedup {text!r}: expected SITE=FACTOR with FACTOR a number > 0")
     return Change(site, factor)
-
-
-def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if len(s) == 0:
-        return s, e
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    reach = np.maximum.accumulate(e)
-    new = np.concatenate(([True], s[1:] > reach[:-1]))
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
 
 
 def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[float, float] | None = None
@@ -85,19 +75,6 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
         s, e = s[keep], e[keep]
     s, e = _merge(s - model.t0_us, e - model.t0_us)
     return s, e
-
-
-def _coverage(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """µs of the merged intervals [us, ue) inside each [a, b): C(b) − C(a), C(t) the covered length before t."""
-    cum = np.concatenate(([0.0], np.cumsum(ue - us)))
-
-    def C(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(us, t, side="right")  # intervals starting at or before t
-        full = cum[np.maximum(i - 1, 0)]
-        part = np.where(i > 0, np.clip(t - us[np.maximum(i - 1, 0)], 0.0, (ue - us)[np.maximum(i - 1, 0)]), 0.0)
-        return np.where(i > 0, full + part, 0.0)
-
-    return np.maximum(C(b) - C(a), 0.0)
 
 
 def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from gaptrace.analyses import replay as R
 from gaptrace.analyses import whatif as W
 from gaptrace.analyses.profiler_cost import DEFAULT_CALIBRATION, load_calibration
 from gaptrace.capture import read_sidecar_checked
@@ -26,7 +27,7 @@ def sync_ctx():
 
 def test_coverage_by_hand():
     us, ue = np.array([0.0, 10.0]), np.array([4.0, 12.0])
-    got = W._coverage(us, ue, np.array([0.0, 2.0, 5.0, 11.0, 20.0]), np.array([20.0, 3.0, 9.0, 30.0, 25.0]))
+    got = R._coverage(us, ue, np.array([0.0, 2.0, 5.0, 11.0, 20.0]), np.array([20.0, 3.0, 9.0, 30.0, 25.0]))
     np.testing.assert_allclose(got, [6.0, 1.0, 0.0, 1.0, 0.0])
 
 
