@@ -27,6 +27,8 @@ LAZY_COMMANDS = {
     "decode": "gaptrace.runtime.cli:decode",
     "capture": "gaptrace.runtime.cli:capture",
     "report": "gaptrace.report.cli:report",
+    "whatif": "gaptrace.whatif:whatif",
+    "calibrate": "gaptrace.calibrate:calibrate",
 }
 
 

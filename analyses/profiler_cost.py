@@ -1,0 +1,177 @@
+"""The profiler taken out of a replay model (docs/DESIGN.md "The replay model", "The profiler taken out").
+
+Under ``torch.profiler`` with ``with_stack=True`` the host pays for every event it records: each ATen op and
+user annotation (cpu_op, user_annotation), each Python frame (python_function), each CUPTI-traced runtime call
+(cuda_runtime, cuda_driver), and, per CUDA graph launch, κ per graph node (DESIGN.md "Launch fit"). The unprofiled
+host chain is the measured one with those costs subtracted:
+
+- host work before call k: work'_k = max(0, work_k − Σ_c n_{k,c} · cost_c), n_{k,c} the events of category c that
+  start inside that interval on the launching thread;
+- call k's own cost: cost'_k = max(0, cost_k − cost_runtime − Σ_c m_{k,c} · cost_c) over the events nested in it;
+  a graph launch of N nodes costs the sidecar's unprofiled launch time for a graph of N nodes where the capture
+  measured one, else max(0, cost_k − κN) − cost_runtime (κ: :func:`gaptrace.analyses.launch_fit.launch_fit`);
+- the profiler's own buffer handling (the trace's ``overhead`` events: Buffer Flush, Activity Buffer Request) is
+  taken out of every interval it overlaps.
+
+The per-event costs come from a calibration JSON (``gaptrace calibrate``: the same small benchmark with and without
+the profiler, :mod:`gaptrace.calibrate`), else the shipped default ``data/calibration_default.json``; the result
+names the one used.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from gaptrace.trace import Trace
+
+from .launch_fit import launch_fit
+from .replay import ReplayModel, _coverage, _merge
+
+__all__ = ["Calibration", "load_calibration", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us",
+           "COST_KEYS"]
+
+DEFAULT_CALIBRATION = os.path.join(os.path.dirname(__file__), "data", "calibration_default.json")
+COST_KEYS = {"cpu_op": "aten_op_us", "user_annotation": "aten_op_us", "python_function": "python_frame_us",
+             "cuda_runtime": "runtime_call_us", "cuda_driver": "runtime_call_us"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Per-event host costs of the profiler, µs: ``aten_op_us`` (one recorded ATen op or user annotation),
+    ``python_frame_us`` (one recorded Python frame), ``runtime_call_us`` (one CUPTI-traced runtime call),
+    ``device_op_us`` (extra device time per traced device op; optional in the file, 0 when absent);
+    ``source`` (the file), ``measured_on`` (what machine and torch measured it)."""
+
+    aten_op_us: float
+    python_frame_us: float
+    runtime_call_us: float
+    source: str
+    measured_on: str
+    device_op_us: float = 0.0
+
+    def cost_of(self, cat: str) -> float:
+        return float(getattr(self, COST_KEYS[cat])) if cat in COST_KEYS else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_calibration(path: str | None = None) -> Calibration:
+    """The calibration in ``path`` (a ``gaptrace calibrate`` JSON), or the shipped default when None.
+    ValueError, one line naming the file, when it cannot be read or a cost is missing, negative or not finite."""
+    p = path or DEFAULT_CALIBRATION
+    try:
+        with open(p, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{p}: cannot read the calibration: {getattr(e, 'strerror', None) or e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{p}: the calibration is not a JSON object")
+    vals = {}
+    for k in ("aten_op_us", "python_frame_us", "runtime_call_us"):
+        v = obj.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {v!r})")
+        vals[k] = float(v)
+    d = obj.get("device_op_us", 0.0)
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
+        raise ValueError(f"{p}: calibration field device_op_us must be a finite number >= 0 (got {d!r})")
+    vals["device_op_us"] = float(d)
+    on = obj.get("measured_on")
+    if not isinstance(on, str):
+        on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"
+    return Calibration(**vals, source=os.path.abspath(p), measured_on=on)
+
+
+def sidecar_launch_us(sidecar: dict | None) -> dict[int, float]:
+    """{graph node count: unprofiled host launch cost µs} from a capture sidecar's ``graphs`` list (entries with a
+    positive ``unprofiled_launch_us``; several graphs of one size: their mean)."""
+    out: dict[int, list[float]] = {}
+    for g in (sidecar or {}).get("graphs") or []:
+        if not isinstance(g, dict):
+            continue
+        n, u = g.get("nodes"), g.get("unprofiled_launch_us")
+        if isinstance(n, int) and not isinstance(n, bool) and isinstance(u, (int, float)) and not isinstance(u, bool) \
+                and math.isfinite(u) and u > 0:
+            out.setdefault(n, []).append(float(u))
+    return {n: float(np.mean(v)) for n, v in out.items()}
+
+
+def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration,
+                      sidecar: dict | None = None, kappa_us_per_node: float | None = None) -> dict[str, Any]:
+    """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
+    ((I,): each item less ``device_op_us`` per op) with the profiler's
+    host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
+    trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
+    none) for each graph launch size. κ is fitted on ``trace`` when not given."""
+    h = trace.host
+    sel = (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
+    cats = h["cat"].to_numpy()[sel].astype(str)
+    ts = h["ts_us"].to_numpy()[sel] - model.t0_us
+    rows = np.flatnonzero(sel)
+    chain = np.zeros(len(h), dtype=bool)
+    chain[model.call_row] = True
+    not_chain = ~chain[rows]
+    s, e = model.call_start_us, model.call_end_us
+    K = model.calls
+    # boundaries s0 e0 s1 e1 ...: an odd position is inside call (pos-1)//2, an even one the work before call pos//2
+    bounds = np.empty(2 * K)
+    bounds[0::2], bounds[1::2] = s, e
+    pos = np.searchsorted(bounds, ts, side="right")
+    per_event = np.array([calibration.cost_of(c) for c in cats]) if len(cats) else np.zeros(0)
+    in_call = (pos % 2 == 1) & not_chain
+    in_work = (pos % 2 == 0) & (pos // 2 < K) & not_chain & (pos > 0)
+    work_cost = np.bincount(pos[in_work] // 2, weights=per_event[in_work], minlength=K)
+    call_cost = np.bincount((pos[in_call] - 1) // 2, weights=per_event[in_call], minlength=K)
+    # the profiler's own buffer handling (Kineto "overhead" events: Buffer Flush, Activity Buffer Request) runs
+    # on the host inside whatever the thread was doing: its overlap with each interval goes too
+    ov = trace.overhead
+    ov = ov[ov["rank"].to_numpy() == model.key[0]] if "rank" in ov else ov
+    ov_work = np.zeros(K)
+    ov_call = np.zeros(K)
+    if len(ov):
+        us, ue = _merge(ov["ts_us"].to_numpy() - model.t0_us, ov["end_us"].to_numpy() - model.t0_us)
+        a = np.concatenate(([s[0]], e[:-1]))
+        ov_work = _coverage(us, ue, a, s)
+        ov_call = _coverage(us, ue, s, e)
+    work = np.maximum(model.work_us - work_cost - ov_work, 0.0)
+    removed: dict[str, float] = {}
+    for c in np.unique(cats):
+        m = (cats == c) & (in_call | in_work)
+        removed[str(c)] = float(per_event[m].sum())
+    cost = model.cost_us.copy()
+    launch = model.graph_nodes > 0
+    by_size = sidecar_launch_us(sidecar)
+    if kappa_us_per_node is None and launch.any():
+        fit = launch_fit(trace)
+        kappa_us_per_node = fit.kappa_us_per_node if fit is not None else None
+    kappa = float(kappa_us_per_node) if kappa_us_per_node is not None and kappa_us_per_node > 0 else 0.0
+    sources = {}
+    new_launch = np.zeros(K)
+    for k in np.flatnonzero(launch):
+        n = int(model.graph_nodes[k])
+        if n in by_size:
+            new_launch[k] = by_size[n]
+            sources[n] = "sidecar"
+        else:
+            new_launch[k] = max(0.0, cost[k] - kappa * n - calibration.runtime_call_us)
+            sources.setdefault(n, "kappa" if kappa else "none")
+    other = ~launch
+    new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us - call_cost - ov_call, 0.0),
+                        new_launch)
+    removed["graph_launches"] = float((cost - new_cost)[launch].sum())
+    removed["runtime_calls"] = float((cost - new_cost)[other].sum())
+    removed["host_work"] = float((model.work_us - work).sum())
+    removed["profiler_overhead_events"] = float(ov_work.sum() + ov_call[other].sum())
+    # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
+    # less that cost)
+    n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
+    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us, 0.0)
+    removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
+    return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
+            "launch_source": {str(k): v for k, v in sorted(sources.items())}}

@@ -1,0 +1,499 @@
+"""Replay of the host–device pipeline of one trace: a discrete-event model that re-derives every device start from
+its dependencies (docs/DESIGN.md "The replay model").
+
+What is replayed, for one device ``(rank, device)`` and the one host thread that issues its CUDA calls:
+
+- the host chain: the thread's top-level runtime calls (cuda_runtime / cuda_driver events not nested in another),
+  in order; before call k the host works ``work_us[k]`` = s_k − e_{k−1} (measured), the call itself costs
+  ``cost_us[k]`` = e_k − s_k, or for a blocking call the part after the awaited device work was done,
+  e_k − max(s_k, R_k) (R_k: the measured completion of what it waits for);
+- device items on each stream, in launch order: one per kernel / memcpy / memset launch, one per CUDA graph launch
+  (its N nodes keep their measured offsets from the first node, so the measured intra-graph gaps are kept;
+  ``dur_us`` is the graph's span);
+- dependencies: item i of a stream ends at e_i = max(l_i, e_{i−1} + q_i) + d_i, with l_i the earliest start its
+  launch allows (call start + λ_kind for kernels, copies and memsets; S + f·(E − S) for graph launches, f the
+  median fraction of the cudaGraphLaunch call elapsed when a launch-bound first node started) and q_i the device's
+  queued-launch gap (median start − previous end of items that found their stream busy; 0 for graph launches).
+  λ_kind is the median start − launch of the items that found their stream idle (calibrated on the trace itself);
+- blocking calls (CUDA "API synchronization behavior"): cudaStreamSynchronize / cudaDeviceSynchronize and the driver
+  forms wait for every item launched before them; cudaEventSynchronize for the items launched before the
+  cudaEventRecord it waits on (the latest record before the call whose measured completion precedes the call's
+  return: Kineto writes no event handle for the record); a device-to-host copy (cudaMemcpy, or cudaMemcpyAsync to
+  pageable memory) for the copy itself and everything queued before it; a pageable host-to-device copy for the
+  work queued before it (the stream sync the driver performs before staging). Blocking call k returns at
+  E_k = max(S_k, R_k) + cost_us[k].
+
+The recurrence of one stream between two blocking calls is a max-plus scan, solved in closed form:
+with u_i = q_i + d_i and U = cumsum(u), e_i = U_i + max(e_carry, max_{j<=i}(l_j + d_j − U_j)). The host chain
+between blocking calls is a cumsum. :func:`replay` walks the blocking calls (one numpy step per blocking segment),
+never the events. Replaying the trace unchanged reproduces the measured timeline up to the calibrated latencies
+(tests/analyses/test_replay.py measures the error on every shipped capture).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError
+
+from .occupancy import resolve_device
+
+__all__ = ["ReplayModel", "ReplayResult", "build_model", "replay", "host_time_map", "round_starts",
+           "round_periods", "unchanged_error"]
+
+SYNC_NAMES = re.compile(r"^(cuda(Stream|Device|Event|Ctx)Synchronize|cu(Stream|Ctx|Event)Synchronize)")
+MEMCPY_SYNC_NAMES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cuMemcpyDtoH_v2", "cuMemcpyHtoD_v2",
+                     "cuMemcpy")
+EVENT_RECORD = re.compile(r"^(cudaEventRecord|cuEventRecord)")
+EVENT_SYNC = re.compile(r"^(cudaEventSynchronize|cuEventSynchronize)")
+STREAM_SYNC = re.compile(r"^(cudaStreamSynchronize|cuStreamSynchronize)")
+RELEASE_EPS_US = 2.0
+LAUNCH_BOUND_GAP_US = 5.0  # a graph's first node that started this long after its stream's previous item was held by its launch  # an event's completion may trail the sync's return by clock skew of this much
+
+
+@dataclasses.dataclass
+class ReplayModel:
+    """The measured pipeline of one device and its launching thread (module docstring). Times in µs relative to
+    ``t0_us`` (the trace clock value of the first call's start), so that float64 sums keep sub-ns precision.
+
+    Host chain, (K,) arrays in call order: ``call_row`` (position in ``trace.host``), ``call_name``,
+    ``call_start_us``, ``call_end_us`` (measured), ``work_us`` (host work before the call; work_us[0] = 0),
+    ``cost_us`` (the call's own host cost; for blocking calls the part after the wait), ``blocking`` (bool),
+    ``await_items`` (int: the call waits for items [0, await_items) to complete; 0 = nothing),
+    ``graph_nodes`` (N for graph launches, else 0).
+    Device items, (I,) arrays in launch order: ``item_call`` (index into the chain), ``item_stream``,
+    ``item_dur_us``, ``item_gap_us`` (q_i), ``item_lat_us`` (λ, or f for graph launches), ``item_after_end`` (True: l = S + f·(E − S),
+    graph launches; False: l = S + λ), ``item_prior`` (launched before the trace: l = its measured start),
+    ``item_busy_us`` (Σ of its ops' durations), ``item_start_us`` / ``item_end_us`` (measured).
+    Device ops, (n,) arrays: ``op_row`` (position in ``trace.device``), ``op_item``, ``op_offset_us`` (start minus
+    its item's start), ``op_start_us`` (measured).
+    ``latency_us``: the calibrated λ by kind ("kernel", "memcpy", "memset"), "queue_gap" (q), "graph_fraction"
+    (f over all sizes) and "graph_fraction_by_nodes" ({N: f}).
+    """
+
+    trace_path: str
+    key: tuple[int, int]
+    tid: str
+    t0_us: float
+    call_row: np.ndarray
+    call_name: np.ndarray
+    call_start_us: np.ndarray
+    call_end_us: np.ndarray
+    work_us: np.ndarray
+    cost_us: np.ndarray
+    blocking: np.ndarray
+    await_items: np.ndarray
+    graph_nodes: np.ndarray
+    item_call: np.ndarray
+    item_stream: np.ndarray
+    item_dur_us: np.ndarray
+    item_gap_us: np.ndarray
+    item_lat_us: np.ndarray
+    item_after_end: np.ndarray
+    item_prior: np.ndarray
+    item_busy_us: np.ndarray
+    item_start_us: np.ndarray
+    item_end_us: np.ndarray
+    op_row: np.ndarray
+    op_item: np.ndarray
+    op_offset_us: np.ndarray
+    op_start_us: np.ndarray
+    latency_us: dict[str, Any]
+    warnings: list[str]
+
+    @property
+    def calls(self) -> int:
+        return len(self.call_start_us)
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    """Replayed times (µs relative to the model's ``t0_us``): ``call_start_us``, ``call_end_us`` (K,),
+    ``item_start_us``, ``item_end_us`` (I,), ``op_start_us`` (n,); ``work_us`` / ``cost_us`` the inputs used."""
+
+    call_start_us: np.ndarray
+    call_end_us: np.ndarray
+    item_start_us: np.ndarray
+    item_end_us: np.ndarray
+    op_start_us: np.ndarray
+    work_us: np.ndarray
+    cost_us: np.ndarray
+
+
+def _top_level(ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """(m,) bool over intervals sorted by start: True where the interval is not inside an earlier one."""
+    if len(ts) == 0:
+        return np.zeros(0, dtype=bool)
+    reach = np.maximum.accumulate(end)
+    prev_reach = np.concatenate(([-np.inf], reach[:-1]))
+    return ts >= prev_reach
+
+
+def _median(v: np.ndarray, default: float) -> float:
+    v = v[np.isfinite(v)]
+    return float(np.median(v)) if len(v) else default
+
+
+def _launch_thread(trace: Trace, key: tuple[int, int], rt: pd.DataFrame) -> str:
+    corr = trace.device.loc[(trace.device["rank"].to_numpy() == key[0])
+                            & (trace.device["device"].to_numpy() == key[1]), "correlation"].to_numpy()
+    linked = rt[np.isin(rt["correlation"].to_numpy(), corr)]
+    if linked.empty:
+        raise TraceError(f"{trace.path}: no runtime call launches the device's work (no correlation ids in common): "
+                         "the pipeline cannot be replayed")
+    counts = linked["tid"].astype(str).value_counts()
+    return str(counts.index[0])
+
+
+def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> ReplayModel:
+    """The :class:`ReplayModel` of ``trace`` for ``device`` (the busiest one by default; see
+    :func:`gaptrace.analyses.occupancy.resolve_device`). The launching thread is the one whose runtime calls carry
+    the most correlation ids of the device's activities; launches from other threads are left out (a warning says
+    how many device ops that drops). TraceError (one line) when the trace has no device activity or no launch link.
+    Formulas: docs/DESIGN.md "The replay model"."""
+    key = resolve_device(trace, device)
+    h = trace.host
+    cat = h["cat"].to_numpy()
+    is_rt = np.isin(cat, ("cuda_runtime", "cuda_driver")) & (h["rank"].to_numpy() == key[0])
+    rt = h[is_rt]
+    tid = _launch_thread(trace, key, rt)
+    warnings: list[str] = []
+    on_thread = rt["tid"].astype(str).to_numpy() == tid
+    rows = np.flatnonzero(is_rt)[on_thread]
+    ts = h["ts_us"].to_numpy()[rows]
+    end = h["end_us"].to_numpy()[rows]
+    o = np.lexsort((-end, ts))
+    rows, ts, end = rows[o], ts[o], end[o]
+    top = _top_level(ts, end)
+    rows, ts, end = rows[top], ts[top], end[top]
+    names = h["name"].astype(str).to_numpy()[rows]
+    corr_call = h["correlation"].to_numpy()[rows]
+    t0 = float(ts[0])
+    s, e = ts - t0, end - t0
+    K = len(rows)
+
+    # device ops of the key, joined to their launch call by correlation id
+    d = trace.device
+    dm = (d["rank"].to_numpy() == key[0]) & (d["device"].to_numpy() == key[1])
+    op_rows_all = np.flatnonzero(dm)
+    dcorr = d["correlation"].to_numpy()[op_rows_all]
+    valid = corr_call >= 0
+    uc, cnt = np.unique(corr_call[valid], return_counts=True)
+    lookup = pd.Series(np.flatnonzero(valid), index=corr_call[valid])
+    lookup = lookup[~lookup.index.duplicated(keep=False)]
+    pos = lookup.reindex(dcorr).to_numpy()
+    linked = np.isfinite(pos)
+    # ops whose launch is not in the chain (launched before the trace began, or by another thread): kept as work
+    # that occupies their stream from its measured start (call index -1, launched before every call)
+    op_rows = op_rows_all
+    op_call = np.where(linked, pos, -1).astype(np.int64)
+    if (~linked).any():
+        warnings.append(f"{int((~linked).sum())} of {len(dcorr)} device ops are not tied to a runtime call of the "
+                        "launching thread (launched before the trace began or by another thread): they keep their "
+                        "measured starts")
+    ots = d["ts_us"].to_numpy()[op_rows] - t0
+    oend = d["end_us"].to_numpy()[op_rows] - t0
+    ostream = d["stream"].to_numpy()[op_rows]
+    okind = d["kind"].astype(str).to_numpy()[op_rows]
+    omk = d["memcpy_kind"].astype(str).to_numpy()[op_rows]
+    ohm = d["host_memory"].astype(str).to_numpy()[op_rows]
+    ocorr = dcorr
+    o = np.lexsort((ots, ocorr, op_call))
+    op_rows, op_call, ots, oend, ostream, okind, omk, ohm, ocorr = (
+        a[o] for a in (op_rows, op_call, ots, oend, ostream, okind, omk, ohm, ocorr))
+    is_graph_call = np.isin(names, GRAPH_LAUNCH_NAMES)
+    # items: one per graph launch call (or per correlation id among the unlinked ops), one per op otherwise
+    prior = op_call < 0
+    g_op = np.where(prior, True, is_graph_call[np.maximum(op_call, 0)])
+    new_item = np.ones(len(op_rows), dtype=bool)
+    if len(op_rows) > 1:
+        new_item[1:] = ~(g_op[1:] & (op_call[1:] == op_call[:-1]) & (ocorr[1:] == ocorr[:-1]) & (ocorr[1:] >= 0))
+    op_item = np.cumsum(new_item) - 1
+    I = int(op_item[-1]) + 1 if len(op_item) else 0
+    first = np.flatnonzero(new_item)
+    item_call = op_call[first]
+    item_stream = ostream[first]
+    item_start = ots[first]
+    item_end = np.full(I, -np.inf)
+    np.maximum.at(item_end, op_item, oend)
+    item_dur = item_end - item_start
+    op_offset = ots - item_start[op_item]
+    item_prior = item_call < 0
+    item_graph = ~item_prior & is_graph_call[np.maximum(item_call, 0)]
+    item_kind = np.where(item_graph, "graph", okind[first])
+
+    # calibration of λ and q: an item found its stream idle when the stream's previous item ended before its launch
+    # call started; it was queued when that previous item ended after the earliest launch-allowed start
+    prev_end = np.full(I, -np.inf)
+    for st in np.unique(item_stream):
+        idx = np.flatnonzero(item_stream == st)
+        pe = np.concatenate(([-np.inf], np.maximum.accumulate(item_end[idx])[:-1]))
+        prev_end[idx] = pe
+    ic = np.maximum(item_call, 0)
+    cs = np.where(item_prior, item_start, s[ic])
+    ce = np.where(item_prior, item_start, e[ic])
+    idle = (prev_end < cs) & ~item_prior
+    latency: dict[str, float] = {}
+    lat = np.zeros(I)
+    after_end = np.zeros(I, dtype=bool)
+    for kind, default in (("kernel", 5.0), ("memcpy", 5.0), ("memset", 5.0)):
+        m = idle & (item_kind == kind)
+        latency[kind] = _median(item_start[m] - cs[m], default)
+        lat[item_kind == kind] = latency[kind]
+    # graph launches: under the profiler the first node starts somewhere inside the cudaGraphLaunch call (at its
+    # return for some graphs, soon after it began for others): per graph size, the median fraction f of the call
+    # elapsed when the first node started, over the launches whose first node started more than LAUNCH_BOUND_GAP_US after the stream's previous item
+    # (so the launch, not the stream, set its start); l = S + f·(E − S)
+    gn_item = np.zeros(I, dtype=np.int64)
+    if I:
+        gn_item = np.bincount(op_item, minlength=I)
+    # a launch whose first node did not start right after its stream's previous item (more than
+    # LAUNCH_BOUND_GAP_US later) started when the launch let it: those calibrate f
+    ig = item_graph & (ce > cs) & ((prev_end < cs) | (item_start - prev_end > LAUNCH_BOUND_GAP_US))
+    frac = np.clip((item_start[ig] - cs[ig]) / (ce[ig] - cs[ig]), 0.0, 1.0)
+    glob_f = float(np.median(frac)) if len(frac) else 1.0
+    latency["graph_fraction"] = glob_f
+    per_size: dict[int, float] = {}
+    for n in np.unique(gn_item[item_graph]):
+        m = gn_item[ig] == n
+        per_size[int(n)] = float(np.median(frac[m])) if m.any() else glob_f
+        sel = item_graph & (gn_item == n)
+        after_end[sel], lat[sel] = True, per_size[int(n)]
+    latency["graph_fraction_by_nodes"] = {str(k): v for k, v in per_size.items()}
+    allowed = np.where(after_end, cs + lat * (ce - cs), cs + lat)
+    queued = ~item_graph & ~item_prior & (prev_end > allowed) & np.isfinite(prev_end)
+    latency["queue_gap"] = max(0.0, _median(item_start[queued] - prev_end[queued], 0.0))
+    item_gap = np.where(item_graph | item_prior, 0.0, latency["queue_gap"])
+    # work launched before the trace keeps its measured start
+    lat = np.where(item_prior, item_start, lat)
+
+    # blocking calls and what each one waits for
+    nitem_before = np.searchsorted(item_call, np.arange(K), side="left")  # items launched by calls < k
+    nitem_through = np.searchsorted(item_call, np.arange(K), side="right")  # items launched by calls <= k
+    name_s = pd.Series(names, dtype=object)
+    blocking = name_s.str.match(SYNC_NAMES).to_numpy(dtype=bool).copy()
+    await_items = np.where(blocking, nitem_before, 0)
+    # copies: by the kind of the copy they launched
+    cp_item = np.full(K, -1)
+    cp_mask = (okind[first] == "memcpy") & ~item_prior
+    cp_item[item_call[cp_mask]] = np.flatnonzero(cp_mask)
+    has_cp = cp_item >= 0
+    ci = np.maximum(cp_item, 0)
+    mk, hm = omk[first][ci], ohm[first][ci]
+    sync_name = np.isin(names, MEMCPY_SYNC_NAMES)
+    dtoh = has_cp & (mk == "DtoH") & (sync_name | (hm == "Pageable"))
+    htod = has_cp & (mk == "HtoD") & (hm == "Pageable")
+    blocking |= dtoh | htod
+    await_items = np.where(dtoh, nitem_through, await_items)
+    await_items = np.where(htod, nitem_before, await_items)
+    # measured completion of items [0, m): prefix max of the measured item ends
+    pm = np.concatenate(([-np.inf], np.maximum.accumulate(item_end))) if I else np.array([-np.inf])
+    # event syncs: the latest record before the call whose prefix completed by the call's return
+    # (the records' prefix completions are non-decreasing, so the done records before k are a prefix of them)
+    rec = np.flatnonzero(name_s.str.match(EVENT_RECORD).to_numpy(dtype=bool))
+    ev_sync = np.flatnonzero(name_s.str.match(EVENT_SYNC).to_numpy(dtype=bool))
+    if len(ev_sync):
+        rec_done = pm[nitem_before[rec]]
+        j = np.minimum(np.searchsorted(rec_done, e[ev_sync] + RELEASE_EPS_US, side="right"),
+                       np.searchsorted(rec, ev_sync, side="left")) - 1
+        await_items[ev_sync] = np.where(j >= 0, nitem_before[rec[np.maximum(j, 0)]], 0)
+    # stream syncs on a stream with no pending work of this thread, or a prefix that is not done: trust the measure
+    R = pm[await_items]
+    bad = blocking & (R > e + RELEASE_EPS_US)
+    if bad.any():
+        warnings.append(f"{int(bad.sum())} blocking calls returned before the device work they should wait for was "
+                        "done (the trace's clocks or the awaited set disagree): they wait for nothing in the replay")
+        await_items[bad] = 0
+        R = pm[await_items]
+    cost = e - s
+    bl_cost = e - np.maximum(s, R)
+    cost = np.where(blocking, np.clip(bl_cost, 0.0, cost), cost)
+    work = np.concatenate(([0.0], s[1:] - e[:-1]))
+    work = np.maximum(work, 0.0)
+
+    gnodes = np.zeros(K, dtype=np.int64)
+    if I:
+        n_per_item = np.bincount(op_item, minlength=I)
+        gnodes[item_call[item_graph]] = n_per_item[item_graph]
+    return ReplayModel(
+        trace_path=trace.path, key=key, tid=tid, t0_us=t0, call_row=rows, call_name=names, call_start_us=s,
+        call_end_us=e, work_us=work, cost_us=cost, blocking=blocking, await_items=await_items.astype(np.int64),
+        graph_nodes=gnodes, item_call=item_call, item_stream=item_stream, item_dur_us=item_dur,
+        item_gap_us=item_gap, item_lat_us=lat, item_after_end=after_end, item_prior=item_prior,
+        item_busy_us=np.bincount(op_item, weights=oend - ots, minlength=I) if I else np.zeros(0), item_start_us=item_start,
+        item_end_us=item_end, op_row=op_rows, op_item=op_item, op_offset_us=op_offset, op_start_us=ots,
+        latency_us=latency, warnings=warnings)
+
+
+def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals [s, e) as sorted, disjoint (starts, ends)."""
+    if len(s) == 0:
+        return s, e
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    reach = np.maximum.accumulate(e)
+    new = np.concatenate(([True], s[1:] > reach[:-1]))
+    idx = np.flatnonzero(new)
+    return s[idx], np.maximum.reduceat(e, idx)
+
+
+def _coverage(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """µs of the merged intervals [us, ue) inside each [a, b): C(b) − C(a), C(t) the covered length before t."""
+    cum = np.concatenate(([0.0], np.cumsum(ue - us)))
+
+    def C(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(us, t, side="right")  # intervals starting at or before t
+        full = cum[np.maximum(i - 1, 0)]
+        part = np.where(i > 0, np.clip(t - us[np.maximum(i - 1, 0)], 0.0, (ue - us)[np.maximum(i - 1, 0)]), 0.0)
+        return np.where(i > 0, full + part, 0.0)
+
+    return np.maximum(C(b) - C(a), 0.0)
+
+
+def _stream_scan(l: np.ndarray, u: np.ndarray, d: np.ndarray, carry: float) -> np.ndarray:
+    """Ends of a stream's items: e_i = max(l_i, e_{i−1} + q_i) + d_i with u = q + d, e_{−1} = carry (max-plus
+    closed form: e_i = U_i + max(carry, max_{j<=i}(l_j + d_j − U_j)), U = cumsum(u))."""
+    U = np.cumsum(u)
+    x = np.maximum.accumulate(l + d - U)
+    return U + np.maximum(carry, x)
+
+
+def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.ndarray | None = None,
+           wait: np.ndarray | None = None, item_dur_us: np.ndarray | None = None) -> ReplayResult:
+    """Replay ``model`` (docs/DESIGN.md "The replay model"), optionally with the host work before each call
+    (``work_us``, (K,)), each call's own cost (``cost_us``, (K,)), which blocking calls still wait (``wait``, (K,)
+    bool; default: all of them) or the device items' durations (``item_dur_us``, (I,)) changed.
+
+    The host chain runs S_k = E_{k−1} + work_k, E_k = S_k + cost_k, except a blocking call that waits:
+    E_k = max(S_k, R_k) + cost_k with R_k the replayed completion of items [0, await_items[k]). Items follow the
+    stream recurrence of the module docstring. One numpy step per blocking call that waits (O(n log n) overall for
+    a bounded number of streams). Returns a :class:`ReplayResult`.
+    """
+    K, I = model.calls, len(model.item_call)
+    work = model.work_us if work_us is None else np.asarray(work_us, dtype=np.float64)
+    cost = model.cost_us if cost_us is None else np.asarray(cost_us, dtype=np.float64)
+    dur = model.item_dur_us if item_dur_us is None else np.asarray(item_dur_us, dtype=np.float64)
+    waits = model.blocking.copy() if wait is None else (np.asarray(wait, dtype=bool) & model.blocking)
+    waits &= model.await_items > 0
+    S = np.empty(K)
+    E = np.empty(K)
+    ie = np.empty(I)
+    streams = np.unique(model.item_stream)
+    carry = {int(st): -np.inf for st in streams}
+    single = len(streams) <= 1
+    pm_done = 0  # items whose ends are known
+    pm = np.empty(I + 1)
+    pm[0] = -np.inf
+    base = model.call_start_us[0] if K else 0.0
+    stops = np.flatnonzero(waits)
+    k0, t = 0, base - work[0] if K else 0.0
+    cuts = list(stops) + [K]
+    for kb in cuts:
+        # calls k0 .. kb-1 are non-waiting: cumsum; call kb waits (if kb < K)
+        seg = slice(k0, kb)
+        if kb > k0:
+            acc = np.cumsum(work[seg] + cost[seg])
+            E[seg] = t + acc
+            S[seg] = E[seg] - cost[seg]
+            t = float(E[kb - 1])
+        if kb < K:
+            S[kb] = t + work[kb]
+        # items launched by calls up to kb (the waiting call's own copy included: its l uses S[kb])
+        hi = int(np.searchsorted(model.item_call, kb, side="right")) if kb < K else I
+        need = int(model.await_items[kb]) if kb < K else I
+        hi = max(hi if kb < K else I, pm_done)
+        if hi > pm_done:
+            sl = slice(pm_done, hi)
+            c = model.item_call[sl]
+            lat = model.item_lat_us[sl]
+            cc = np.maximum(c, 0)
+            cs = S[cc]
+            ce = np.where(c < kb, E[np.minimum(cc, max(kb - 1, 0))], cs) if kb < K else E[cc]
+            l = np.where(model.item_after_end[sl], cs + lat * (ce - cs), cs + lat)
+            l = np.where(c < 0, lat, l)  # work launched before the trace: its measured start
+            u = model.item_gap_us[sl] + dur[sl]
+            if single:
+                st = int(model.item_stream[pm_done]) if I else 0
+                ie[sl] = _stream_scan(l, u, dur[sl], carry.get(st, -np.inf))
+                carry[st] = float(ie[hi - 1])
+            else:
+                stv = model.item_stream[sl]
+                for st in np.unique(stv):
+                    m = np.flatnonzero(stv == st)
+                    ends = _stream_scan(l[m], u[m], dur[sl][m], carry[int(st)])
+                    ie[pm_done + m] = ends
+                    carry[int(st)] = float(ends[-1])
+            pm[pm_done + 1:hi + 1] = np.maximum.accumulate(np.concatenate(([pm[pm_done]], ie[sl])))[1:]
+            pm_done = hi
+        if kb < K:
+            R = pm[min(need, pm_done)]
+            E[kb] = max(S[kb], R) + cost[kb]
+            t = float(E[kb])
+            k0 = kb + 1
+    istart = ie - dur
+    ops = istart[model.op_item] + model.op_offset_us
+    return ReplayResult(call_start_us=S, call_end_us=E, item_start_us=istart, item_end_us=ie, op_start_us=ops,
+                        work_us=work, cost_us=cost)
+
+
+def host_time_map(model: ReplayModel, res: ReplayResult, t_us: np.ndarray) -> np.ndarray:
+    """Replayed times of host instants ``t_us`` (trace clock) on the launching thread: inside call k,
+    S'_k + min(t − s_k, E'_k − S'_k); in the host work before call k (after call k−1), E'_{k−1} + (t − e_{k−1}) ×
+    work'_k / work_k (a uniform shrink of the work interval). Before the first call: S'_0 + (t − s_0)."""
+    t = np.asarray(t_us, dtype=np.float64) - model.t0_us
+    s, e = model.call_start_us, model.call_end_us
+    k = np.searchsorted(s, t, side="right") - 1
+    out = np.empty(len(t))
+    before = k < 0
+    out[before] = res.call_start_us[0] + t[before]
+    kk = np.maximum(k, 0)
+    inside = ~before & (t < e[kk])
+    out[inside] = res.call_start_us[kk[inside]] + np.minimum(
+        t[inside] - s[kk[inside]], res.call_end_us[kk[inside]] - res.call_start_us[kk[inside]])
+    gap = ~before & ~inside
+    kn = np.minimum(kk + 1, len(s) - 1)
+    w_meas = np.where(kk + 1 < len(s), model.work_us[kn], np.inf)
+    w_new = np.where(kk + 1 < len(s), res.work_us[kn], np.inf)
+    frac = np.divide(w_new, w_meas, out=np.ones(len(t)), where=np.isfinite(w_meas) & (w_meas > 0))
+    out[gap] = res.call_end_us[kk[gap]] + (t[gap] - e[kk[gap]]) * frac[gap]
+    return out
+
+
+def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.ndarray:
+    """(r,) trace-clock starts of the host user_annotation ranges called ``name`` on the model's thread, sorted
+    (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`). Empty when there are none."""
+    h = trace.host
+    m = ((h["cat"].to_numpy() == "user_annotation") & (h["rank"].to_numpy() == model.key[0])
+         & (h["name"].astype(str).to_numpy() == name) & (h["tid"].astype(str).to_numpy() == model.tid))
+    return np.sort(h["ts_us"].to_numpy()[m])
+
+
+def round_periods(model: ReplayModel, res: ReplayResult, starts_us: np.ndarray) -> np.ndarray:
+    """(r−1,) replayed round periods (start to start, µs) of rounds starting at ``starts_us`` (trace clock)."""
+    return np.diff(host_time_map(model, res, starts_us))
+
+
+def unchanged_error(trace: Trace, model: ReplayModel | None = None, name: str = "round") -> dict[str, Any]:
+    """How well the unchanged replay reproduces the measured timeline: ``op_start_error_us`` (median and p90 of
+    |replayed − measured| device op starts), ``round_period_error`` (median over rounds of |replayed − measured| /
+    measured period), the periods themselves (``measured_periods_us``, ``replayed_periods_us``), ``latency_us``.
+    Measured periods are the differences of the ``name`` range starts, as :func:`gaptrace.analyses.rounds.rounds`."""
+    model = model or build_model(trace)
+    res = replay(model)
+    err = np.abs(res.op_start_us - model.op_start_us)
+    starts = round_starts(trace, model, name)
+    meas = np.diff(starts)
+    rep = round_periods(model, res, starts) if len(starts) > 1 else np.zeros(0)
+    rel = np.abs(rep - meas) / meas if len(meas) else np.zeros(0)
+    return {"ops": int(len(err)),
+            "op_start_error_us": {"median": float(np.median(err)) if len(err) else math.nan,
+                                  "p90": float(np.quantile(err, 0.9)) if len(err) else math.nan},
+            "round_period_error": float(np.median(rel)) if len(rel) else math.nan,
+            "round_period_error_max": float(np.max(rel)) if len(rel) else math.nan,
+            "measured_periods_us": meas.tolist(), "replayed_periods_us": rep.tolist(),
+            "latency_us": dict(model.latency_us)}

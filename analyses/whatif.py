@@ -1,0 +1,252 @@
+"""Counterfactual rounds: the unprofiled round predicted by the replay, and how much shorter it gets without (or
+with a faster) host site or NVTX range (docs/DESIGN.md "The replay model", "Counterfactuals").
+
+A *site* is an NVTX / record_function range name (host user_annotation) or a host frame (python_function or
+cpu_op name; a name matches when it equals the site or contains it). Its host intervals on the launching thread,
+inside the rounds, are the union U of the matching events. With the profiler taken out first
+(:mod:`.profiler_cost`), for each host work interval k (length work_k measured, work'_k unprofiled) covered by U
+for o_k µs:
+
+- remove: work''_k = work'_k · (1 − o_k / work_k); calls that start inside U cost nothing, and a blocking call
+  inside U no longer waits (what it read arrives a round late, as the overlap scheduler does);
+- speedup F: work''_k = work'_k · (1 − (o_k / work_k)(1 − 1/F)); calls inside U cost cost'_k / F, waits stay.
+
+Several changes compose (applied in turn). The predicted round is the median of the replayed round periods; the
+saving is median(before) − median(after); ``one_off_saving_us`` is what the sum over rounds saves beyond
+rounds × saving (a compile paid once). TPOT = Tround / τ with τ the sidecar's mean accepted tokens per round.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable
+
+import numpy as np
+
+from gaptrace.trace import Trace, TraceError
+
+from .profiler_cost import Calibration, load_calibration, unprofiled_inputs
+from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
+                     round_starts)
+
+__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes", "whatif", "cause_savings", "parse_speedup"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One counterfactual: ``site`` removed (``factor`` None) or made ``factor`` times faster."""
+
+    site: str
+    factor: float | None = None
+
+
+def parse_speedup(text: str) -> Change:
+    """``SITE=FACTOR`` → Change; ValueError (one line) when malformed or FACTOR is not a finite number > 0."""
+    site, sep, f = text.rpartition("=")
+    try:
+        factor = float(f)
+    except ValueError:
+        factor = math.nan
+    if not sep or not site or not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"--speedup {text!r}: expected SITE=FACTOR with FACTOR a number > 0")
+    return Change(site, factor)
+
+
+def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[float, float] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Merged host intervals (µs relative to ``model.t0_us``) of ``site`` on the model's thread, clipped to
+    ``window`` (trace clock) when given. An NVTX range name matches exactly; otherwise any python_function /
+    cpu_op whose name equals or contains ``site``. TraceError (one line) when nothing matches."""
+    h = trace.host
+    on = (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
+    names = h["name"].astype(str).to_numpy()
+    cat = h["cat"].to_numpy()
+    m = on & (cat == "user_annotation") & (names == site)
+    if not m.any():
+        fr = on & np.isin(cat, ("python_function", "cpu_op"))
+        m = fr & ((names == site) | np.char.find(names.astype(str), site) >= 0)
+    if not m.any():
+        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
+    s = h["ts_us"].to_numpy()[m]
+    e = h["end_us"].to_numpy()[m]
+    if window is not None:
+        s, e = np.maximum(s, window[0]), np.minimum(e, window[1])
+        keep = e > s
+        s, e = s[keep], e[keep]
+    s, e = _merge(s - model.t0_us, e - model.t0_us)
+    return s, e
+
+
+def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,
+                  changes: Iterable[Change], window: tuple[float, float] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(work, cost, wait) for :func:`.replay.replay` after ``changes`` (module docstring) on top of the given
+    (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds."""
+    work, cost = work_us.astype(np.float64).copy(), cost_us.astype(np.float64).copy()
+    wait = model.blocking.copy()
+    s, e = model.call_start_us, model.call_end_us
+    a = np.concatenate(([s[0]], e[:-1]))  # the host work interval before call k: [e_{k-1}, s_k]
+    for ch in changes:
+        us, ue = site_intervals(trace, model, ch.site, window)
+        o = _coverage(us, ue, a, s)
+        frac = np.divide(o, model.work_us, out=np.zeros_like(o), where=model.work_us > 0)
+        frac = np.clip(frac, 0.0, 1.0)
+        i = np.searchsorted(us, s, side="right") - 1
+        inside = (i >= 0) & (s < ue[np.maximum(i, 0)])
+        if ch.factor is None:
+            work *= 1.0 - frac
+            cost[inside] = 0.0
+            wait[inside] = False
+        else:
+            work *= 1.0 - frac * (1.0 - 1.0 / ch.factor)
+            cost[inside] /= ch.factor
+    return work, cost, wait
+
+
+@dataclasses.dataclass
+class WhatIf:
+    """A counterfactual's prediction (µs): ``profiled_round_us`` (median measured period), ``replayed_round_us``
+    (the unchanged replay), ``before_round_us`` (unprofiled), ``after_round_us`` (unprofiled, changed),
+    ``saving_us``, ``one_off_saving_us``, ``before_mean_round_us`` / ``after_mean_round_us`` (the means over all
+    rounds: one-offs included), ``occupancy_before`` / ``occupancy_after`` (device busy / time over the
+    rounds), ``tau``, ``tpot_before_us`` / ``tpot_after_us``, ``periods_*`` per round, ``calibration`` (what was
+    used), ``removed_us`` (the profiler cost taken out), ``changes``, ``unprofiled_round_us`` (the sidecar's
+    measured one, when present) and ``latency_us``."""
+
+    data: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.data
+
+
+def _occupancy(model: ReplayModel, res: ReplayResult, t0: float, t1: float) -> float:
+    """Device busy share of [t0, t1] (replayed, µs relative to t0_us): Σ clipped item busy time / (t1 − t0);
+    the graph nodes of one launch run one after another on their stream, so an item's busy time is the sum of its
+    ops' durations, clipped to the window in proportion."""
+    if t1 <= t0:
+        return math.nan
+    s, e = res.item_start_us, res.item_end_us
+    span = np.maximum(e - s, 1e-12)
+    inside = np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None) / span
+    busy_item = np.minimum(model.item_busy_us, e - s)
+    return float(np.sum(inside * busy_item) / (t1 - t0))
+
+
+def _tau(sidecar: dict | None) -> float | None:
+    vals = []
+    for r in (sidecar or {}).get("rounds") or []:
+        t = r.get("tau") if isinstance(r, dict) else None
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0:
+            vals.append(float(t))
+    return float(np.mean(vals)) if vals else None
+
+
+def _unprofiled_round_us(sidecar: dict | None) -> float | None:
+    u = (sidecar or {}).get("unprofiled_round_ms")
+    vals = u if isinstance(u, list) else [u]
+    vals = [float(v) for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and math.isfinite(v) and v > 0]
+    return float(np.median(vals)) * 1e3 if vals else None
+
+
+class Context:
+    """The pieces one trace's counterfactuals share: model, rounds, unprofiled inputs (built once)."""
+
+    def __init__(self, trace: Trace, sidecar: dict | None = None, calibration: Calibration | None = None,
+                 device: int | tuple[int, int] | None = None, round_name: str = "round"):
+        self.trace = trace
+        self.sidecar = sidecar
+        self.calibration = calibration or load_calibration(None)
+        self.model = build_model(trace, device)
+        self.starts = round_starts(trace, self.model, round_name)
+        if len(self.starts) < 2:
+            raise TraceError(f"{trace.path}: fewer than two {round_name!r} ranges on the launching thread: no round "
+                             "period to predict")
+        h = trace.host
+        m = ((h["cat"].to_numpy() == "user_annotation") & (h["name"].astype(str).to_numpy() == round_name)
+             & (h["tid"].astype(str).to_numpy() == self.model.tid))
+        self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
+        self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar)
+        self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
+                           item_dur_us=self.unprof["item_dur_us"])
+        self.replayed = replay(self.model)
+
+    def periods(self, res: ReplayResult) -> np.ndarray:
+        return np.diff(host_time_map(self.model, res, self.starts))
+
+    def run(self, changes: Iterable[Change]) -> ReplayResult:
+        w, c, wait = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
+                                   list(changes), self.window)
+        return replay(self.model, w, c, wait, item_dur_us=self.unprof["item_dur_us"])
+
+
+def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = None,
+           calibration: Calibration | None = None, context: Context | None = None) -> WhatIf:
+    """Predict the unprofiled round of ``trace`` before and after ``changes`` (module docstring). ``sidecar``: the
+    capture sidecar (τ, unprofiled launch costs, the measured unprofiled round); ``calibration``: the per-event
+    profiler costs (default: the shipped one). TraceError (one line) for a trace without rounds or a site that
+    matches nothing. Returns :class:`WhatIf`."""
+    ctx = context or Context(trace, sidecar, calibration)
+    changes = list(changes)
+    after = ctx.run(changes) if changes else ctx.base
+    p_meas = np.diff(ctx.starts)
+    p_rep, p_before, p_after = ctx.periods(ctx.replayed), ctx.periods(ctx.base), ctx.periods(after)
+    med_b, med_a = float(np.median(p_before)), float(np.median(p_after))
+    saving = med_b - med_a
+    one_off = float(p_before.sum() - p_after.sum()) - len(p_before) * saving
+    rs_b = host_time_map(ctx.model, ctx.base, ctx.starts)
+    rs_a = host_time_map(ctx.model, after, ctx.starts)
+    tau = _tau(ctx.sidecar)
+    unp = _unprofiled_round_us(ctx.sidecar)
+    data = {
+        "trace": trace.path,
+        "changes": [{"site": c.site, "factor": c.factor, "action": "remove" if c.factor is None else "speedup"}
+                    for c in changes],
+        "calibration": ctx.calibration.to_dict(),
+        "rounds": int(len(p_meas)),
+        "profiled_round_us": float(np.median(p_meas)),
+        "replayed_round_us": float(np.median(p_rep)),
+        "replay_error": float(np.median(np.abs(p_rep - p_meas) / p_meas)),
+        "before_round_us": med_b,
+        "after_round_us": med_a,
+        "saving_us": saving,
+        "before_mean_round_us": float(np.mean(p_before)),
+        "after_mean_round_us": float(np.mean(p_after)),
+        "one_off_saving_us": one_off,
+        "unprofiled_round_us": unp,
+        "unprofiled_error": (med_b - unp) / unp if unp else None,
+        "occupancy_before": _occupancy(ctx.model, ctx.base, rs_b[0], rs_b[-1]),
+        "occupancy_after": _occupancy(ctx.model, after, rs_a[0], rs_a[-1]),
+        "tau": tau,
+        "tpot_before_us": med_b / tau if tau else None,
+        "tpot_after_us": med_a / tau if tau else None,
+        "periods_profiled_us": p_meas.tolist(),
+        "periods_replayed_us": p_rep.tolist(),
+        "periods_before_us": p_before.tolist(),
+        "periods_after_us": p_after.tolist(),
+        "removed_us": ctx.unprof["removed_us"],
+        "launch_source": ctx.unprof["launch_source"],
+        "latency_us": ctx.model.latency_us,
+        "warnings": list(ctx.model.warnings),
+    }
+    return WhatIf(data)
+
+
+def cause_savings(trace: Trace, causes: Iterable[dict[str, Any]], sidecar: dict | None = None,
+                  calibration: Calibration | None = None) -> list[dict[str, Any]]:
+    """For each cause ({"site": frame or NVTX range, ...}: a blocking sync's site, an idle site or range, as the
+    findings name them), the cause with ``saving_us`` (median unprofiled round before − after its removal),
+    ``one_off_saving_us`` and ``after_round_us`` added, or ``error`` (one line) when its site matches nothing; in
+    the given order (sort on ``saving_us`` to rank). The model, rounds and unprofiled baseline are built once."""
+    ctx = Context(trace, sidecar, calibration)
+    out = []
+    for c in causes:
+        row = dict(c)
+        try:
+            w = whatif(trace, [Change(str(c["site"]))], context=ctx).data
+            row.update(saving_us=w["saving_us"], one_off_saving_us=w["one_off_saving_us"],
+                       before_round_us=w["before_round_us"], after_round_us=w["after_round_us"])
+        except TraceError as e:
+            row.update(saving_us=None, error=str(e))
+        out.append(row)
+    return out

@@ -1,0 +1,217 @@
+"""``gaptrace calibrate [-o FILE]``: measure the profiler's host cost per recorded event on this machine.
+
+Small benchmarks run with and without ``torch.profiler`` (the settings of ``gaptrace capture``:
+:func:`gaptrace.capture.profiler_kwargs`): a chain of Python calls (python_function events), a loop of tiny ATen
+ops (cpu_op events, with their Python frames) and, with CUDA, a loop of tiny kernel launches (cuda_runtime events)
+and a CUDA graph of tiny kernels timed on the device (``device_op_us``: the extra device time per graph node under
+the profiler).
+For benchmark b, Δt_b = t_profiled − t_plain = Σ_c n_{b,c} · cost_c, n_{b,c} the events of category c its trace
+holds; the costs are the non-negative least-squares solution (docs/DESIGN.md "The replay model", "The profiler
+taken out"). Writes JSON (``aten_op_us``, ``python_frame_us``, ``runtime_call_us``, torch version, CPU model,
+device, the per-benchmark counts and times) atomically; without CUDA ``runtime_call_us`` is 0 and
+``runtime_call_measured`` false.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import platform
+import tempfile
+import time
+from typing import Any, Callable
+
+import click
+import numpy as np
+
+from gaptrace.capture import profiler_kwargs, write_json_atomic
+from gaptrace.cli import fail
+
+CATS = ("python_function", "cpu_op", "cuda_runtime")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _benchmarks(torch, n: int) -> dict[str, Callable[[], None]]:
+    def leaf(x):
+        return x + 1
+
+    def mid(x):
+        return leaf(x) + leaf(x)
+
+    def python_chain() -> None:
+        x = 0
+        for _ in range(n):
+            x = mid(x) & 0xFFFF
+
+    a = torch.ones(4)
+    b = torch.ones(4)
+
+    def aten_ops() -> None:
+        for _ in range(n):
+            torch.add(a, b)
+
+    out = {"python_chain": python_chain, "aten_ops": aten_ops}
+    if torch.cuda.is_available():
+        g = torch.ones(4, device="cuda")
+
+        def cuda_launch() -> None:
+            for _ in range(n):
+                g.add_(1.0)
+            torch.cuda.synchronize()
+
+        out["cuda_launch"] = cuda_launch
+    return out
+
+
+def _count(path: str) -> dict[str, int]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        ev = json.load(f).get("traceEvents", [])
+    counts = {c: 0 for c in CATS}
+    for e in ev:
+        c = e.get("cat")
+        if c == "cuda_driver":
+            c = "cuda_runtime"
+        if c in counts and e.get("ph") == "X":
+            counts[c] += 1
+    return counts
+
+
+def device_node_us(torch, nodes: int = 1000, replays: int = 20) -> float | None:
+    """Extra device time per CUDA graph node under the profiler, µs: a graph of ``nodes`` tiny kernels replayed
+    ``replays`` times, timed with CUDA events with and without the profiler; (t_prof − t_plain) / (replays·nodes).
+    None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    import torch.profiler as tp
+
+    x = torch.zeros(1, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            x.add_(1.0)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(nodes):
+            x.add_(1.0)
+
+    def run() -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3  # µs
+
+    run()
+    plain = min(run() for _ in range(3))
+    with tp.profile(**profiler_kwargs(True)):
+        run()
+        prof = min(run() for _ in range(3))
+    return max(0.0, (prof - plain) / (replays * nodes))
+
+
+def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
+    """Run the benchmarks (module docstring) and return the calibration dict."""
+    import torch
+    import torch.profiler as tp
+
+    benches = _benchmarks(torch, n)
+    rows = []
+    tmp = tempfile.mkdtemp(prefix="gaptrace-calibrate-")
+    try:
+        for name, fn in benches.items():
+            fn()  # warm-up
+            plain = min(_timed(fn) for _ in range(repeats))
+            prof_t, counts = [], None
+            for r in range(repeats):
+                with tp.profile(**profiler_kwargs(True)) as prof:
+                    t = _timed(fn)
+                prof_t.append(t)
+                if r == 0:
+                    path = os.path.join(tmp, f"{name}.json.gz")
+                    prof.export_chrome_trace(path)
+                    counts = _count(path)
+                    os.remove(path)
+            rows.append({"benchmark": name, "iterations": n, "plain_s": plain, "profiled_s": min(prof_t),
+                         "events": counts})
+    finally:
+        try:
+            os.rmdir(tmp)
+        except OSError:
+            pass
+    cats = [c for c in CATS if any(r["events"][c] for r in rows)]
+    A = np.array([[r["events"][c] for c in cats] for r in rows], dtype=np.float64)
+    y = np.array([(r["profiled_s"] - r["plain_s"]) * 1e6 for r in rows])
+    x = _nnls(A, y)
+    cost = dict(zip(cats, x))
+    dev = device_node_us(torch)
+    return {
+        "gaptrace_calibration": 1,
+        "device_op_us": float(dev or 0.0),
+        "device_op_measured": dev is not None,
+        "aten_op_us": float(cost.get("cpu_op", 0.0)),
+        "python_frame_us": float(cost.get("python_function", 0.0)),
+        "runtime_call_us": float(cost.get("cuda_runtime", 0.0)),
+        "runtime_call_measured": "cuda_runtime" in cost,
+        "torch": torch.__version__,
+        "cpu": _cpu_model(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "measured_on": f"{_cpu_model()}; {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'};"
+                       f" torch {torch.__version__}",
+        "profiler_settings": "gaptrace.capture.profiler_kwargs(with_stack=True)",
+        "benchmarks": rows,
+    }
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares by active-set elimination (few unknowns): solve, drop negative ones, repeat."""
+    active = list(range(A.shape[1]))
+    x = np.zeros(A.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(A[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            x[active] = sol
+            break
+        active = [a for a, v in zip(active, sol) if v >= 0] if (sol >= 0).any() else []
+    return x
+
+
+@click.command(name="calibrate")
+@click.option("-o", "--output", default="gaptrace_calibration.json", show_default=True,
+              help="Where to write the calibration JSON.")
+@click.option("--iterations", default=20000, show_default=True, type=click.IntRange(100, 10_000_000),
+              help="Loop iterations per benchmark.")
+def calibrate(output: str, iterations: int) -> None:
+    """Measure the profiler's host cost per recorded ATen op, Python frame and runtime call on this machine
+    (``gaptrace whatif --calibration FILE`` reads it)."""
+    d = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(d):
+        fail(f"{output}: directory {d} does not exist")
+    res = measure(iterations)
+    try:
+        write_json_atomic(output, res)
+    except OSError as e:
+        fail(f"{output}: cannot write the calibration ({e.strerror or e})")
+    click.echo(f"aten op {res['aten_op_us']:.3f} µs, python frame {res['python_frame_us']:.3f} µs, runtime call "
+               f"{res['runtime_call_us']:.3f} µs, device per graph node {res['device_op_us']:.3f} µs "
+               f"({res['measured_on']}) -> {output}")

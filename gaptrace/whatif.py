@@ -1,0 +1,93 @@
+"""``gaptrace whatif TRACE --remove SITE_OR_RANGE [...] [--speedup SITE=FACTOR] [--calibration FILE] [--json]``:
+the unprofiled round predicted by the replay, before and after removing or speeding up host sites or NVTX ranges
+(docs/DESIGN.md "The replay model"; :mod:`gaptrace.analyses.whatif`)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from gaptrace.cli import escape_json_controls, escape_strings, memory_limit_option
+from gaptrace.trace import TraceError
+
+__all__ = ["whatif", "render_whatif"]
+
+
+def _us(v) -> str:
+    return "-" if v is None else f"{v / 1e3:,.2f} ms"
+
+
+def render_whatif(d: dict) -> str:
+    """Text form of :class:`gaptrace.analyses.whatif.WhatIf` data, trace strings escaped."""
+    d = escape_strings(d)
+    ch = ", ".join((f"remove {c['site']}" if c["factor"] is None else f"{c['site']} {c['factor']:g}x faster")
+                   for c in d["changes"]) or "no change"
+    lines = [f"{d['trace']}: {d['rounds']} rounds; {ch}",
+             f"  profiled round (measured, median)  {_us(d['profiled_round_us'])}",
+             f"  replayed unchanged                 {_us(d['replayed_round_us'])} (error {d['replay_error']:.1%})",
+             f"  predicted unprofiled round         {_us(d['before_round_us'])}"
+             + (f" (measured unprofiled {_us(d['unprofiled_round_us'])}, error {d['unprofiled_error']:+.1%})"
+                if d.get("unprofiled_round_us") else ""),
+             f"  after the change                   {_us(d['after_round_us'])}: saves {d['saving_us']:,.0f} µs a round"
+             f" (one-off {d['one_off_saving_us']:,.0f} µs)",
+             f"  occupancy                          {d['occupancy_before']:.1%} -> {d['occupancy_after']:.1%}"]
+    if d.get("tau"):
+        lines.append(f"  TPOT (τ {d['tau']:.2f})                      {d['tpot_before_us']:,.0f} -> "
+                     f"{d['tpot_after_us']:,.0f} µs")
+    lines.append(f"  calibration: {d['calibration']['source']} ({d['calibration']['measured_on']})")
+    for w in d.get("warnings", []):
+        lines.append(f"  warning: {w}")
+    return "\n".join(lines)
+
+
+@click.command(name="whatif")
+@click.argument("trace")
+@click.option("--remove", "removes", multiple=True, metavar="SITE_OR_RANGE",
+              help="Host frame or NVTX range whose host work (and waits) to take out of every round; repeatable.")
+@click.option("--speedup", "speedups", multiple=True, metavar="SITE=FACTOR",
+              help="Make a host frame or NVTX range FACTOR times faster; repeatable.")
+@click.option("--calibration", default=None, metavar="FILE",
+              help="Per-event profiler costs from `gaptrace calibrate` (default: the shipped one).")
+@click.option("--round-name", default="round", show_default=True, help="The NVTX range of one verify round.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@memory_limit_option
+def whatif(trace: str, removes: tuple[str, ...], speedups: tuple[str, ...], calibration: str | None,
+           round_name: str, as_json: bool, memory_limit_gb: float | None) -> None:
+    """Predict the unprofiled verify round of TRACE, and the round without (or with faster) host sites."""
+    from gaptrace import load_trace
+    from gaptrace.analyses.profiler_cost import load_calibration
+    from gaptrace.analyses.whatif import Change, Context, parse_speedup
+    from gaptrace.analyses.whatif import whatif as run
+    from gaptrace.capture import read_sidecar_checked
+    from gaptrace.cli import fail, memory_limit_bytes
+
+    try:
+        changes = [Change(r) for r in removes] + [parse_speedup(s) for s in speedups]
+        cal = load_calibration(calibration)
+        tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
+        side, why = read_sidecar_checked(trace)
+        ctx = Context(tr, side, cal, round_name=round_name)
+        res = run(tr, changes, context=ctx).data
+        if why:
+            res["warnings"].append(f"{why}; ignored")
+    except (TraceError, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        click.echo(escape_json_controls(json.dumps(res, ensure_ascii=False, default=float, allow_nan=False)
+                                        if _finite(res) else json.dumps(_nan_none(res), ensure_ascii=False)))
+    else:
+        click.echo(render_whatif(res))
+
+
+def _nan_none(o):
+    if isinstance(o, float):
+        return o if o == o and o not in (float("inf"), float("-inf")) else None
+    if isinstance(o, dict):
+        return {k: _nan_none(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_nan_none(v) for v in o]
+    return o
+
+
+def _finite(o) -> bool:
+    return _nan_none(o) == o

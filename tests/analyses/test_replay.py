@@ -1,0 +1,169 @@
+"""The replay model (docs/DESIGN.md "The replay model") against the shipped H200 runtime captures: the unchanged
+replay reproduces the measured round periods, the profiler taken out predicts the sidecar's unprofiled round, and
+removing a fault's range predicts the clean twin's round. Measured figures are recomputed here from the raw JSON."""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+
+from gaptrace.analyses import replay as R
+from gaptrace.analyses.whatif import Change, whatif
+from gaptrace.capture import read_sidecar_checked
+from gaptrace.loader import load_trace
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces")
+SETS = ("h200_runtime", "h200_faults", "h200_tree", "h200_fused")
+FIXTURES = sorted(os.path.relpath(p, ROOT) for s in SETS for p in glob.glob(os.path.join(ROOT, s, "*.json.gz")))
+
+# median round-period error of the unchanged replay: <= 2% everywhere but these (measured bounds; the graph
+# launches' first-node start under the profiler varies launch to launch on the sync / blocking-copy captures)
+REPLAY_BOUND = {"h200_runtime/h200_bench_sync_bs1_B12.json.gz": 0.07,
+                "h200_faults/h200_bench_overlap_bs8_B12_lengths-copy.json.gz": 0.035,
+                "h200_runtime/h200_bench_sync_bs8_B12.json.gz": 0.03,
+                "h200_runtime/h200_tiny_sync_bs1_B12.json.gz": 0.03}
+# predicted unprofiled round vs the sidecar's measured one, with the shipped (CPU-measured) calibration: within 10%
+# everywhere but these (measured)
+UNPROFILED_BOUND = {"h200_runtime/h200_tiny_sync_bs1_B12.json.gz": 0.17,
+                    "h200_runtime/h200_bench_sync_bs1_B12.json.gz": 0.12,
+                    "h200_faults/h200_tiny_overlap_bs2_B8_long60k.json.gz": 0.115,
+                    "h200_tree/h200_tiny_tree_cpu-heapq_bs1.json.gz": 0.11}
+
+_cache: dict = {}
+
+
+def _load(rel: str):
+    if rel not in _cache:
+        p = os.path.join(ROOT, rel)
+        _cache.clear()  # one trace at a time: they are large
+        _cache[rel] = (load_trace(p), read_sidecar_checked(p)[0])
+    return _cache[rel]
+
+
+def _raw_round_periods(rel: str) -> np.ndarray:
+    with gzip.open(os.path.join(ROOT, rel), "rt") as f:
+        ev = json.load(f)["traceEvents"]
+    ts = sorted(e["ts"] for e in ev if e.get("cat") == "user_annotation" and e.get("name") == "round"
+                and e.get("ph") == "X")
+    return np.diff(ts)
+
+
+def _raw_unprofiled_us(rel: str) -> float | None:
+    p = os.path.join(ROOT, rel).replace(".json.gz", ".gaptrace.json")
+    with open(p) as f:
+        u = json.load(f).get("unprofiled_round_ms")
+    return float(np.median(u)) * 1e3 if u else None
+
+
+def test_stream_scan_matches_the_recurrence():
+    rng = np.random.default_rng(0)
+    l = np.cumsum(rng.exponential(3.0, 500)) * rng.integers(0, 2, 500)
+    d = rng.exponential(2.0, 500)
+    q = rng.exponential(0.5, 500)
+    e, prev = np.empty(500), 7.0
+    for i in range(500):
+        prev = e[i] = max(l[i], prev + q[i]) + d[i]
+    np.testing.assert_allclose(R._stream_scan(l, q + d, d, 7.0), e, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("rel", FIXTURES)
+def test_unchanged_replay_reproduces_round_periods(rel):
+    tr, _ = _load(rel)
+    u = R.unchanged_error(tr)
+    meas = _raw_round_periods(rel)
+    np.testing.assert_allclose(u["measured_periods_us"], meas, rtol=0, atol=1e-3)
+    rel_err = np.abs(np.array(u["replayed_periods_us"]) - meas) / meas
+    assert float(np.median(rel_err)) == pytest.approx(u["round_period_error"])
+    assert u["round_period_error"] <= REPLAY_BOUND.get(rel, 0.02), u["round_period_error"]
+
+
+def test_replay_reproduces_the_rounds_table():
+    from gaptrace.analyses.rounds import rounds
+
+    tr, side = _load("h200_runtime/h200_bench_overlap_bs8_B12.json.gz")
+    m = R.build_model(tr)
+    res = R.replay(m)
+    rt = rounds(tr, sidecar=side).table["t_round_us"].to_numpy()
+    rep = R.round_periods(m, res, R.round_starts(tr, m))
+    assert np.max(np.abs(rep - rt) / rt) < 0.002
+    # device starts: derived, not copied, yet close (median |error| over every op)
+    assert 0 < float(np.median(np.abs(res.op_start_us - m.op_start_us))) < 150.0
+
+
+@pytest.mark.parametrize("rel", FIXTURES)
+def test_unprofiled_round_prediction(rel):
+    tr, side = _load(rel)
+    w = whatif(tr, sidecar=side).data
+    unp = _raw_unprofiled_us(rel)
+    assert unp is not None and w["unprofiled_round_us"] == pytest.approx(unp)
+    err = abs(w["before_round_us"] - unp) / unp
+    assert err <= UNPROFILED_BOUND.get(rel, 0.10), err
+    assert w["calibration"]["source"].endswith("calibration_default.json")
+    assert w["before_round_us"] > unp  # every capture is over-predicted: CUPTI's device-side cost stays in
+
+
+@pytest.fixture(scope="module")
+def device_cost_calibration(tmp_path_factory):
+    """The shipped calibration with a device cost per traced op of 0.2 µs: a sensitivity input, not a measurement."""
+    from gaptrace.analyses.profiler_cost import DEFAULT_CALIBRATION
+
+    with open(DEFAULT_CALIBRATION) as f:
+        obj = json.load(f)
+    obj.update(device_op_us=0.2, measured_on="sensitivity: device_op_us 0.2 µs, not measured")
+    p = tmp_path_factory.mktemp("cal") / "cal.json"
+    p.write_text(json.dumps(obj))
+    return str(p)
+
+
+@pytest.mark.parametrize("rel", [f for f in FIXTURES if "h200_runtime" in f])
+def test_device_op_cost_closes_the_unprofiled_gap(rel, device_cost_calibration):
+    from gaptrace.analyses.profiler_cost import load_calibration
+
+    tr, side = _load(rel)
+    cal = load_calibration(device_cost_calibration)
+    w0 = whatif(tr, sidecar=side).data
+    w = whatif(tr, sidecar=side, calibration=cal).data
+    unp = _raw_unprofiled_us(rel)
+    # measured: within 8% on every shipped capture with 0.2 µs per device op (the runtime captures: 1.4%–7.7%)
+    assert abs(w["before_round_us"] - unp) / unp <= 0.08
+    assert w["before_round_us"] < w0["before_round_us"]
+    assert w["removed_us"]["device_ops"] == pytest.approx(0.2 * len(tr.device), rel=1e-9)
+    assert w["calibration"]["measured_on"].startswith("sensitivity")
+
+
+PAIRS = [  # fault (or sync) trace, the range or frame removed, the clean twin
+    ("h200_faults/h200_bench_overlap_bs8_B12_lengths-copy.json.gz", "lengths_copy", "h200_runtime/h200_bench_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_tiny_overlap_bs8_B12_lengths-copy.json.gz", "lengths_copy", "h200_runtime/h200_tiny_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_bench_overlap_bs8_B12_dd-gather.json.gz", "dd_gather", "h200_runtime/h200_bench_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_tiny_overlap_bs8_B12_dd-gather.json.gz", "dd_gather", "h200_runtime/h200_tiny_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_bench_overlap_bs8_B12_eager-commit-glue.json.gz", "eager_commit_glue", "h200_runtime/h200_bench_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_tiny_overlap_bs8_B12_eager-commit-glue.json.gz", "eager_commit_glue", "h200_runtime/h200_tiny_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_tiny_overlap_bs1_B12_eager-commit-glue.json.gz", "eager_commit_glue", "h200_runtime/h200_tiny_overlap_bs1_B12.json.gz"),
+    ("h200_faults/h200_bench_overlap_bs8_B12_token-list-rebuild.json.gz", "token_list_rebuild", "h200_runtime/h200_bench_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_tiny_overlap_bs8_B12_token-list-rebuild.json.gz", "token_list_rebuild", "h200_runtime/h200_tiny_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_tiny_overlap_bs2_B8_long60k_token-list-rebuild.json.gz", "token_list_rebuild", "h200_faults/h200_tiny_overlap_bs2_B8_long60k.json.gz"),
+    ("h200_faults/h200_bench_overlap_bs8_B12_jit-new-shape.json.gz", "jit_new_shape", "h200_runtime/h200_bench_overlap_bs8_B12.json.gz"),
+    ("h200_faults/h200_tiny_overlap_bs8_B12_jit-new-shape.json.gz", "jit_new_shape", "h200_runtime/h200_tiny_overlap_bs8_B12.json.gz"),
+    ("h200_runtime/h200_bench_sync_bs8_B12.json.gz", "device_lengths_to_host", "h200_runtime/h200_bench_overlap_bs8_B12.json.gz"),
+    ("h200_runtime/h200_bench_sync_bs1_B12.json.gz", "device_lengths_to_host", "h200_runtime/h200_bench_overlap_bs1_B12.json.gz"),
+    ("h200_runtime/h200_tiny_sync_bs8_B12.json.gz", "device_lengths_to_host", "h200_runtime/h200_tiny_overlap_bs8_B12.json.gz"),
+    ("h200_runtime/h200_tiny_sync_bs1_B12.json.gz", "device_lengths_to_host", "h200_runtime/h200_tiny_overlap_bs1_B12.json.gz"),
+    ("h200_fused/h200_bench_sync_bs8_B12_fused.json.gz", "device_lengths_to_host", "h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"),
+]
+
+
+@pytest.mark.parametrize("fault,site,clean", PAIRS)
+def test_counterfactual_predicts_the_clean_twin(fault, site, clean):
+    tr, side = _load(fault)
+    w = whatif(tr, [Change(site)], sidecar=side).data
+    target = _raw_unprofiled_us(clean)
+    err = abs(w["after_round_us"] - target)
+    # the goal is 35% or 60 µs; measured: at most 24.1% (tiny sync bs 1), every pair over-predicts (the device
+    # itself runs slower under CUPTI, which the replay keeps)
+    assert err <= 0.25 * target, (w["after_round_us"], target)
+    # the max-plus replay is monotone: less host work never ends the rounds later (a median period may still move)
+    assert sum(w["periods_after_us"]) <= sum(w["periods_before_us"]) + 1e-6

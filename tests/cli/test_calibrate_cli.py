@@ -1,0 +1,45 @@
+"""`gaptrace calibrate`: the per-event profiler costs it writes are the non-negative least-squares solution of its
+own benchmarks' timings and event counts (checked here from the JSON it writes)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from gaptrace.analyses.profiler_cost import load_calibration  # noqa: E402
+from gaptrace.calibrate import _nnls  # noqa: E402
+
+
+def test_nnls_by_hand():
+    A = np.array([[3.0, 0.0], [1.0, 1.0]])
+    np.testing.assert_allclose(_nnls(A, np.array([3.0, 3.0])), [1.0, 2.0])
+    np.testing.assert_allclose(_nnls(A, np.array([3.0, 0.0])), [0.9, 0.0], atol=1e-12)  # b would be negative
+
+
+def test_calibrate_writes_a_usable_calibration(tmp_path):
+    out = tmp_path / "cal.json"
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", str(out), "--iterations", "2000"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    rows = d["benchmarks"]
+    cats = ["python_function", "cpu_op"] + (["cuda_runtime"] if d["runtime_call_measured"] else [])
+    A = np.array([[b["events"][c] for c in cats] for b in rows], dtype=float)
+    y = np.array([(b["profiled_s"] - b["plain_s"]) * 1e6 for b in rows])
+    x = _nnls(A, y)
+    assert d["python_frame_us"] == pytest.approx(x[0]) and d["aten_op_us"] == pytest.approx(x[1])
+    assert rows[0]["events"]["python_function"] >= 2 * 2000  # the Python chain: 3 frames an iteration
+    assert rows[1]["events"]["cpu_op"] >= 2000               # one aten::add an iteration
+    c = load_calibration(str(out))
+    assert c.measured_on == d["measured_on"] and c.source == str(out)
+
+
+def test_calibrate_bad_output_dir(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", str(tmp_path / "no" / "c.json")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,38 @@
+"""`gaptrace whatif`: text and JSON output, bad input as one line and exit 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces")
+FAULT = os.path.join(ROOT, "h200_faults", "h200_bench_overlap_bs8_B12_lengths-copy.json.gz")
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "gaptrace.cli", "whatif", *args], capture_output=True, text=True)
+
+
+def test_json_and_text():
+    r = _run(FAULT, "--remove", "lengths_copy", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["changes"] == [{"site": "lengths_copy", "factor": None, "action": "remove"}]
+    assert d["after_round_us"] < d["before_round_us"] and d["calibration"]["source"].endswith(".json")
+    # the clean twin's measured unprofiled round (its sidecar): the prediction is within 10% of it
+    with open(os.path.join(ROOT, "h200_runtime", "h200_bench_overlap_bs8_B12.gaptrace.json")) as f:
+        clean = sorted(json.load(f)["unprofiled_round_ms"])[1] * 1e3
+    assert abs(d["after_round_us"] - clean) / clean < 0.10
+    t = _run(FAULT, "--remove", "lengths_copy", "--speedup", "plan=2")
+    assert t.returncode == 0 and "predicted unprofiled round" in t.stdout and "plan 2x faster" in t.stdout
+
+
+def test_bad_input_one_line_exit_2(tmp_path):
+    bad_cal = tmp_path / "c.json"
+    bad_cal.write_text("[]")
+    for args in ([FAULT, "--remove", "no_such_range"], [FAULT, "--speedup", "plan=0"],
+                 [str(tmp_path / "missing.json")], [FAULT, "--calibration", str(bad_cal)]):
+        r = _run(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("gaptrace: error:")
