@@ -68,3 +68,25 @@ def test_a_link_of_ones_own_in_a_sticky_directory_is_still_followed(tmp_path):
     target.write_text("x")
     os.symlink(target, pub / "r.html")
     assert resolve_output(str(pub / "r.html")) == str(target)
+
+
+@pytest.mark.parametrize("func, scale", [("a_many_devices", 0.2), ("a_many_rank_files", 1.0)])
+def test_thousands_of_devices_and_rank_files_are_linear(tmp_path, func, scale):
+    """4,000 devices of one kernel each (~120 s when every device's rows were found by a mask over all rows and
+    the device list rebuilt per call) and 3,000 tiny rank files (93 s): each in a few seconds now."""
+    _run(tmp_path, func, scale, 40)
+
+
+def test_device_rows_come_from_one_index():
+    """The per-device rows are those of a mask over the whole frame, in the frame's order, for every device."""
+    import numpy as np
+    from analyses.occupancy import _device_column, _device_index, _device_rows
+    from gaptrace.loader import load_trace
+    t = load_trace(os.path.join(ROOT, "fixtures", "traces", "hta_a100_graph_launches_rank0.json.gz"))
+    ids, _ = _device_index(t)
+    assert ids == t.device_ids
+    for key in ids:
+        d = t.device
+        want = d[(d["rank"].to_numpy() == key[0]) & (d["device"].to_numpy() == key[1])]
+        assert _device_rows(t, key).index.equals(want.index)
+        assert np.array_equal(_device_column(t, key, "ts_us"), want["ts_us"].to_numpy())
