@@ -146,12 +146,14 @@ def clean_text(s: str) -> str:
 
 
 def _clean_symbols(raw: RawColumns) -> RawColumns:
-    """``raw`` with :func:`clean_text` applied to its symbol table; symbols that become equal are merged (their ids
-    remapped), so the table stays unique. One regex pass over the table when there is nothing to clean."""
-    if not _SURROGATE.search("\x00".join(raw.symbols)):
+    """``raw`` with :func:`clean_text` and :func:`gaptrace.bounds.bound_name` applied to its symbol table; symbols
+    that become equal are merged (their ids remapped), so the table stays unique. One regex pass over the table when
+    there is nothing to clean."""
+    from .bounds import MAX_NAME_CHARS, bound_name
+    if not _SURROGATE.search("\x00".join(raw.symbols)) and max(map(len, raw.symbols), default=0) <= MAX_NAME_CHARS:
         return raw
     index: dict[str, int] = {}
-    remap = np.array([index.setdefault(clean_text(s), len(index)) for s in raw.symbols], dtype=np.int32)
+    remap = np.array([index.setdefault(bound_name(clean_text(s)), len(index)) for s in raw.symbols], dtype=np.int32)
     ids = {c: np.where(getattr(raw, c) >= 0, remap[np.maximum(getattr(raw, c), 0)], getattr(raw, c)).astype(np.int32)
            for c in ("cat_id", "name_id", "pid_id", "tid_id", "sync_kind_id")}
     return dataclasses.replace(raw, symbols=list(index), **ids)
@@ -207,6 +209,11 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     if n == 0:
         raise TraceError(f"{path}: the trace holds no complete ('ph': 'X') events")
 
+    from .bounds import MAX_NAME_CHARS
+    long_names = sum(len(s) > MAX_NAME_CHARS for s in raw.symbols)
+    if long_names:
+        warnings.append(f"{long_names} names longer than {MAX_NAME_CHARS:,} characters were cut to their first "
+                        f"{MAX_NAME_CHARS:,} (marked '…[N more characters #hash]')")
     raw = _clean_symbols(raw)
     symbols_list = list(raw.symbols)
     # Normalised category code per symbol, then per event by integer indexing (no per-event string work)

@@ -90,3 +90,79 @@ def test_device_rows_come_from_one_index():
         want = d[(d["rank"].to_numpy() == key[0]) & (d["device"].to_numpy() == key[1])]
         assert _device_rows(t, key).index.equals(want.index)
         assert np.array_equal(_device_column(t, key, "ts_us"), want["ts_us"].to_numpy())
+
+
+def test_long_frame_names_do_not_amplify_the_report(tmp_path):
+    """40 syncs, each under its own frame, 40 frames of 52 KB names: every site repeated its whole stack (a 53 MB
+    report here, 1.7 GB with 1 MB names); names are cut at 1,024 characters and stacks at 8 KB now."""
+    _run(tmp_path, "a_long_frame_names", 0.05, 60)
+    _run(tmp_path, "a_long_frame_names_json", 0.05, 60)
+
+
+def test_cut_names_and_stacks_say_what_was_cut():
+    from gaptrace.bounds import MAX_NAME_CHARS, MAX_STACK_FRAMES, bound_name, bound_stack
+    a, b = "x" * 5000 + "a", "x" * 5000 + "b"
+    assert bound_name("short") == "short" and len(bound_name(a)) < MAX_NAME_CHARS + 40
+    assert bound_name(a).startswith("x" * MAX_NAME_CHARS + "…[3,977 more characters #") and bound_name(a) != bound_name(b)
+    frames = tuple(f"f{i}" for i in range(100))
+    cut = bound_stack(frames)
+    assert cut[:-1] == frames[:MAX_STACK_FRAMES] and cut[-1] == f"… {100 - MAX_STACK_FRAMES} more frames"
+    assert bound_stack(frames[:3]) == frames[:3]
+
+
+def test_deep_stacks_are_cut_with_their_depth(tmp_path):
+    """1,000 syncs under a chain of 1,000 frames: the site's stack holds its innermost frames and the number cut;
+    the same numbers as the unbounded walk of the tree (recomputed here from the parent array)."""
+    import json
+    import subprocess
+    import numpy as np
+    from analyses import stacks
+    from gaptrace.bounds import MAX_STACK_FRAMES
+    from gaptrace.loader import load_trace
+    d = tmp_path / "d"
+    d.mkdir()
+    setup = A.a_deep_sync_stacks(str(d), 0.01)
+    t = load_trace(setup.inputs[0])
+    tree = stacks.host_tree(t)
+    py = tree.cat == stacks.CAT_CODE["python_function"]
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", *setup.argv], capture_output=True, cwd=ROOT)
+    site = json.loads(r.stdout)["blocking_syncs"][0]
+    assert site["count"] == 1000
+    # the innermost frame of every sync and its ancestors, walked one parent at a time
+    sync_rows = np.flatnonzero(t.host["name"].astype(str).to_numpy() == "cudaStreamSynchronize")
+    node, chain = tree.parent[tree.nodes(sync_rows[:1])[0]], []
+    while node >= 0:
+        if py[node]:
+            chain.append(tree.frames[tree.frame[node]])
+        node = tree.parent[node]
+    assert len(chain) == 1000
+    assert site["stack"][:-1] == chain[:MAX_STACK_FRAMES]
+    assert site["stack"][-1] == f"… {1000 - MAX_STACK_FRAMES} more frames"
+
+
+@pytest.mark.parametrize("func, scale, limit_s", [("a_deep_sync_stacks", 0.4, 25), ("a_nested_frames_report", 0.5, 30)])
+def test_deep_stacks_cost_their_size(tmp_path, func, scale, limit_s):
+    """4,800 syncs under 4,800 frames (the stacks were a syncs x depth matrix for np.unique) and 100,000 nested
+    frames in the report's icicle (one pass over all events per depth level)."""
+    _run(tmp_path, func, scale, limit_s)
+
+
+def test_icicle_folds_frames_past_the_bound():
+    """A chain 60 frames deep with idle at its bottom: the icicle keeps MAX_STACK_FRAMES levels and one
+    '… deeper frames' child holding the deeper events' self idle; the subtree idle at the root is unchanged."""
+    from analyses.gaps import event_idle
+    from gaptrace.bounds import MAX_STACK_FRAMES
+    from gaptrace.report.stacks import idle_stack_tree
+    from gaptrace.trace import build_trace
+    from gaptrace.loader import events_to_raw
+    ev = [A.frame(k * 0.01, 1000 - 0.02 * k, f"c.py({k}): f{k}") for k in range(60)]
+    ev += [A.kernel(0.0, 10.0), A.kernel(500.0, 10.0)]
+    t = build_trace(events_to_raw([(0, ev)]), "chain", {})
+    tree = idle_stack_tree(event_idle(t, (0, 0)))
+    n = tree.nodes
+    assert n["depth"].max() == MAX_STACK_FRAMES + 1
+    deeper = n[n["label"] == "… deeper frames"]
+    assert len(deeper) == 1
+    # the deeper events' self idle: f59 (0.59 to 999.41 µs) is innermost over all the idle, 10 to 500 µs
+    assert deeper["self_idle_us"].iloc[0] == pytest.approx(490.0, abs=1e-6)
+    assert n[n["depth"] == 0]["subtree_idle_us"].sum() == pytest.approx(490.0, abs=1e-6)
