@@ -166,3 +166,20 @@ def test_icicle_folds_frames_past_the_bound():
     # the deeper events' self idle: f59 (0.59 to 999.41 µs) is innermost over all the idle, 10 to 500 µs
     assert deeper["self_idle_us"].iloc[0] == pytest.approx(490.0, abs=1e-6)
     assert n[n["depth"] == 0]["subtree_idle_us"].sum() == pytest.approx(490.0, abs=1e-6)
+
+
+def test_a_gate_built_to_backtrack_is_refused_at_once(tmp_path):
+    """'occupancy < 111…1x' with 16,000 digits took 16 s in the pattern (100,000: minutes)."""
+    o = _run(tmp_path, "a_backtracking_gate", 0.16, 15)
+    assert o.returncode == 2
+
+
+def test_the_gate_pattern_is_linear_below_the_length_limit():
+    import time
+    from analyses.diff import _GATE_RE, parse_gate
+    t0 = time.perf_counter()
+    assert _GATE_RE.fullmatch("occupancy < " + "1" * 200_000 + "x") is None
+    assert time.perf_counter() - t0 < 2  # 0.1 s here; the old pattern needed minutes
+    assert parse_gate(" occupancy<=1e-3 ") == ("occupancy", "<=", 1e-3)
+    assert parse_gate("rel_busy_us > -.5") == ("rel_busy_us", ">", -0.5)
+    assert parse_gate("occupancy < 1.") == ("occupancy", "<", 1.0)
