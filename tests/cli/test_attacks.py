@@ -183,3 +183,24 @@ def test_the_gate_pattern_is_linear_below_the_length_limit():
     assert parse_gate(" occupancy<=1e-3 ") == ("occupancy", "<=", 1e-3)
     assert parse_gate("rel_busy_us > -.5") == ("rel_busy_us", ">", -0.5)
     assert parse_gate("occupancy < 1.") == ("occupancy", "<", 1.0)
+
+
+@pytest.mark.parametrize("func", ["a_huge_timestamps", "a_huge_durations", "a_lone_far_timestamp",
+                                  "a_timestamps_near_1e18"])
+def test_numbers_at_the_edge_of_float64(tmp_path, func):
+    """±1.7e308 made the window inf (a TypeError traceback); one 1e300 among 40 events made it the window
+    ("busy 0.0% of 1e296 ms"); near 1e18 µs float64 resolves 128 µs (7 gaps read instead of 83): refused."""
+    _run(tmp_path, func, 0.01, 20)
+
+
+def test_outlier_bulk_excludes_one_extreme_on_each_side():
+    """The bulk's quantiles are order statistics taken inward: among 40 events, one at -1.7e308 and one at 1e300
+    are both outside it and dropped (recomputed from the events: the window is the other 38's)."""
+    import numpy as np
+    from gaptrace.loader import events_to_raw
+    from gaptrace.trace import build_trace
+    ev = [A.kernel(10.0 * i, 4.0) for i in range(38)] + [A.kernel(-1.7e308, 1.0), A.kernel(1e300, 1.0)]
+    t = build_trace(events_to_raw([(0, ev)]), "edge", {})
+    assert len(t.device) == 38 and t.device["ts_us"].min() == 0.0 and t.device["end_us"].max() == 374.0
+    assert any("2 events lie more than 100" in w for w in t.warnings)
+    assert np.isfinite(t.device["end_us"]).all()
