@@ -204,3 +204,12 @@ def test_outlier_bulk_excludes_one_extreme_on_each_side():
     assert len(t.device) == 38 and t.device["ts_us"].min() == 0.0 and t.device["end_us"].max() == 374.0
     assert any("2 events lie more than 100" in w for w in t.warnings)
     assert np.isfinite(t.device["end_us"]).all()
+
+
+def test_chart_text_shows_controls_as_escapes(tmp_path):
+    """Kernel, annotation and frame names with a bidi override, NUL and ESC: the charts' data (legend, lanes,
+    icicle) holds their visible escapes, as the tables do (``\\u202egnp.exe`` was drawn as "exe.png")."""
+    _run(tmp_path, "a_bidi_in_svg", 0.01, 30)
+    from gaptrace.report.charts import esc, esc_tail
+    assert esc("\u202egnp.exe\x00<b>") == "\\u202egnp.exe\\x00&lt;b&gt;"
+    assert esc_tail("a/" * 100 + "\x1b", 20).endswith("\\x1b")
