@@ -54,6 +54,27 @@ _MIN_FEED, _MAX_FEED = 1 << 12, 1 << 22
 NESTED_TOO_DEEP = "JSON nested too deeply to read (arrays or objects thousands of levels deep)"
 
 
+_NOT_WS = np.ones(256, dtype=bool)
+_NOT_WS[list(b" \t\r\n")] = False
+_WS_BLOCK = 1 << 20
+
+
+def _skip_whitespace(buf: bytearray, pos: int, end: int) -> int:
+    """The first position in ``buf[pos:end]`` that is not JSON whitespace (``end`` if none). A short run is
+    matched by the regex; a long one (gigabytes of spaces in a small gzip) is scanned by numpy in 1 MiB blocks,
+    ten times the regex's speed."""
+    stop = _WS.match(buf, pos, min(end, pos + 256)).end()
+    if stop < min(end, pos + 256) or stop == end:
+        return stop
+    while stop < end:
+        n = min(_WS_BLOCK, end - stop)
+        hit = _NOT_WS[np.frombuffer(buf, np.uint8, n, stop)]
+        if hit.any():
+            return stop + int(hit.argmax())
+        stop += n
+    return end
+
+
 class JsonBudget:
     """The decompressed JSON bytes a load may read (``max_bytes``, from a memory limit of ``limit_bytes``), counted
     over all the files of one load as they stream; :meth:`take` raises TraceError past it."""
@@ -324,7 +345,7 @@ class DocumentReader:
     def _peek(self) -> int | None:
         """Skip whitespace; the next byte (reading more as needed), or None at the end of the file."""
         while True:
-            self.pos = _WS.match(self.buf, self.pos, self.end).end()
+            self.pos = _skip_whitespace(self.buf, self.pos, self.end)
             if self.pos < self.end:
                 return self.buf[self.pos]
             if not self._more(self.pos):

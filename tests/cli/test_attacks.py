@@ -213,3 +213,45 @@ def test_chart_text_shows_controls_as_escapes(tmp_path):
     from gaptrace.report.charts import esc, esc_tail
     assert esc("\u202egnp.exe\x00<b>") == "\\u202egnp.exe\\x00&lt;b&gt;"
     assert esc_tail("a/" * 100 + "\x1b", 20).endswith("\\x1b")
+
+
+@pytest.mark.parametrize("func, scale, limit_s", [("a_one_long_string", 0.2, 40), ("a_many_gzip_members", 0.25, 30)])
+def test_long_strings_and_many_gzip_members_are_linear(tmp_path, func, scale, limit_s):
+    """A 200 MB string in a 200 KB gzip (each read rescanned the string from its start: 423 s for 1 GB) is
+    refused past 64 MiB; 50,000 gzip members of a few bytes each (the rest of each 4 MiB read was copied per
+    member) read in a few seconds."""
+    _run(tmp_path, func, scale, limit_s)
+
+
+def test_whitespace_skip_is_exact():
+    from gaptrace.jsonstream import _skip_whitespace
+    b = bytearray(b"  \n x" + b" " * 3_000_000 + b"y" + b" " * 10)
+    assert _skip_whitespace(b, 0, len(b)) == 4
+    assert _skip_whitespace(b, 5, len(b)) == 3_000_005
+    assert _skip_whitespace(b, 3_000_006, len(b)) == len(b)
+    assert _skip_whitespace(b, 5, 100) == 100 and _skip_whitespace(b, 4, 100) == 4
+
+
+def test_gzip_members_read_like_gzip_decompress(tmp_path):
+    """Members of 1 to 5,000 bytes, zero padding between and after them: the same bytes as gzip.decompress."""
+    import gzip
+    import random
+    from gaptrace.jsonstream import ChunkReader
+    rng = random.Random(7)
+    data = A.doc_bytes(A.small_trace(300))
+    parts, i = [], 0
+    while i < len(data):
+        k = rng.choice([1, 3, 50, 5000])
+        parts.append(gzip.compress(data[i:i + k]) + b"\0" * rng.choice([0, 0, 16]))
+        i += k
+    p = tmp_path / "m.json.gz"
+    p.write_bytes(b"".join(parts))
+    r = ChunkReader(str(p), 1 << 12)
+    buf, out = bytearray(1 << 12), bytearray()
+    while True:
+        n = r.readinto(memoryview(buf))
+        if not n:
+            break
+        out += buf[:n]
+    r.close()
+    assert bytes(out) == data
