@@ -236,6 +236,14 @@ def estimate_load_bytes(path: str) -> int:
     return int(LOAD_BASE_BYTES + LOAD_BYTES_PER_JSON_BYTE * total)
 
 
+def _is_gzip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
 def _json_size_hint(path: str) -> int:
     """A guess of one file's JSON bytes for sizing buffers and choosing workers, never for refusing: a plain
     file's size; for gzip the trailer's ISIZE raised by 4 GiB steps to at least 4x the compressed size (ISIZE
@@ -298,7 +306,9 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
     json_bytes = sum(json_size_bytes(f) for _, f in files)
     need = estimate_load_bytes(path)
     if need > limit:
-        raise TraceError(f"{path}: too big to load here: {json_bytes / 1e9:.2f} GB of JSON needs about "
+        gz = any(_is_gzip(f) for _, f in files)
+        what = f"{json_bytes / 1e9:.2f} GB of {'JSON and gzip (more once decompressed)' if gz else 'JSON'}"
+        raise TraceError(f"{path}: too big to load here: {what} needs about "
                          f"{need / 1e9:.3g} GB of memory, over the limit of {limit / 1e9:.3g} GB")
     budget = JsonBudget(json_budget_bytes(limit), limit)
     hint = min(sum(_json_size_hint(f) for _, f in files), budget.max_bytes)

@@ -344,7 +344,7 @@ def test_missing_path(tmp_path):
 
 def test_size_guard_refuses_early_with_size_and_limit(tmp_path):
     msg = assert_one_line_error(PROBE, r"too big.*GB of JSON.*limit of 1e-06 GB", memory_limit_bytes=1000)
-    assert f"{json_size_bytes(PROBE) / 1e9:.2f} GB of JSON" in msg
+    assert f"{json_size_bytes(PROBE) / 1e9:.2f} GB of JSON and gzip (more once decompressed)" in msg
 
 
 def test_json_size_before_reading_is_a_lower_bound():
