@@ -48,8 +48,9 @@ def test_gzip_zero_padding_is_not_4_gb(tmp_path):
 
 
 def test_whitespace_in_a_small_gzip_stops_at_the_limit(tmp_path):
-    """0.6 GB of spaces in a 0.6 MB gzip under a 0.5 GB limit: refused in one line once the JSON counted passes
-    what the limit allows (the trailer's ISIZE described the last member only and let it through)."""
+    """0.6 GB of spaces in a 0.6 MB gzip under a 0.5 GB limit, the last member's ISIZE a plausible 5 MB: refused
+    in one line once the JSON counted passes what the limit allows (the old guard trusted the trailer, which
+    describes the last member only, and loaded it)."""
     o = _run(tmp_path, "a_whitespace_gzip", 0.075, 60)
     assert o.returncode == 2
 
