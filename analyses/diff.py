@@ -39,7 +39,11 @@ METRICS = ("occupancy", "busy_us", "idle_us", "window_us", "t_round_us", "t_gpu_
 
 _OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge, "==": operator.eq,
         "!=": operator.ne}
-_GATE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|==|!=|<|>)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
+# METRIC OP NUMBER. Each part is a run no other part can take a character from (the number's digits before and
+# after its point are split by the point itself), so a failed match gives back at most one character per part:
+# linear, where "\d+\.?\d*" tried every split of a run of digits (16,000 digits then an "x": 16 s).
+_GATE_RE = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|==|!=|<|>)\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?)\s*")
+MAX_GATE_CHARS = 200
 
 
 class GateError(ValueError):
@@ -153,8 +157,12 @@ def _window_warnings(a: dict, b: dict) -> list[str]:
 
 
 def parse_gate(expr: str) -> tuple[str, str, float]:
-    """``"occupancy < 0.9"`` -> ("occupancy", "<", 0.9). GateError for anything else."""
-    m = _GATE_RE.match(expr)
+    """``"occupancy < 0.9"`` -> ("occupancy", "<", 0.9). GateError for anything else, and for an expression of
+    more than ``MAX_GATE_CHARS`` characters (checked before any pattern runs)."""
+    if len(expr) > MAX_GATE_CHARS:
+        raise GateError(f"gate {expr[:40]!r}… is {len(expr):,} characters long (at most {MAX_GATE_CHARS}): "
+                        "expected METRIC OP NUMBER, e.g. 'occupancy < 0.9'")
+    m = _GATE_RE.fullmatch(expr)
     if not m:
         raise GateError(f"cannot parse gate {expr!r}: expected METRIC OP NUMBER, e.g. 'occupancy < 0.9'")
     name, op, num = m.group(1), m.group(2), float(m.group(3))

@@ -62,15 +62,18 @@ def resolve_device(trace: Trace, device: int | tuple[int, int] | None = None) ->
     None picks the busiest device (most busy µs over its own activity span). TraceError if the trace has no
     device activity or the device is not in it.
     """
-    ids = trace.device_ids
+    ids, groups = _device_index(trace)
     if not ids:
         raise TraceError(f"{trace.path}: no GPU activity (kernel/memcpy/memset): occupancy cannot be computed")
     if device is None:
-        busy = [busy_timeline(trace, d).busy_us for d in ids]
-        return ids[int(np.argmax(busy))]
+        memo = _timeline_cache(trace)
+        if "busiest" not in memo:
+            busy = [busy_timeline(trace, d).busy_us for d in ids]
+            memo["busiest"] = ids[int(np.argmax(busy))]
+        return memo["busiest"]
     if isinstance(device, tuple):
         key = (int(device[0]), int(device[1]))
-        if key in ids:
+        if key in groups:
             return key
     else:
         match = [d for d in ids if d[1] == int(device)]
@@ -80,9 +83,39 @@ def resolve_device(trace: Trace, device: int | tuple[int, int] | None = None) ->
     raise TraceError(f"{trace.path}: no activity on device {device}; devices with activity: {known}")
 
 
+def _device_index(trace: Trace) -> tuple[list[tuple[int, int]], dict[tuple[int, int], np.ndarray]]:
+    """The trace's sorted (rank, device) pairs and, per pair, the positional rows of ``trace.device`` in their
+    order: one stable sort per trace (memoised with the timelines), so the per-device loops cost the trace's size
+    once, not once per device."""
+    memo = _timeline_cache(trace)
+    hit = memo.get("device_index")
+    if hit is None:
+        d = trace.device
+        rank = d["rank"].to_numpy().astype(np.int64)
+        dev = d["device"].to_numpy().astype(np.int64)
+        order = np.lexsort((dev, rank))  # stable: rows keep their order inside a device
+        r, v = rank[order], dev[order]
+        starts = np.flatnonzero(np.r_[True, (r[1:] != r[:-1]) | (v[1:] != v[:-1])]) if len(order) else order
+        bounds = np.r_[starts, len(order)]
+        ids = [(int(r[a]), int(v[a])) for a in starts]
+        groups = {k: order[bounds[i]:bounds[i + 1]] for i, k in enumerate(ids)}
+        hit = memo["device_index"] = (ids, groups)
+    return hit
+
+
+def _device_column(trace: Trace, key: tuple[int, int], column: str) -> np.ndarray:
+    """One column of the device's rows as numpy (no DataFrame per device: thousands of devices stay cheap)."""
+    memo = _timeline_cache(trace)
+    col = memo.get(("column", column))
+    if col is None:
+        col = memo[("column", column)] = trace.device[column].to_numpy()
+    rows = _device_index(trace)[1].get((int(key[0]), int(key[1])))
+    return col[rows] if rows is not None else col[:0]
+
+
 def _device_rows(trace: Trace, key: tuple[int, int]) -> pd.DataFrame:
-    d = trace.device
-    return d[(d["rank"].to_numpy() == key[0]) & (d["device"].to_numpy() == key[1])]
+    rows = _device_index(trace)[1].get((int(key[0]), int(key[1])))
+    return trace.device.iloc[rows if rows is not None else np.empty(0, np.int64)]
 
 
 def resolve_window(trace: Trace, device: int | tuple[int, int] | None = None,
@@ -93,8 +126,7 @@ def resolve_window(trace: Trace, device: int | tuple[int, int] | None = None,
     """
     key = resolve_device(trace, device)
     if window is None:
-        rows = _device_rows(trace, key)
-        return float(rows["ts_us"].min()), float(rows["end_us"].max())
+        return float(_device_column(trace, key, "ts_us").min()), float(_device_column(trace, key, "end_us").max())
     if isinstance(window, tuple):
         t0, t1 = float(window[0]), float(window[1])
         if not t1 >= t0:
@@ -311,8 +343,8 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
         if host_wait_only:
             tl = fill_device_side(trace, key, busy_timeline(trace, key, None if t0 is None else (t0, t1)))
         else:
-            rows = _device_rows(trace, key)
-            tl = BusyTimeline.from_intervals(rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), t0, t1)
+            tl = BusyTimeline.from_intervals(_device_column(trace, key, "ts_us"), _device_column(trace, key, "end_us"),
+                                             t0, t1)
         memo[mk] = tl
     return tl
 
@@ -336,7 +368,7 @@ def device_occupancy(trace: Trace, device: int | tuple[int, int] | None = None,
     label = "activity" if window is None else ("explicit" if isinstance(window, tuple) else str(window))
     return DeviceOccupancy(rank=key[0], device=key[1], name=trace.device_name(key[1]), window=label,
                            window_start_us=tl.t0_us, window_end_us=tl.t1_us, window_us=tl.window_us,
-                           busy_us=tl.busy_us, idle_us=tl.idle_us, occupancy=tl.occupancy, gaps=len(tl.gaps()))
+                           busy_us=tl.busy_us, idle_us=tl.idle_us, occupancy=tl.occupancy, gaps=tl.gap_count())
 
 
 def occupancy(trace: Trace, window: str | tuple[float, float] | None = None) -> pd.DataFrame:
@@ -347,7 +379,7 @@ def occupancy(trace: Trace, window: str | tuple[float, float] | None = None) -> 
     With a named window, devices without a matching annotation use the rank's host user_annotation range.
     Raises TraceError when the trace has no device activity or no annotation matches the window.
     """
-    rows = [dataclasses.asdict(device_occupancy(trace, key, window)) for key in trace.device_ids]
+    rows = [dataclasses.asdict(device_occupancy(trace, key, window)) for key in _device_index(trace)[0]]
     if not rows:
         raise TraceError(f"{trace.path}: no GPU activity (kernel/memcpy/memset): occupancy cannot be computed")
     return pd.DataFrame(rows)

@@ -57,6 +57,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from gaptrace.bounds import MAX_STACK_FRAMES, bound_stack
 from gaptrace.trace import HOST_CATEGORIES, Trace
 
 __all__ = [
@@ -315,14 +316,18 @@ def enclosing(tree: HostTree, nodes: np.ndarray, node_mask: np.ndarray, include_
     """Innermost ancestor of each node (or the node itself with ``include_self``) where ``node_mask`` is True.
 
     Shapes: nodes (q,) int (-1 allowed), node_mask (n,) bool -> (q,) int64 nodes, -1 where none.
-    One vectorised step per depth level (at most ``tree.max_depth`` rounds over the unresolved queries).
+    One vectorised step per depth level for the first ``_WALK_ROUNDS`` levels; queries still unresolved then are
+    answered by :func:`_marked_ancestor` (pointer doubling over the whole tree, O(n log depth)), so a stack
+    200,000 frames deep costs 18 doubling rounds, not 200,000 steps.
     """
     cur = np.asarray(nodes, dtype=np.int64).copy()
     if not include_self:
         cur = np.where(cur >= 0, tree.parent[np.maximum(cur, 0)] if tree.n else -1, -1)
     out = np.full(len(cur), -1, dtype=np.int64)
     live = np.flatnonzero(cur >= 0)
-    while len(live):
+    for _ in range(_WALK_ROUNDS):
+        if not len(live):
+            return out
         c = cur[live]
         hit = node_mask[c]
         out[live[hit]] = c[hit]
@@ -330,7 +335,40 @@ def enclosing(tree: HostTree, nodes: np.ndarray, node_mask: np.ndarray, include_
         nxt = tree.parent[cur[live]]
         cur[live] = nxt
         live = live[nxt >= 0]
+    if len(live):
+        out[live] = _marked_ancestor(tree, node_mask)[cur[live]]
     return out
+
+
+_WALK_ROUNDS = 64
+
+
+def _marked_ancestor(tree: HostTree, node_mask: np.ndarray) -> np.ndarray:
+    """(n,) int64: for every node, itself when marked, else its innermost marked ancestor (-1 if none).
+
+    Pointer doubling: ``f(v) = v`` for a marked node, its parent otherwise (-1 at a root); after k rounds of
+    ``f <- f∘f`` every node points 2^k steps up or at its marked ancestor, so about log2(depth) rounds.
+    """
+    idx = np.arange(tree.n, dtype=np.int64)
+    f = np.where(node_mask, idx, tree.parent).astype(np.int64)
+    while True:
+        todo = np.flatnonzero((f >= 0) & ~node_mask[np.maximum(f, 0)])
+        if not len(todo):
+            return f
+        f[todo] = f[f[todo]]
+
+
+def _marked_depth(tree: HostTree, node_mask: np.ndarray) -> np.ndarray:
+    """(n,) int64: the number of marked nodes among each node and its ancestors (pointer doubling, as above)."""
+    val = node_mask.astype(np.int64)
+    ptr = tree.parent.astype(np.int64).copy()
+    while True:
+        live = np.flatnonzero(ptr >= 0)
+        if not len(live):
+            return val
+        p = ptr[live]
+        val[live] += val[p]
+        ptr[live] = ptr[p]
 
 
 # Frames of PyTorch itself ("torch/utils/_device.py(100): __torch_function__", ".../site-packages/torch/...") are
@@ -393,21 +431,29 @@ def frame_stacks(tree: HostTree, rows: np.ndarray, cats: tuple[str, ...] = ("pyt
     """Interned frame stacks: for each host row, the normalised names of its frames of ``cats`` from it outward.
 
     Returns ``(stack_id (q,) int64, stacks)``: ``stacks[stack_id[k]]`` is a tuple, innermost first (empty tuple
-    for a row of -1). Equal stacks share an id, so callers aggregate by id. Cost O(q · depth) in numpy.
+    for a row of -1), bounded by :func:`gaptrace.bounds.bound_stack` (at most ``MAX_STACK_FRAMES`` frames, then
+    a last frame naming how many outer frames were cut). Equal stacks share an id, so callers aggregate by id.
+    Cost O(q · MAX_STACK_FRAMES) in numpy (plus O(n log depth) once when a stack is deeper than that).
     """
     mask = np.isin(tree.cat, [CAT_CODE[c] for c in cats])
     cur = enclosing(tree, tree.nodes(rows), mask, include_self=include_self)
     cols = [cur]
-    while True:
+    while len(cols) < MAX_STACK_FRAMES:
         nxt = enclosing(tree, cols[-1], mask)
         if not (nxt >= 0).any():
             break
         cols.append(nxt)
     chain = np.stack(cols, axis=1) if len(cur) else np.empty((0, 1), dtype=np.int64)
     codes = np.where(chain >= 0, tree.frame[np.maximum(chain, 0)] if tree.n else -1, -1).astype(np.int64)
-    uniq, inv = np.unique(codes, axis=0, return_inverse=True)
+    # the full depth of each stack: known from the chain unless it reached MAX_STACK_FRAMES frames
+    depth = (chain >= 0).sum(axis=1).astype(np.int64)
+    if len(cols) == MAX_STACK_FRAMES:
+        deep = chain[:, -1] >= 0
+        if deep.any():
+            depth[deep] = _marked_depth(tree, mask)[chain[deep, 0]]
+    uniq, inv = np.unique(np.c_[codes, depth], axis=0, return_inverse=True)
     names = tree.frames.to_numpy(dtype=object)
-    stacks = [tuple(names[c] for c in row if c >= 0) for row in uniq]
+    stacks = [bound_stack(tuple(names[c] for c in row[:-1] if c >= 0), int(row[-1])) for row in uniq]
     return inv.reshape(-1).astype(np.int64), stacks
 
 

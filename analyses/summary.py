@@ -45,6 +45,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from gaptrace.bounds import MAX_LIST_ROWS
 from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.text import to_jsonable
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, clean_text
@@ -217,7 +218,10 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     if not calls.empty and "device" in calls.columns:
         calls = calls[(calls["rank"] == key[0]) & (calls["device"] == key[1])]
     dev_sites = syncs.sync_sites(calls, idle_total)
-    out["blocking_syncs"] = dataclasses.replace(report, sites=dev_sites).to_list()
+    out["blocking_syncs"] = dataclasses.replace(report, sites=dev_sites.head(MAX_LIST_ROWS)).to_list()
+    if len(dev_sites) > MAX_LIST_ROWS:
+        warnings.append(f"blocking syncs: the {MAX_LIST_ROWS:,} sites with the most blocked time are listed, "
+                        f"{len(dev_sites) - MAX_LIST_ROWS:,} more are not")
     launch_idle = 0.0
     if fit is not None:
         h = trace.host

@@ -158,6 +158,10 @@ class BusyTimeline:
         nxt = np.where(k < len(starts), starts[np.minimum(k, len(starts) - 1)], self.t1_us)
         return np.where(inside, t, np.maximum(nxt, t))
 
+    def gap_count(self) -> int:
+        """Number of idle gaps, ``len(self.gaps())`` without building the frame."""
+        return int(np.count_nonzero(np.r_[self.span_start_us, self.t1_us] > np.r_[self.t0_us, self.span_end_us]))
+
     def gaps(self) -> pd.DataFrame:
         """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""
         s = np.r_[self.t0_us, self.span_end_us]

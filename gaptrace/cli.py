@@ -111,6 +111,10 @@ class LazyGroup(click.Group):
         argument) as one ``gaptrace: error:`` line and exit 2, like every other bad input."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        # numpy's floating-point RuntimeWarnings (overflow of a 1e308 duration, ...) would print beside the one
+        # result or error line; the analyses turn non-finite values into None / gaps themselves
+        import numpy as np
+        np.seterr(all="ignore")
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:  # bare `gaptrace` (click >= 8.2): the help

@@ -22,8 +22,10 @@ a document that ends before it closes (truncated), no ``traceEvents`` list, an e
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
+import stat
 import threading
 import zlib
 from collections import deque
@@ -34,7 +36,7 @@ import numpy as np
 
 from .trace import TraceError
 
-__all__ = ["ChunkReader", "DocumentReader", "bracket_depths", "CHUNK_BYTES"]
+__all__ = ["ChunkReader", "DocumentReader", "JsonBudget", "bracket_depths", "CHUNK_BYTES", "MAX_VALUE_BYTES"]
 
 CHUNK_BYTES = 8 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -43,7 +45,51 @@ _SCALAR = re.compile(rb"[^ \t\r\n,\]}]*")
 # an element end inside the events array: "}" followed by ",{" or by "]"
 _ELEMENT_END = re.compile(rb"\}[ \t\r\n]*(?:,[ \t\r\n]*\{|\])")
 
+# One event or one metadata value larger than this is refused: Kineto's are at most a few KB (deviceProperties,
+# a kernel with a long templated name), and bounding it keeps the search for a value's end linear in the file.
+MAX_VALUE_BYTES = 64 << 20
+_NONZERO = re.compile(rb"[^\x00]")
+_MIN_FEED, _MAX_FEED = 1 << 12, 1 << 22
+
 NESTED_TOO_DEEP = "JSON nested too deeply to read (arrays or objects thousands of levels deep)"
+
+
+_NOT_WS = np.ones(256, dtype=bool)
+_NOT_WS[list(b" \t\r\n")] = False
+_WS_BLOCK = 1 << 20
+
+
+def _skip_whitespace(buf: bytearray, pos: int, end: int) -> int:
+    """The first position in ``buf[pos:end]`` that is not JSON whitespace (``end`` if none). A short run is
+    matched by the regex; a long one (gigabytes of spaces in a small gzip) is scanned by numpy in 1 MiB blocks,
+    ten times the regex's speed."""
+    stop = _WS.match(buf, pos, min(end, pos + 256)).end()
+    if stop < min(end, pos + 256) or stop == end:
+        return stop
+    while stop < end:
+        n = min(_WS_BLOCK, end - stop)
+        hit = _NOT_WS[np.frombuffer(buf, np.uint8, n, stop)]
+        if hit.any():
+            return stop + int(hit.argmax())
+        stop += n
+    return end
+
+
+class JsonBudget:
+    """The decompressed JSON bytes a load may read (``max_bytes``, from a memory limit of ``limit_bytes``), counted
+    over all the files of one load as they stream; :meth:`take` raises TraceError past it."""
+
+    def __init__(self, max_bytes: int, limit_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.limit_bytes = limit_bytes
+        self.read_bytes = 0
+
+    def take(self, n: int, path: str) -> None:
+        self.read_bytes += n
+        if self.read_bytes > self.max_bytes:
+            raise TraceError(f"{path}: too big to load here: more than {self.max_bytes / 1e9:.2f} GB of JSON "
+                             f"(counted while decompressing) needs more than the limit of "
+                             f"{self.limit_bytes / 1e9:.3g} GB of memory")
 
 
 class ChunkReader:
@@ -56,15 +102,25 @@ class ChunkReader:
     are read like ``gzip.decompress`` reads them (zero padding after a member is skipped).
     """
 
-    def __init__(self, path: str, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, path: str, chunk_bytes: int = CHUNK_BYTES, budget: JsonBudget | None = None) -> None:
         self.path = path
         self.chunk_bytes = chunk_bytes
+        self.budget = budget
+        try:  # O_NONBLOCK: a FIFO put in place after the listing's check must not block the open
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError as e:
+            raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise TraceError(f"{path}: not a regular file (a FIFO, socket or device)")
         try:
-            self._file = open(path, "rb")
+            if hasattr(os, "set_blocking"):
+                os.set_blocking(fd, True)
+            self._file = os.fdopen(fd, "rb")
             self.gzip = self._file.read(2) == _GZIP_MAGIC
             self._file.seek(0)
         except OSError as e:
-            raise TraceError(f"{path}: cannot read ({e})") from None
+            raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
         self._rest = memoryview(b"")
         self._done = False
         self._thread = None
@@ -78,9 +134,18 @@ class ChunkReader:
         """Fill ``mv`` as far as the data goes; the number of bytes written, 0 at the end of the file."""
         if not self.gzip:
             try:
-                return self._file.readinto(mv)
+                n = self._file.readinto(mv)
             except OSError as e:
                 raise TraceError(f"{self.path}: cannot read ({e})") from None
+            if self.budget is not None:
+                self.budget.take(n, self.path)
+            return n
+        n = self._gzip_readinto(mv)
+        if self.budget is not None:
+            self.budget.take(n, self.path)
+        return n
+
+    def _gzip_readinto(self, mv: memoryview) -> int:
         n = 0
         while n < len(mv):
             if not self._rest:
@@ -132,41 +197,55 @@ class ChunkReader:
             self._put(TraceError(f"{self.path}: reading failed ({type(e).__name__}: {e})"))
 
     def _gunzip(self, f) -> None:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        pending = b""
-        between = False  # after a member's end, before the next member's header
+        """Decompress every member of ``f`` into pieces of at most ``chunk_bytes``.
+
+        Input is fed from a memoryview of each 4 MiB read, in slices that start at 4 KiB and double while one
+        member goes on: what zlib copies at a member's end (``unused_data``) is at most the last slice, about the
+        member's own size, so a file of many tiny members costs its size, not members x read size.
+        """
+        buf, off, d, step, members = b"", 0, None, _MIN_FEED, 0
         while not self._stop.is_set():
-            if not pending:
-                pending = f.read(1 << 22)
-                if not pending:
-                    break
-            if between:
-                pending = pending.lstrip(b"\x00")
-                if not pending:
+            if d is None:  # between members: skip zero padding, then a member must start
+                m = _NONZERO.search(buf, off)
+                if m is None:
+                    buf, off = f.read(_MAX_FEED), 0
+                    if not buf:
+                        if members:
+                            return
+                        raise TraceError(f"{self.path}: truncated gzip (no compressed data)")
                     continue
-                if len(pending) < 2:
-                    more = f.read(1 << 22)
+                off = m.start()
+                if len(buf) - off < 2:
+                    more = f.read(_MAX_FEED)
                     if not more:
                         raise TraceError(f"{self.path}: corrupt gzip (trailing garbage after the compressed data)")
-                    pending += more
+                    buf, off = buf[off:] + more, 0
                     continue
-                if pending[:2] != _GZIP_MAGIC:
+                if buf[off:off + 2] != _GZIP_MAGIC:
                     raise TraceError(f"{self.path}: corrupt gzip (trailing garbage after the compressed data)")
-                d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                between = False
-            try:
-                out = d.decompress(pending, self.chunk_bytes)
-            except zlib.error as e:
-                raise TraceError(f"{self.path}: corrupt gzip ({e})") from None
+                d, step, members = zlib.decompressobj(16 + zlib.MAX_WBITS), _MIN_FEED, members + 1
+            with memoryview(buf) as mv:
+                piece = mv[off:off + step]
+                try:
+                    out = d.decompress(piece, self.chunk_bytes)
+                except zlib.error as e:
+                    raise TraceError(f"{self.path}: corrupt gzip ({e})") from None
+                fed = len(piece)
+                piece.release()
             if d.eof:  # (after the end marker unconsumed_tail repeats unused_data)
-                pending = d.unused_data
-                between = True
+                off += fed - len(d.unused_data)
+                d = None
             else:
-                pending = d.unconsumed_tail
+                off += fed - len(d.unconsumed_tail)
+                if not d.unconsumed_tail:
+                    step = min(2 * step, _MAX_FEED)
+                if off >= len(buf) and len(out) < self.chunk_bytes:  # input used up, no output pending
+                    buf, off = f.read(_MAX_FEED), 0
+                    if not buf:
+                        raise TraceError(f"{self.path}: truncated gzip (the compressed stream ends before its end "
+                                         "marker)")
             if out and not self._put(out):
                 return
-        if not between:
-            raise TraceError(f"{self.path}: truncated gzip (the compressed stream ends before its end marker)")
 
 
 def bracket_depths(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -199,8 +278,10 @@ class DocumentReader:
     top-level key except ``traceEvents`` (empty for a bare list), parsed by stdlib json.
     """
 
-    def __init__(self, path: str, sink, chunk_bytes: int = CHUNK_BYTES, pool=None) -> None:
+    def __init__(self, path: str, sink, chunk_bytes: int = CHUNK_BYTES, pool=None,
+                 budget: JsonBudget | None = None) -> None:
         self.path = path
+        self.budget = budget
         self.sink = sink
         self.chunk_bytes = chunk_bytes
         self.pool = pool  # a DecodePool, or None to decode everything here
@@ -223,6 +304,12 @@ class DocumentReader:
 
     def _not_json(self, what: str, at: int) -> TraceError:
         return self._fail(f"not valid JSON ({what} near byte {self.dropped + at:,})")
+
+    def _check_size(self, start: int, what: str) -> None:
+        """TraceError when the value starting at ``start`` has not closed within MAX_VALUE_BYTES."""
+        if self.end - start > MAX_VALUE_BYTES:
+            raise self._fail(f"{what} at byte {self.dropped + start:,} is over {MAX_VALUE_BYTES >> 20} MiB long "
+                             "(no Kineto event or metadata value is): refusing to read it")
 
     # ---- buffer
     def _more(self, keep_from: int) -> bool:
@@ -258,7 +345,7 @@ class DocumentReader:
     def _peek(self) -> int | None:
         """Skip whitespace; the next byte (reading more as needed), or None at the end of the file."""
         while True:
-            self.pos = _WS.match(self.buf, self.pos, self.end).end()
+            self.pos = _skip_whitespace(self.buf, self.pos, self.end)
             if self.pos < self.end:
                 return self.buf[self.pos]
             if not self._more(self.pos):
@@ -272,7 +359,7 @@ class DocumentReader:
 
     # ---- document
     def read(self) -> None:
-        self._reader = ChunkReader(self.path, self.chunk_bytes)
+        self._reader = ChunkReader(self.path, self.chunk_bytes, self.budget)
         try:
             self._read()
         finally:
@@ -338,6 +425,9 @@ class DocumentReader:
             end = self._value_end(start)
             if end is not None:
                 break
+            self._check_size(start, "a metadata value")
+            if self.pool is None and self.end - start >= self.chunk_bytes:
+                self.chunk_bytes = min(2 * self.chunk_bytes, MAX_VALUE_BYTES)
             if not self._more(start):
                 raise self._truncated()
             start = self.pos
@@ -494,6 +584,9 @@ class DocumentReader:
             self._decode_generic(s, s + limit)
             self.pos = s + limit + 1
             return -1
+        self._check_size(s, "one event")
+        if self.pool is None and self.end - s >= self.chunk_bytes:  # a long element: read in doubling steps, so
+            self.chunk_bytes = min(2 * self.chunk_bytes, MAX_VALUE_BYTES)  # its rescans sum to its size, not n^2
         if not self._more(s - 1):
             raise self._truncated()
         return None

@@ -26,12 +26,17 @@ __all__ = ["load_trace", "load_raw", "load_trace_reference", "events_to_raw", "t
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
 
+RANK_MAX = 2**31 - 1  # the rank column is int32
+
+
 def trace_files(path: str) -> list[tuple[int, str]]:
     """The (rank, file) pairs behind ``path``: the file itself (rank 0), or a directory's trace files.
 
     A directory's files are ranked by a ``rank<N>`` in the name when every file has one, else by sorted name.
-    Raises TraceError when the path is missing, is not a regular file or directory (a FIFO would block), or the
-    directory holds no trace file.
+    Raises TraceError (one line) when the path is missing, is not a regular file or directory (a FIFO would
+    block), the directory cannot be listed or holds no trace file, one of its ``.json`` / ``.json.gz`` entries
+    is not a regular file (a FIFO, a sub-directory) or cannot be read, a rank number exceeds int32, or two files
+    name the same rank (``rank1.json`` and ``rank01.json``: their events would merge into one rank).
     """
     if not os.path.exists(path):
         raise TraceError(f"{path}: no such file or directory")
@@ -39,12 +44,28 @@ def trace_files(path: str) -> list[tuple[int, str]]:
         if not os.path.isfile(path):  # a FIFO, socket or device: reading it could block forever or never end
             raise TraceError(f"{path}: not a regular file (a FIFO, socket or device): give a trace file or directory")
         return [(0, path)]
-    names = sorted(n for n in os.listdir(path) if n.endswith((".json", ".json.gz")) and not n.endswith(".gaptrace.json"))
+    try:
+        listing = os.listdir(path)
+    except OSError as e:
+        raise TraceError(f"{path}: cannot list the directory ({e.strerror or e})") from None
+    names = sorted(n for n in listing if n.endswith((".json", ".json.gz")) and not n.endswith(".gaptrace.json"))
     if not names:
         raise TraceError(f"{path}: directory holds no .json or .json.gz trace files")
+    for n in names:
+        f = os.path.join(path, n)
+        if not os.path.isfile(f):  # stat follows a symlink: what would be opened
+            raise TraceError(f"{f}: not a regular file (a directory, FIFO, socket or device) in the trace directory")
+        if not os.access(f, os.R_OK):
+            raise TraceError(f"{f}: cannot read the file (permission denied)")
     ranks = [re.search(r"rank[_-]?(\d+)", n) for n in names]
     if all(ranks):
         pairs = sorted((int(m.group(1)), os.path.join(path, n)) for m, n in zip(ranks, names))
+        for (r, f), (r2, f2) in zip(pairs, pairs[1:]):
+            if r == r2:
+                raise TraceError(f"{path}: two files name rank {r} ({os.path.basename(f)}, {os.path.basename(f2)}); "
+                                 "keep one per rank")
+        if pairs[-1][0] > RANK_MAX:
+            raise TraceError(f"{pairs[-1][1]}: rank {pairs[-1][0]} in the file name is beyond {RANK_MAX}")
     else:
         pairs = [(i, os.path.join(path, n)) for i, n in enumerate(names)]
     return pairs
@@ -103,26 +124,53 @@ PARALLEL_MIN_BYTES = 128 << 20
 
 
 def json_size_bytes(path: str) -> int:
-    """Bytes of JSON in one trace file: its size, or for gzip the trailer's ISIZE (size mod 2**32).
+    """Bytes of JSON in one plain trace file (its size); for gzip the compressed size, a lower bound only.
 
-    ISIZE wraps above 4 GiB; the estimate adds 4 GiB until it is at least 4x the compressed size (no Kineto JSON
-    compresses less than 4x), so a wrapped ISIZE still gives a size of the right magnitude.
+    The gzip trailer's ISIZE is no measure: it is the size mod 2**32 of the last member alone (zero padding after
+    the stream reads as 0), so a gzip file's JSON is counted while it streams (:func:`load_raw`).
     """
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b" or size < 18:
-            return size
-        f.seek(-4, os.SEEK_END)
-        isize = int.from_bytes(f.read(4), "little")
-    while isize < 4 * size:
-        isize += 1 << 32
-    return isize
+    try:
+        return os.path.getsize(path)
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror or e})") from None
 
 
 def estimate_load_bytes(path: str) -> int:
-    """Peak memory a :func:`load_trace` of ``path`` is expected to need (bytes): base + factor x JSON bytes."""
+    """Peak memory a :func:`load_trace` of ``path`` needs at least (bytes): base + factor x the JSON bytes known
+    before reading (:func:`json_size_bytes`: plain sizes exactly, gzip sizes as a lower bound)."""
     total = sum(json_size_bytes(f) for _, f in trace_files(path))
     return int(LOAD_BASE_BYTES + LOAD_BYTES_PER_JSON_BYTE * total)
+
+
+def _is_gzip(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
+
+
+def _json_size_hint(path: str) -> int:
+    """A guess of one file's JSON bytes for sizing buffers and choosing workers, never for refusing: a plain
+    file's size; for gzip the trailer's ISIZE raised by 4 GiB steps to at least 4x the compressed size (ISIZE
+    wraps above 4 GiB), at most 64x it."""
+    size = json_size_bytes(path)
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            f.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return size
+    while isize < 4 * size:
+        isize += 1 << 32
+    return min(isize, 64 * size)
+
+
+def json_budget_bytes(limit_bytes: int) -> int:
+    """The most JSON bytes a load may decompress under ``limit_bytes`` of memory (inverse of the estimate)."""
+    return max(0, int((limit_bytes - LOAD_BASE_BYTES) / LOAD_BYTES_PER_JSON_BYTE))
 
 
 def default_memory_limit_bytes() -> int:
@@ -150,11 +198,13 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
     ``chunk_bytes`` (bytes read per step, default 8 MiB) never change the result. Refuses up front, with the
     estimate and the limit, a trace whose :func:`estimate_load_bytes` exceeds ``memory_limit_bytes``
     (default :func:`default_memory_limit_bytes`).
+    The decompressed bytes are counted while they stream (all files together): the load stops with one line
+    when they pass what the limit allows (:func:`json_budget_bytes`), however small the gzip file.
     Raises TraceError (one line naming the file) for everything listed in :mod:`gaptrace.jsonstream`.
     """
     from .decodepool import DecodePool, default_workers
     from .eventcols import ColumnSink
-    from .jsonstream import CHUNK_BYTES, DocumentReader
+    from .jsonstream import CHUNK_BYTES, DocumentReader, JsonBudget
 
     files = trace_files(path)
     chunk = chunk_bytes or CHUNK_BYTES
@@ -162,17 +212,23 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
     json_bytes = sum(json_size_bytes(f) for _, f in files)
     need = estimate_load_bytes(path)
     if need > limit:
-        raise TraceError(f"{path}: too big to load here: {json_bytes / 1e9:.2f} GB of JSON needs about "
+        gz = any(_is_gzip(f) for _, f in files)
+        what = f"{json_bytes / 1e9:.2f} GB of {'JSON and gzip (more once decompressed)' if gz else 'JSON'}"
+        raise TraceError(f"{path}: too big to load here: {what} needs about "
                          f"{need / 1e9:.3g} GB of memory, over the limit of {limit / 1e9:.3g} GB")
+    budget = JsonBudget(json_budget_bytes(limit), limit)
+    hint = min(sum(_json_size_hint(f) for _, f in files), budget.max_bytes)
     if workers is None:
-        workers = default_workers() if json_bytes >= PARALLEL_MIN_BYTES else 0
-    sink = ColumnSink(expected_events=json_bytes // 200)  # Kineto: 250-450 bytes per event
+        workers = default_workers() if hint >= PARALLEL_MIN_BYTES else 0
+    sink = ColumnSink(expected_events=hint // 200)  # Kineto: 250-450 bytes per event
     metadata: dict[str, Any] = {}
     pool = DecodePool(workers, 3 * chunk + (1 << 16), sink.symbols) if workers > 0 else None
     try:
         for i, (rank, f) in enumerate(files):
             sink.start_rank(rank)
-            doc = DocumentReader(f, sink, chunk, pool)
+            # a small file reads in one small step (3,000 rank files must not each zero a 16 MiB buffer)
+            step = chunk if pool is not None else min(chunk, max(1 << 16, _json_size_hint(f) + 1))
+            doc = DocumentReader(f, sink, step, pool, budget=budget)
             doc.read()
             if i == 0:
                 metadata = doc.metadata

@@ -18,8 +18,10 @@ __all__ = ["resolve_output", "write_text_atomic", "make_readable", "set_output_m
 def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     """The real path to write ``path`` to; ValueError (one line naming the path) when it cannot be written safely.
 
-    Follows symlinks; refuses an empty path, a missing or unwritable directory, a non-regular existing target, and any of
-    ``inputs`` (paths that do not exist are skipped; a symlink to an input counts as the input).
+    Follows symlinks; refuses an empty path, a missing or unwritable directory, a non-regular existing target, any of
+    ``inputs`` or of the files inside an input that is a directory (paths that do not exist are skipped; a symlink or
+    hard link to an input counts as the input), and a symlink another user owns in a world-writable sticky
+    directory.
     """
     if not path or path.endswith(os.sep):
         raise ValueError(f"{path!r}: the output path is empty or ends in a separator; give a file name")
@@ -36,10 +38,52 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
         raise ValueError(f"{path}: the output path is {kind}; give a file name")
-    for p in inputs:
-        if p and os.path.exists(p) and os.path.realpath(p) == real:
+    for p in _input_files(inputs):
+        if os.path.realpath(p) == real or (st is not None and _same_file(p, st)):
             raise ValueError(f"{path}: the output would overwrite the input {p}")
+    if os.path.islink(path):
+        _refuse_planted_link(path)
     return real
+
+
+def _input_files(inputs: tuple[str, ...]) -> list[str]:
+    """Every path a command reads for ``inputs``: each existing input, and for a directory every entry in it
+    (a trace directory's per-rank files, a model directory's files): an output may be none of them."""
+    out: list[str] = []
+    for p in inputs:
+        if not p or not os.path.lexists(p):
+            continue
+        out.append(p)
+        if os.path.isdir(p):
+            try:
+                out += [os.path.join(p, n) for n in os.listdir(p)]
+            except OSError:
+                pass
+    return out
+
+
+def _same_file(p: str, st: os.stat_result) -> bool:
+    """Whether ``p`` is the file ``st`` describes (a hard link to it counts)."""
+    try:
+        q = os.stat(p)
+    except OSError:
+        return False
+    return (q.st_dev, q.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _refuse_planted_link(path: str) -> None:
+    """ValueError when ``path`` is a symlink in a world-writable sticky directory (such as /tmp) owned by someone
+    else than this user: another user may have planted it to make this process replace a file of theirs choosing
+    (the case the kernel's ``fs.protected_symlinks`` guards against)."""
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        dst, lst = os.stat(d), os.lstat(path)
+    except OSError:
+        return
+    sticky_public = dst.st_mode & stat.S_ISVTX and dst.st_mode & stat.S_IWOTH
+    if sticky_public and lst.st_uid != os.geteuid() and lst.st_uid != dst.st_uid:
+        raise ValueError(f"{path}: the output is a symlink owned by another user in the world-writable directory "
+                         f"{d}; refusing to follow it (remove it or write elsewhere)")
 
 
 def make_readable(path: str) -> None:

@@ -168,12 +168,14 @@ def clean_text(s: str) -> str:
 
 
 def _clean_symbols(raw: RawColumns) -> RawColumns:
-    """``raw`` with :func:`clean_text` applied to its symbol table; symbols that become equal are merged (their ids
-    remapped), so the table stays unique. One regex pass over the table when there is nothing to clean."""
-    if not _SURROGATE.search("\x00".join(raw.symbols)):
+    """``raw`` with :func:`clean_text` and :func:`gaptrace.bounds.bound_name` applied to its symbol table; symbols
+    that become equal are merged (their ids remapped), so the table stays unique. One regex pass over the table when
+    there is nothing to clean."""
+    from .bounds import MAX_NAME_CHARS, bound_name
+    if not _SURROGATE.search("\x00".join(raw.symbols)) and max(map(len, raw.symbols), default=0) <= MAX_NAME_CHARS:
         return raw
     index: dict[str, int] = {}
-    remap = np.array([index.setdefault(clean_text(s), len(index)) for s in raw.symbols], dtype=np.int32)
+    remap = np.array([index.setdefault(bound_name(clean_text(s)), len(index)) for s in raw.symbols], dtype=np.int32)
     ids = {c: np.where(getattr(raw, c) >= 0, remap[np.maximum(getattr(raw, c), 0)], getattr(raw, c)).astype(np.int32)
            for c in ("cat_id", "name_id", "pid_id", "tid_id", "sync_kind_id")}
     return dataclasses.replace(raw, symbols=list(index), **ids)
@@ -201,21 +203,44 @@ def _far_outliers(ts: np.ndarray, dur: np.ndarray, keep: np.ndarray, warnings: l
     among 5e12 µs, or a duration of 1e300), which would otherwise stretch every window to nonsense.
 
     The bulk is the 0.1%-99.9% quantile range of start times, its span ``w`` at least 1 s; an event starting
-    before q0.001 − 100·w or ending after q0.999 + 100·w is dropped, with a warning saying how many.
+    before q0.001 − 100·w or ending after q0.999 + 100·w is dropped, with a warning saying how many. The quantiles
+    are order statistics taken inward (no interpolation towards the extremes), so in a trace of fewer than 1,000
+    events the earliest and the latest start are outside the bulk: one timestamp of 1e300 (or ±1.7e308, whose
+    span overflows to inf) among 40 events is dropped, not made the window.
     """
     out = np.zeros(len(ts), dtype=bool)
     idx = np.flatnonzero(keep)
     if len(idx) < 2:
         return out
     step = max(1, len(idx) // 200_000)  # quantiles of a regular subsample: plenty for a 100-span margin
-    lo, hi = np.quantile(ts[idx[::step]], [0.001, 0.999])
-    w = max(float(hi - lo), MIN_SPAN_US)
-    far = (ts[idx] < lo - OUTLIER_SPANS * w) | (ts[idx] + dur[idx] > hi + OUTLIER_SPANS * w)
+    sample = ts[idx[::step]]
+    lo = float(np.quantile(sample, 0.001, method="higher"))
+    hi = float(np.quantile(sample, 0.999, method="lower"))
+    with np.errstate(over="ignore", invalid="ignore"):  # spans of ±1e308 overflow to inf: then nothing is far
+        w = max(hi - lo, MIN_SPAN_US)
+        far = (ts[idx] < lo - OUTLIER_SPANS * w) | (ts[idx] + dur[idx] > hi + OUTLIER_SPANS * w)
     if far.any():
         out[idx[far]] = True
         warnings.append(f"{int(far.sum())} events lie more than {OUTLIER_SPANS:.0f}× the trace's span away from "
                         "the rest of it (a corrupt timestamp or duration) and were dropped")
     return out
+
+
+MAX_TIME_ULP_US = 1.0  # float64 must resolve at least this finely where the trace's times lie
+
+
+def _check_time_resolution(ts: np.ndarray, dur: np.ndarray, keep: np.ndarray, path: str) -> None:
+    """TraceError (one line) when the kept times lie so far from zero that float64 cannot tell 1 µs apart
+    (beyond 2**52 µs, 143 years: ``np.spacing`` of the largest time over ``MAX_TIME_ULP_US``): near 1e18 µs the
+    spacing is 128 µs and 83 gaps of 700 µs read as 7. Kineto's clocks are far below it (5e12 µs on the H200
+    traces; the Unix epoch in µs is 1.8e15, spacing 0.25 µs)."""
+    if not keep.any():
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = float(np.max(np.abs(ts[keep]) + np.abs(dur[keep])))
+    if not np.isfinite(t) or np.spacing(t) > MAX_TIME_ULP_US:
+        raise TraceError(f"{path}: timestamps reach {t:.3g} µs, where float64 resolves only {np.spacing(t):.3g} µs: "
+                         "gaps and durations there cannot be told apart (a corrupt or foreign clock)")
 
 
 def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
@@ -229,6 +254,11 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     if n == 0:
         raise TraceError(f"{path}: the trace holds no complete ('ph': 'X') events")
 
+    from .bounds import MAX_NAME_CHARS
+    long_names = sum(len(s) > MAX_NAME_CHARS for s in raw.symbols)
+    if long_names:
+        warnings.append(f"{long_names} names longer than {MAX_NAME_CHARS:,} characters were cut to their first "
+                        f"{MAX_NAME_CHARS:,} (marked '…[N more characters #hash]')")
     raw = _clean_symbols(raw)
     symbols_list = list(raw.symbols)
     # Normalised category code per symbol, then per event by integer indexing (no per-event string work)
@@ -245,6 +275,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
         warnings.append(f"{int(neg.sum())} events with negative durations were dropped")
     keep = ~bad & ~neg
     keep &= ~_far_outliers(raw.ts, raw.dur, keep, warnings)
+    _check_time_resolution(raw.ts, raw.dur, keep, path)
 
     symbols = pd.Index(symbols_list, dtype=object)
     sym_int = None  # lazily parsed integer value of each symbol (for "stream 7" tids)

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from gaptrace.jsonstream import bracket_depths
-from gaptrace.loader import (events_to_raw, json_size_bytes, load_raw, load_trace, load_trace_reference,
+from gaptrace.loader import (LOAD_BASE_BYTES, events_to_raw, json_size_bytes, load_raw, load_trace, load_trace_reference,
                              read_bytes)
 from gaptrace.trace import RawColumns, Trace, TraceError
 
@@ -344,12 +344,22 @@ def test_missing_path(tmp_path):
 
 def test_size_guard_refuses_early_with_size_and_limit(tmp_path):
     msg = assert_one_line_error(PROBE, r"too big.*GB of JSON.*limit of 1e-06 GB", memory_limit_bytes=1000)
-    assert f"{json_size_bytes(PROBE) / 1e9:.2f} GB of JSON" in msg
+    assert f"{json_size_bytes(PROBE) / 1e9:.2f} GB of JSON and gzip (more once decompressed)" in msg
 
 
-def test_json_size_from_gzip_trailer():
-    assert json_size_bytes(PROBE) == len(read_bytes(PROBE))
-    assert json_size_bytes(SMALL) == len(read_bytes(SMALL))
+def test_json_size_before_reading_is_a_lower_bound():
+    """A plain file's size is its JSON; a gzip file's compressed size only bounds it from below (the trailer's
+    ISIZE is the last member's size mod 2**32): the rest is counted while it streams."""
+    assert json_size_bytes(PROBE) == os.path.getsize(PROBE) < len(read_bytes(PROBE))
+    assert json_size_bytes(SMALL) <= len(read_bytes(SMALL))
+
+
+def test_size_guard_counts_gzip_while_it_streams():
+    json_bytes = len(read_bytes(PROBE))
+    assert_one_line_error(PROBE, r"too big to load here: more than 0\.01 GB of JSON \(counted while decompressing\)",
+                          memory_limit_bytes=int(LOAD_BASE_BYTES + 0.9 * 10e6))
+    raw, _ = load_raw(PROBE, memory_limit_bytes=int(LOAD_BASE_BYTES + 0.9 * json_bytes) + 1)
+    assert raw.ts.size
 
 
 # ---------------------------------------------------------------- the vectorised bracket scan

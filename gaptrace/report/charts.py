@@ -27,8 +27,12 @@ FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
 
 
 def esc(s: object, limit: int | None = None) -> str:
-    """``str(s)`` with ``&``, ``<``, ``>`` escaped for plotly labels and hover text (optionally shortened first)."""
-    s = str(s)
+    """``str(s)`` with ``&``, ``<``, ``>`` escaped for plotly labels and hover text (optionally shortened first),
+    after the characters that are not printable (bidi overrides, NUL, ESC, line breaks) are written as their
+    visible escapes (:func:`gaptrace.cli.escape_line`, as the tables do): drawn raw in the SVG, ``\u202egnp.exe``
+    would read "exe.png"."""
+    from gaptrace.cli import escape_line
+    s = escape_line(str(s))
     if limit is not None and len(s) > limit:
         s = s[: limit - 1] + "…"
     return html.escape(s, quote=False)
@@ -36,7 +40,8 @@ def esc(s: object, limit: int | None = None) -> str:
 
 def esc_tail(s: object, limit: int) -> str:
     """Like :func:`esc`, but a long source path keeps its end (``…/managers/scheduler.py(812): run``)."""
-    s = str(s)
+    from gaptrace.cli import escape_line
+    s = escape_line(str(s))
     if len(s) > limit and "/" in s:
         s = "…" + s[len(s) - limit + 1:]
     return esc(s, limit)

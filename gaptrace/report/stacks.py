@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 
 from gaptrace.analyses.gaps import EventIdle
+from gaptrace.analyses.stacks import _marked_ancestor
+from gaptrace.bounds import MAX_STACK_FRAMES
 
 __all__ = ["nest_parents", "StackTree", "idle_stack_tree"]
 
@@ -101,7 +103,10 @@ def idle_stack_tree(ev: EventIdle) -> StackTree:
     attribution table) by frame path: thread, then outermost frame inward (DESIGN.md "Gap attribution").
 
     Events with no idle under them are dropped (their ancestors keep theirs: a parent contains its children).
-    Vectorised over events; the only Python loops are over depth levels.
+    Paths are at most ``MAX_STACK_FRAMES`` frames deep: the idle of deeper events goes to one child of their
+    ``MAX_STACK_FRAMES``-th frame labelled ``… deeper frames`` (its self and inclusive idle: their self idle), so
+    the chart and the loops stay bounded by that depth, however deep the trace nests.
+    Vectorised over events; the only Python loops are over depth levels (at most ``MAX_STACK_FRAMES`` + 1).
     """
     cols = ["node", "parent", "label", "depth", "inclusive_idle_us", "self_idle_us", "subtree_idle_us", "events"]
     tree = ev.tree
@@ -109,6 +114,16 @@ def idle_stack_tree(ev: EventIdle) -> StackTree:
     keep = (ev.inclusive_us > 0) & ev.in_rank if tree.n else np.zeros(0, dtype=bool)
     if not keep.any():
         return StackTree(pd.DataFrame({c: [] for c in cols}), ev.timeline.idle_us, key)
+    tdepth = tree.depth
+    deep = keep & (tdepth >= MAX_STACK_FRAMES)
+    if deep.any():  # folded into their ancestor at depth MAX_STACK_FRAMES - 1 (the MAX_STACK_FRAMES-th frame)
+        edge = _marked_ancestor(tree, tdepth == MAX_STACK_FRAMES - 1)
+        deep_idx = np.flatnonzero(deep)
+        deep_anc = edge[tree.parent[deep_idx]]
+        keep[deep_anc] = True
+        keep[deep_idx] = False
+    else:
+        deep_idx = deep_anc = np.empty(0, dtype=np.int64)
     # a parent contains its children; where a trace's clocks say otherwise (a child outside its Python parent's
     # span), the child may hold idle its parent does not: keep the parent too, so every kept event has its path
     for d in range(int(tree.depth[keep].max()), 0, -1):
@@ -136,10 +151,19 @@ def idle_stack_tree(ev: EventIdle) -> StackTree:
         labels.append(frame_names[uniq % n_frames])
         depths.append(np.full(len(uniq), d + 1, dtype=np.int64))
         next_id += len(uniq)
+    deep_node = np.empty(0, dtype=np.int64)
+    if len(deep_idx):  # one "… deeper frames" child per folded frame
+        uniq, inv = np.unique(node_of[deep_anc], return_inverse=True)
+        deep_node = next_id + inv.reshape(-1)
+        parents.append(uniq)
+        labels.append(np.full(len(uniq), "… deeper frames", dtype=object))
+        depths.append(np.full(len(uniq), MAX_STACK_FRAMES + 1, dtype=np.int64))
+        next_id += len(uniq)
     kept = np.flatnonzero(keep)
-    incl = np.bincount(node_of[kept], weights=ev.inclusive_us[kept], minlength=next_id)
-    self_idle = np.bincount(node_of[kept], weights=ev.self_us[kept], minlength=next_id)
-    count = np.bincount(node_of[kept], minlength=next_id)
+    to = np.r_[node_of[kept], deep_node].astype(np.int64)
+    incl = np.bincount(to, weights=np.r_[ev.inclusive_us[kept], ev.self_us[deep_idx]], minlength=next_id)
+    self_idle = np.bincount(to, weights=np.r_[ev.self_us[kept], ev.self_us[deep_idx]], minlength=next_id)
+    count = np.bincount(to, minlength=next_id)
     parent = np.concatenate(parents)
     depth = np.concatenate(depths)
     subtree = self_idle.copy()
