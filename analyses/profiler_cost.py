@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from gaptrace.sidecar import Sidecar, as_sidecar
+
 from gaptrace.trace import Trace
 
 from .launch_fit import launch_fit
@@ -88,18 +90,12 @@ def load_calibration(path: str | None = None) -> Calibration:
     return Calibration(**vals, source=os.path.abspath(p), measured_on=on)
 
 
-def sidecar_launch_us(sidecar: dict | None) -> dict[int, float]:
-    """{graph node count: unprofiled host launch cost µs} from a capture sidecar's ``graphs`` list (entries with a
-    positive ``unprofiled_launch_us``; several graphs of one size: their mean)."""
-    out: dict[int, list[float]] = {}
-    for g in (sidecar or {}).get("graphs") or []:
-        if not isinstance(g, dict):
-            continue
-        n, u = g.get("nodes"), g.get("unprofiled_launch_us")
-        if isinstance(n, int) and not isinstance(n, bool) and isinstance(u, (int, float)) and not isinstance(u, bool) \
-                and math.isfinite(u) and u > 0:
-            out.setdefault(n, []).append(float(u))
-    return {n: float(np.mean(v)) for n, v in out.items()}
+def sidecar_launch_us(sidecar: "Sidecar | dict | None") -> dict[int, float]:
+    """{graph node count: unprofiled host launch cost µs} from a capture sidecar (typed :class:`gaptrace.sidecar.
+    Sidecar` or its dict; :meth:`~gaptrace.sidecar.Sidecar.unprofiled_launch_us`: usable entries only, a later
+    entry of one size replacing an earlier one); {} without one."""
+    side = as_sidecar(sidecar)
+    return (side.unprofiled_launch_us() or {}) if side is not None else {}
 
 
 def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration,

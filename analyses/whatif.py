@@ -23,6 +23,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from gaptrace.sidecar import Sidecar, as_sidecar
+
 from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import Calibration, load_calibration, unprofiled_inputs
@@ -132,21 +134,17 @@ def _occupancy(model: ReplayModel, res: ReplayResult, t0: float, t1: float) -> f
     return float(np.sum(inside * busy_item) / (t1 - t0))
 
 
-def _tau(sidecar: dict | None) -> float | None:
-    vals = []
-    for r in (sidecar or {}).get("rounds") or []:
-        t = r.get("tau") if isinstance(r, dict) else None
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0:
-            vals.append(float(t))
+def _tau(sidecar: "Sidecar | dict | None") -> float | None:
+    """Mean τ over the sidecar's profiled rounds with a usable τ (:attr:`gaptrace.sidecar.Sidecar.round_taus`)."""
+    side = as_sidecar(sidecar)
+    vals = [t for t in (side.round_taus or ()) if math.isfinite(t)] if side is not None else []
     return float(np.mean(vals)) if vals else None
 
 
-def _unprofiled_round_us(sidecar: dict | None) -> float | None:
-    u = (sidecar or {}).get("unprofiled_round_ms")
-    vals = u if isinstance(u, list) else [u]
-    vals = [float(v) for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v) and v > 0]
-    return float(np.median(vals)) * 1e3 if vals else None
+def _unprofiled_round_us(sidecar: "Sidecar | dict | None") -> float | None:
+    """The sidecar's measured unprofiled round period (the median of its usable values), µs, or None."""
+    side = as_sidecar(sidecar)
+    return side.unprofiled_round_ms * 1e3 if side is not None and side.unprofiled_round_ms is not None else None
 
 
 class Context:

@@ -58,7 +58,7 @@ def whatif(trace: str, removes: tuple[str, ...], speedups: tuple[str, ...], cali
     from gaptrace.analyses.profiler_cost import load_calibration
     from gaptrace.analyses.whatif import Change, Context, parse_speedup
     from gaptrace.analyses.whatif import whatif as run
-    from gaptrace.capture import read_sidecar_checked
+    from gaptrace.sidecar import read_sidecar_checked
     from gaptrace.cli import fail, memory_limit_bytes
 
     try:

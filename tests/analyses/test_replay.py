@@ -13,7 +13,7 @@ import pytest
 
 from gaptrace.analyses import replay as R
 from gaptrace.analyses.whatif import Change, whatif
-from gaptrace.capture import read_sidecar_checked
+from gaptrace.sidecar import read_sidecar_checked
 from gaptrace.loader import load_trace
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces")

@@ -11,7 +11,7 @@ import pytest
 from gaptrace.analyses import replay as R
 from gaptrace.analyses import whatif as W
 from gaptrace.analyses.profiler_cost import DEFAULT_CALIBRATION, load_calibration
-from gaptrace.capture import read_sidecar_checked
+from gaptrace.sidecar import read_sidecar_checked
 from gaptrace.loader import load_trace
 from gaptrace.trace import TraceError
 
