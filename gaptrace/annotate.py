@@ -5,7 +5,8 @@ import os
 
 import click
 
-from gaptrace.cli import escape_line, memory_limit_option
+from gaptrace.cli import memory_limit_option
+from gaptrace.text import escape_line
 from gaptrace.trace import TraceError, clean_text
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import click
 
-from gaptrace.cli import escape_controls, escape_line, fail
+from gaptrace.cli import fail
+from gaptrace.text import escape_controls, escape_line
 
 
 def read_prompts_file(path: str) -> list[str]:

@@ -31,7 +31,7 @@ def esc(s: object, limit: int | None = None) -> str:
     after the characters that are not printable (bidi overrides, NUL, ESC, line breaks) are written as their
     visible escapes (:func:`gaptrace.cli.escape_line`, as the tables do): drawn raw in the SVG, ``\u202egnp.exe``
     would read "exe.png"."""
-    from gaptrace.cli import escape_line
+    from gaptrace.text import escape_line
     s = escape_line(str(s))
     if limit is not None and len(s) > limit:
         s = s[: limit - 1] + "…"
@@ -40,7 +40,7 @@ def esc(s: object, limit: int | None = None) -> str:
 
 def esc_tail(s: object, limit: int) -> str:
     """Like :func:`esc`, but a long source path keeps its end (``…/managers/scheduler.py(812): run``)."""
-    from gaptrace.cli import escape_line
+    from gaptrace.text import escape_line
     s = escape_line(str(s))
     if len(s) > limit and "/" in s:
         s = "…" + s[len(s) - limit + 1:]
