@@ -2,6 +2,9 @@
 
 - tests/ goes on sys.path, so the helper modules import by their names from any folder:
   ``from _idle_reference import ...``, ``from _report_helpers import ...``, ``from _runtime_models import ...``.
+- ``slow``: every test in the modules of SLOW_MODULES (below) is marked slow. The default run (pyproject's addopts:
+  ``-m 'not slow and not gpu'``, the README's test command) leaves them out; ``.ci/run`` runs them after it with
+  ``-m slow``. A single slow test elsewhere can carry ``@pytest.mark.slow`` itself.
 - ``gpu``-marked tests run only where torch sees a CUDA device (``pytest -m gpu`` on the GPU machine); elsewhere
   they are skipped with that reason. The markers (``slow``, ``gpu``) are registered in pyproject.toml.
 """
@@ -17,6 +20,29 @@ if TESTS_DIR not in sys.path:
     sys.path.insert(0, TESTS_DIR)
 
 
+# whole modules that decode with the runtime, run notebooks, a browser, the benchmark scripts, the fuzzer, or Triton's
+# interpreter: minutes each on a 2-core machine (README, "Tests")
+SLOW_MODULES = frozenset({
+    "cli/test_bench_gpu_scripts.py",
+    "cli/test_benchmarks_smoke.py",
+    "report/test_notebooks.py",
+    "report/test_report_browser.py",
+    "trace/test_fuzz.py",
+    "runtime/test_fused_kernels.py",
+    "runtime/test_long_prompts_queue.py",
+    "runtime/test_runtime_capture.py",
+    "runtime/test_runtime_checkpoint_cli.py",
+    "runtime/test_runtime_exact.py",
+    "runtime/test_runtime_faults.py",
+    "runtime/test_runtime_graph_wiring.py",
+    "runtime/test_runtime_inputs.py",
+    "runtime/test_runtime_plain.py",
+    "runtime/test_runtime_recompute.py",
+    "runtime/test_runtime_tree.py",
+    "runtime/test_tiny_pair.py",
+})
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -25,7 +51,12 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = os.path.relpath(str(item.path), TESTS_DIR).replace(os.sep, "/")
+        if rel in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or _cuda_available():
         return

@@ -93,7 +93,9 @@ def test_token_list_rebuild_is_present_but_small(preset):
     path = os.path.join(FAULTS, f"h200_{preset}_overlap_bs8_B12_token-list-rebuild.json.gz")
     trace = gaptrace.load_trace(path)
     h = trace.host
-    assert ((h["cat"] == "user_annotation") & (h["name"] == "token_list_rebuild")).sum() >= 8
+    ranges = h[h["cat"] == "user_annotation"]
+    # at least once per profiled round (3 rounds in these fixtures, cut to fit the repo; 8 captured)
+    assert (ranges["name"] == "token_list_rebuild").sum() >= (ranges["name"] == "round").sum() >= 3
     res = run_analysis(trace, sidecar=read_sidecar(path))
     assert not [f for f in res["findings"] if "token_list_rebuild" in f["summary"]]
 

@@ -404,16 +404,16 @@ print("ok")
 """
 
 
-# the interpreter's tl.dot made row-position independent (tests/_triton_interpreter.py says why): without it, the
-# BLAS behind np.matmul can round a query's row differently by where it sits in the tile, and the T-invariance
-# checks fail by one float32 ulp on CPUs where OpenBLAS picks its AVX2 sgemm
-ROWWISE_DOT = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}); "
-               "import _triton_interpreter; _triton_interpreter.rowwise_dot()\n")
+# the interpreter's tl.dot without BLAS (tests/_triton_interpreter.py says why): through np.matmul the BLAS can round
+# a query's row differently by where it sits in the tile, and the T-invariance checks fail by one float32 ulp on CPUs
+# where OpenBLAS picks its AVX2 sgemm
+EXACT_DOT = (f"import sys; sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r}); "
+             "import _triton_interpreter; _triton_interpreter.exact_dot()\n")
 
 
 def _run(interpret: bool):
     env = {**os.environ, "TRITON_INTERPRET": "1" if interpret else "0"}
-    code = ROWWISE_DOT + CHECK if interpret else CHECK
+    code = EXACT_DOT + CHECK if interpret else CHECK
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.stdout[-2000:], r.stderr[-4000:])
 
