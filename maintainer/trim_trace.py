@@ -1,7 +1,7 @@
 """Cut a Kineto trace (and its gaptrace sidecar) to a time window of whole profiled rounds, so a fixture stays small.
 
     python maintainer/trim_trace.py IN.json.gz OUT.json.gz --rounds 0:2
-    python maintainer/trim_trace.py IN.json.gz OUT.json.gz --start-at 'runtime/cache/window.py(12): window_start:-6'
+    python maintainer/trim_trace.py IN.json.gz OUT.json.gz --end-at 'runtime/cache/window.py(12): window_start:6'
 
 ``--rounds A:B`` keeps the profiled rounds A..B (0-based, both included, in time order of the host's ``round``
 annotations): the window runs from the start of the profiler step holding round A to the end of the step holding
@@ -11,11 +11,13 @@ the launch of a kernel in it: matched by ``args.correlation``) and the flow arro
 loses its device work and no kept kernel its launch. Metadata (every top-level key, ``ph: M`` events, the device
 properties) is kept unchanged.
 
-``--start-at NAME:INDEX`` is for a capture whose one long round (a prefill) is what a test needs: the window starts
-at the host timestamp of the INDEX-th event named NAME (Python indexing, time order; e.g. the last six prefill
-chunks) and runs to the end of the trace's last profiler step; host events and GPU annotations open at that moment
-(the ``round`` range, its ``ProfilerStep``, the enclosing Python frames) are clipped to start there, so the round
-window is the cut. Say in the fixture's MANIFEST that the round was cut.
+``--end-at NAME:INDEX`` is for a capture whose one long round (a prefill) is what a test needs: the window starts
+with the trace's first profiler step and ends at the host timestamp of the INDEX-th event named NAME (Python
+indexing, time order; e.g. the start of the 7th prefill chunk: the first six chunks are kept); host events and GPU
+annotations open at that moment (the ``round`` range, its ``ProfilerStep``, the enclosing Python frames) are clipped
+to end there, so the round window is the cut, and the rounds after it are dropped. ``--start-at NAME:INDEX`` is the
+same from the other side (the window runs from that event to the end of the last profiler step). Say in the
+fixture's MANIFEST that the round was cut.
 
 The sidecar (IN.gaptrace.json, when present) is written next to OUT with its per-round fields cut the same way:
 ``rounds``, ``profiled_step_ms`` (the clipped step's duration under ``--start-at``) and ``active_steps``; ``trace``
@@ -74,7 +76,7 @@ def _window_of_rounds(events: list[dict], first: int, last: int) -> tuple[float,
     return s0["ts"], _end(s1), kept
 
 
-def trim_events(events: list[dict], t0: float, t1: float, clip_at_t0: bool) -> list[dict]:
+def trim_events(events: list[dict], t0: float, t1: float, clip_at_t0: bool, clip_at_t1: bool = False) -> list[dict]:
     """The events of the window [t0, t1] plus the correlated partners of kept launches and kernels (see above)."""
     keep = [False] * len(events)
     corr = set()
@@ -100,21 +102,42 @@ def trim_events(events: list[dict], t0: float, t1: float, clip_at_t0: bool) -> l
             continue
         if clip_at_t0 and e.get("ph") == "X" and e.get("cat") in HOST_CATS and e["ts"] < t0 < _end(e):
             e = {**e, "ts": t0, "dur": _end(e) - t0}
+        if clip_at_t1 and e.get("ph") == "X" and e.get("cat") in HOST_CATS and e["ts"] < t1 < _end(e):
+            e = {**e, "dur": t1 - e["ts"]}
+        if clip_at_t1 and e.get("ph") == "X" and e.get("cat") in HOST_CATS and e["ts"] >= t1:
+            continue  # a host event of the partner pass that starts after the cut: its launch is not in the window
         out.append(e)
     return out
 
 
-def trim(trace: dict, side: dict | None, rounds: tuple[int, int] | None, start_at: tuple[str, int] | None):
+def trim(trace: dict, side: dict | None, rounds: tuple[int, int] | None, start_at: tuple[str, int] | None,
+         end_at: tuple[str, int] | None = None):
     """(trimmed trace, trimmed sidecar or None); TrimError on bad input."""
     events = trace.get("traceEvents")
     if not isinstance(events, list):
         raise TrimError("no traceEvents list")
     steps = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
                     and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    clip_end = False
     if rounds is not None:
         t0, t1, kept_steps = _window_of_rounds(events, *rounds)
         kept_rounds = list(range(rounds[0], rounds[1] + 1))
         clip = False
+    elif end_at is not None:
+        name, index = end_at
+        marks = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("name") == name)
+        if not marks:
+            raise TrimError(f"no event named {name!r} in the trace")
+        try:
+            t1 = marks[index]
+        except IndexError:
+            raise TrimError(f"{name!r} occurs {len(marks)} times; index {index} is outside") from None
+        if not steps:
+            raise TrimError("no ProfilerStep annotations in the trace")
+        t0 = steps[0]["ts"]
+        kept_steps = [i for i, s in enumerate(steps) if s["ts"] < t1]
+        kept_rounds = list(range(len(kept_steps)))
+        clip, clip_end = False, True
     else:
         name, index = start_at
         marks = sorted(e["ts"] for e in events if e.get("ph") == "X" and e.get("name") == name)
@@ -131,7 +154,7 @@ def trim(trace: dict, side: dict | None, rounds: tuple[int, int] | None, start_a
         n_rounds = len(side["rounds"]) if side and isinstance(side.get("rounds"), list) else 0
         kept_rounds = list(range(n_rounds - len(kept_steps), n_rounds))
         clip = True
-    new_events = trim_events(events, t0, t1, clip)
+    new_events = trim_events(events, t0, t1, clip, clip_end)
     out = {k: v for k, v in trace.items() if k != "traceEvents"}
     out["traceEvents"] = new_events
     if side is None:
@@ -145,6 +168,9 @@ def trim(trace: dict, side: dict | None, rounds: tuple[int, int] | None, start_a
         if clip and kept:
             first = steps[kept_steps[0]]
             kept[0] = (_end(first) - max(first["ts"], t0)) / 1000.0
+        if clip_end and kept:
+            last = steps[kept_steps[-1]]
+            kept[-1] = (min(_end(last), t1) - last["ts"]) / 1000.0
         side["profiled_step_ms"] = kept
     if isinstance(side.get("active_steps"), int):
         side["active_steps"] = len(kept_steps)
@@ -171,9 +197,10 @@ def main(argv=None) -> int:
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--rounds", help="A:B, profiled rounds A..B (0-based, inclusive)")
     g.add_argument("--start-at", help="NAME:INDEX, the window starts at that event (the last profiler step ends it)")
+    g.add_argument("--end-at", help="NAME:INDEX, the window ends at that event (the first profiler step starts it)")
     a = ap.parse_args(argv)
     try:
-        rounds = start_at = None
+        rounds = start_at = end_at = None
         if a.rounds:
             try:
                 lo, hi = (int(x) for x in a.rounds.split(":"))
@@ -181,11 +208,13 @@ def main(argv=None) -> int:
                 raise TrimError(f"--rounds must be A:B (integers), got {a.rounds!r}") from None
             rounds = (lo, hi)
         else:
-            name, _, idx = a.start_at.rpartition(":")
+            spec = a.start_at or a.end_at
+            name, _, idx = spec.rpartition(":")
             try:
-                start_at = (name, int(idx))
+                mark = (name, int(idx))
             except ValueError:
-                raise TrimError(f"--start-at must be NAME:INDEX, got {a.start_at!r}") from None
+                raise TrimError(f"--start-at / --end-at must be NAME:INDEX, got {spec!r}") from None
+            start_at, end_at = (mark, None) if a.start_at else (None, mark)
         opener = gzip.open if a.input.endswith(".gz") else open
         try:
             with opener(a.input, "rb") as f:
@@ -194,7 +223,7 @@ def main(argv=None) -> int:
             raise TrimError(f"{a.input}: not a readable Kineto trace ({str(e).splitlines()[0][:80]})") from None
         side_in = sidecar_path(a.input)
         side = json.load(open(side_in)) if os.path.exists(side_in) else None
-        out, side_out = trim(trace, side, rounds, start_at)
+        out, side_out = trim(trace, side, rounds, start_at, end_at)
     except TrimError as e:
         print(f"trim_trace: {e}", file=sys.stderr)
         return 2

@@ -2,9 +2,9 @@
 
 - tests/ goes on sys.path, so the helper modules import by their names from any folder:
   ``from _idle_reference import ...``, ``from _report_helpers import ...``, ``from _runtime_models import ...``.
-- ``slow``: every test in the modules of SLOW_MODULES (below) is marked slow. The default run (pyproject's addopts:
-  ``-m 'not slow and not gpu'``, the README's test command) leaves them out; ``.ci/run`` runs them after it with
-  ``-m slow``. A single slow test elsewhere can carry ``@pytest.mark.slow`` itself.
+- ``slow``: every test in the modules of SLOW_MODULES and the tests of SLOW_TESTS (below) is marked slow. The
+  default run (pyproject's addopts: ``-m 'not slow and not gpu'``, the README's test command) leaves them out;
+  ``.ci/run`` runs them after it with ``-m slow``. A single slow test elsewhere can carry ``@pytest.mark.slow`` itself.
 - ``gpu``-marked tests run only where torch sees a CUDA device (``pytest -m gpu`` on the GPU machine); elsewhere
   they are skipped with that reason. The markers (``slow``, ``gpu``) are registered in pyproject.toml.
 """
@@ -43,6 +43,21 @@ SLOW_MODULES = frozenset({
 })
 
 
+# single tests (a nodeid prefix: every parameter of it) that take tens of seconds each there: subprocess CLIs on the
+# largest real traces, the HolisticTraceAnalysis cross-check, the by-hand bubble recomputations
+SLOW_TESTS = (
+    "analyses/test_diff.py::test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace",
+    "analyses/test_diff.py::test_diff_bubbles_by_kernel_pair",
+    "analyses/test_diff.py::test_sidecar_fields_the_analyses_skip_are_named_in_one_warning",
+    "analyses/test_diff.py::test_diff_cli_on_real_traces",
+    "analyses/test_diff.py::test_diff_of_a_trace_against_itself_says_no_change",
+    "analyses/test_occupancy.py::test_occupancy_agrees_with_hta",
+    "analyses/test_device_side.py::test_node_bubbles_by_kernel_pair_by_hand",
+    "analyses/test_device_side.py::test_graph_node_bubbles_by_hand",
+    "cli/test_analyze_cli.py::test_host_only_trace_is_one_error_line_exit_2",
+)
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -55,7 +70,8 @@ def _cuda_available() -> bool:
 def pytest_collection_modifyitems(config, items):
     for item in items:
         rel = os.path.relpath(str(item.path), TESTS_DIR).replace(os.sep, "/")
-        if rel in SLOW_MODULES:
+        name = rel + "::" + item.name.split("[")[0]
+        if rel in SLOW_MODULES or any(name.startswith(t) for t in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or _cuda_available():

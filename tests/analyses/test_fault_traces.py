@@ -48,10 +48,16 @@ def test_dd_gather_is_the_first_finding(preset, min_share):
 
 @pytest.mark.parametrize("preset,min_share", [("bench", 0.2), ("tiny", 0.15)])
 def test_jit_new_shape_first_finding_is_in_its_range(preset, min_share):
+    """The first finding names the jit_new_shape range: as an idle site over the 8 captured rounds; over the 3 rounds
+    around the compile that the fixture keeps, the compile makes the rounds host-bound, so the first finding is
+    host_bound with jit_new_shape as the range holding most host time. Either way the idle site of Triton waiting
+    for its compiler subprocess, in that range, holds at least min_share of the idle."""
     res = fault(preset, "jit-new-shape")
     first = res["findings"][0]
-    assert first["kind"] == "idle_site" and first["range"] == "jit_new_shape" and first["idle_share"] >= min_share
-    assert "_try_wait" in first["site"]  # Triton waiting for its compiler subprocess
+    assert first["kind"] in ("idle_site", "host_bound") and first["range"] == "jit_new_shape"
+    waits = [f for f in res["findings"] if f["kind"] == "idle_site" and f["range"] == "jit_new_shape"
+             and "_try_wait" in f["site"]]  # Triton waiting for its compiler subprocess
+    assert waits and waits[0]["idle_share"] >= min_share
 
 
 def test_eager_commit_glue_costs_host_time_and_appears_in_the_diff(clean_bench):
@@ -65,18 +71,19 @@ def test_eager_commit_glue_costs_host_time_and_appears_in_the_diff(clean_bench):
 
 
 def test_eager_commit_glue_on_a_host_bound_round_is_the_first_finding():
-    """Tiny preset, bs 1: the glue adds ~6 ms of host time a round (Thost +76%, Tround +72% against the clean
-    capture) and the rounds stay host-bound even without the profiler's launch inflation, so the first finding is
-    host_bound: the host-wait idle is the host being late, and the NVTX range holding most of its own time is
-    eager_commit_glue. The glue's own range holds only 4% of the idle as an idle site: the idle it causes sits
-    inside the next profiler-inflated draft-graph launch (the second finding). MANIFEST.md."""
+    """Tiny preset, bs 1: the glue adds host time every round (over the shipped rounds Thost +99%, Tround +97%
+    against the clean capture's) and the rounds stay host-bound even without the profiler's launch inflation, so the
+    first finding is host_bound: the host-wait idle is the host being late, and the NVTX range holding most of its
+    own time is eager_commit_glue. The glue's own range holds little of the idle as an idle site: the idle it causes
+    sits inside the next profiler-inflated draft-graph launch (the second finding). MANIFEST.md."""
     clean = analysis(os.path.join(CLEAN, "h200_tiny_overlap_bs1_B12.json.gz"))
     res = fault("tiny", "eager-commit-glue", bs=1)
     d = diff_analyses(clean, res)
     assert d["metrics"]["t_host_us"]["rel"] > 0.5 and d["metrics"]["t_round_us"]["rel"] > 0.5
-    assert "runtime/faults.py: eager_commit_glue" in {r["frame"] for r in d["frames"]["appeared"]}
+    # the glue's own range holds little idle as an idle site (4% over the 8 captured rounds, none over the 3 rounds
+    # the fixture keeps), so the diff's idle frames need not list it: its cost shows as host time (above)
     glue = [s for s in res["idle_sites"] if s["range"] == "eager_commit_glue"]
-    assert glue and glue[0]["site"].endswith(": eager_commit_glue") and 0.02 < glue[0]["share"] < 0.1
+    assert (glue[0]["share"] if glue else 0.0) < 0.1
     first, second = res["findings"][:2]
     assert first["kind"] == "host_bound" and first["range"] == "eager_commit_glue" and first["idle_share"] >= 0.5
     assert abs(first["idle_share"] - res["idle_split"]["host_wait_us"] / res["idle_split"]["idle_us"]) < 1e-9
@@ -100,7 +107,10 @@ def test_token_list_rebuild_is_present_but_small(preset):
     assert not [f for f in res["findings"] if "token_list_rebuild" in f["summary"]]
 
 
-LONG = "h200_tiny_overlap_bs2_B8_long60k"  # two ~59k-token prompts prefilled in 2,048-token chunks in the window
+# two ~59k-token prompts prefilled in 2,048-token chunks; the fixtures keep the profiled prefill round up to the start
+# of its 7th chunk (maintainer/trim_trace.py --end-at; the MANIFEST): its first six chunks, the host-bound ones
+LONG = "h200_tiny_overlap_bs2_B8_long60k"
+LONG_CHUNKS = 6
 
 
 @pytest.fixture(scope="module")
@@ -135,37 +145,33 @@ def test_token_list_rebuild_is_the_first_finding_on_long_prompts(long_pair):
              and e["name"].endswith("runtime/faults.py(151): token_list_rebuild")]
     rng = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "user_annotation"
            and e["name"] == "token_list_rebuild"]
-    assert len(frame) == len(rng) >= 29  # one per prefill chunk in the window
+    # one per prefill chunk, the 7th's too: a chunk's rebuild runs before its window_start, where the cut is
+    assert len(frame) == len(rng) == LONG_CHUNKS + 1
     site = res["idle_sites"][0]
     assert site["site"] == first["site"] and abs(first["idle_share"] - site["idle_us"] / busy.idle) < 1e-9
     under_frame, under_range = busy.idle_under_union(frame), busy.idle_under_union(rng)
-    assert 0.7 * under_frame < site["idle_us"] <= under_frame + 1.0   # 24.9 of 33.3 ms
-    assert first["idle_share"] > 0.08 and under_range / busy.idle > 0.1  # 9%; 32.4 ms (11%) inside the range
+    assert 0.7 * under_frame < site["idle_us"] <= under_frame + 1.0
+    assert first["idle_share"] > 0.08 and under_range / busy.idle > 0.1  # 11% (15.4 ms); more inside the range
     # the range's inclusive idle as gaptrace reports it (31.4 ms: host-wait idle only, the device-side gaps between
     # already-queued kernels left out) is that raw figure less at most the trace's device-side idle
     rng_row = [r for r in res["gap_attribution"] if r["frame"] == "token_list_rebuild"][0]
     assert under_range - res["idle_split"]["device_side_us"] <= rng_row["inclusive_idle_us"] <= under_range + 1.0
     # ahead of every other site, the eager prefill's own frames included
     assert all(s["idle_us"] < site["idle_us"] for s in res["idle_sites"][1:])
-    # one of the three rounds holds the prefill: the median round is GPU-bound, the means host-bound; the text says
-    # which is which instead of printing "GPU-bound" over host-bound means
-    from gaptrace.analyze import render_text
-
-    m = res["rounds"]["summary"]
-    assert m["bound"] == "GPU" and m["t_host_us"] > m["t_gpu_us"]
-    assert "GPU-bound (in the median round; the means below are host-bound" in render_text(res, 5)
     # the clean capture of the same decode: no such range, no sync finding above 5%
     assert not [f for f in clean["findings"] if "token_list_rebuild" in f["summary"]]
     assert not [f for f in clean["findings"] if f["kind"] == "blocking_sync" and f["idle_share"] > 0.05]
 
 
 def test_token_list_rebuild_diff_on_long_prompts(long_pair):
-    """gaptrace diff clean -> fault: the same GPU work (busy within 1%), idle +76%, Tround +17%, the fault's frame
-    among the appeared ones; TPOT loses with τ unchanged."""
+    """gaptrace diff clean -> fault over the same six prefill chunks: the same GPU work (busy within 1%), idle +42%,
+    the window (the chunks' wall time) +27%, the fault's frame among the appeared ones. (The cut keeps one round, so
+    there is no round period or TPOT to compare: the whole captures' diff gave Tround +17% at equal τ.)"""
     d = diff_analyses(*long_pair)
     m = d["metrics"]
-    assert abs(m["busy_us"]["rel"]) < 0.01 and m["idle_us"]["rel"] > 0.5 and m["t_round_us"]["rel"] > 0.1
-    assert m["tau"]["rel"] == 0 and m["tpot_us"]["rel"] > 0.1
+    assert abs(m["busy_us"]["rel"]) < 0.01 and m["idle_us"]["rel"] > 0.3
+    clean, fault = (r["devices"][0]["window_us"] for r in long_pair)
+    assert fault / clean - 1 > 0.1
     assert "runtime/faults.py: token_list_rebuild" in {r["frame"] for r in d["frames"]["appeared"]}
 
 
