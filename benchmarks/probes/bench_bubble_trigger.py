@@ -3,7 +3,7 @@ time followed while other CUDA work happens in between.
 
 Session 7 saw the bubble between dependent graph nodes grow during a process's life, unprofiled: chains of the
 runtime's add_rms_norm replay at ~1.29 µs a node in the first three graphs a process makes and ~1.47 µs from the
-fourth on (every graph, old ones too; benchmarks/results/h200_2026-11-30_s7), and the graph-launch probe's first
+fourth on (every graph, old ones too; benchmarks/probes/README.md), and the graph-launch probe's first
 replays leave 0.256 µs between nodes where every later one leaves 0.416 µs. This script captures one chain of
 ``--nodes`` add_rms_norm nodes ([8, 1024] bfloat16, the bench draft's shape) and times ``--batches`` batches of
 ``--replays`` replays (CUDA events, median per batch) after each stage of ``--stages``, in order:
