@@ -431,7 +431,7 @@ def main(argv=None) -> int:
     p.add_argument("--isolate", choices=("auto", "yes", "no"), default="auto",
                    help="run every cell in a process of its own (auto: on CUDA). A process that has made more than "
                         "a few CUDA graphs runs every graph node ~0.18 µs slower on an H200, so an earlier cell's "
-                        "engine would slow the later cells (benchmarks/results/h200_2026-11-30_s8/README.md)")
+                        "engine would slow the later cells (benchmarks/probes/README.md)")
     p.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # --isolate's child: run this cell key only
     a = p.parse_args(argv)
     if a.warmup_rounds < 1 or a.timed_rounds < 1 or a.profiled_rounds < 0 or a.capture_report_rounds < 0:

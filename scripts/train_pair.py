@@ -10,7 +10,7 @@ fixtures/models/tokenizer.json (scripts/train_tokenizer.py). Each document is a 
 1. Target: next-token cross-entropy on random windows of the TRAIN split (AdamW, warm-up then cosine, bf16
    autocast on CUDA, time-budgeted: the schedule runs on progress = max(step / max_steps, elapsed / seconds)).
    The weights with the lowest held-out loss (evaluated every ``--eval-every`` steps) are kept.
-   Linear-attention layers train through scripts/gdn_chunk.py on CUDA (``--linear-impl``): fla-core 0.6.0
+   Linear-attention layers train through runtime/models/gdn_chunk.py on CUDA (``--linear-impl``): fla-core 0.6.0
    refuses its gated-delta-rule backward on Hopper with Triton < 3.7.1 (the H200 image has 3.6.0).
    Default: a hybrid, gated-delta-rule linear attention interleaved with full attention (3 : 1);
    ``--plain-attention``: full attention in every layer (a standard Qwen3-style checkpoint).
@@ -247,7 +247,7 @@ def train(model, train_ids, val, args, device, *, seconds: float, max_steps: int
 @torch.no_grad()
 def check_linear_impl(model, tokens: torch.Tensor, bf16: bool) -> float | None:
     """Relative L2 difference of ``model``'s logits on ``tokens`` through the installed linear-attention path
-    (scripts/gdn_chunk.py) against the runtime's own per-token recurrence (gdn.gated_delta_rule_ref); None when
+    (runtime/models/gdn_chunk.py) against the runtime's own per-token recurrence (gdn.gated_delta_rule_ref); None when
     nothing is installed or the model has no linear layers."""
     from gaptrace.runtime.models import gdn
 
@@ -431,7 +431,8 @@ def main(argv=None) -> int:
     ap.add_argument("--plain-attention", action="store_true",
                     help="full attention in every target layer (a transformers-loadable Qwen3-style pair)")
     ap.add_argument("--linear-impl", choices=("auto", "torch-chunk", "runtime"), default="auto",
-                    help="gated delta rule for training and evaluation: scripts/gdn_chunk.py (auto on CUDA: fla's "
+                    help="gated delta rule for training and evaluation: runtime/models/gdn_chunk.py "
+                         "(auto on CUDA: fla's "
                          "backward is refused on Hopper with Triton < 3.7.1) or the runtime's own (auto on CPU)")
     ap.add_argument("--dry-run", action="store_true", help="toy sizes, few steps, few files: a smoke run")
     ap.add_argument("--tokenizer", type=Path, default=REPO / "fixtures/models/tokenizer.json")
@@ -469,12 +470,10 @@ def main(argv=None) -> int:
     ModelConfig, Transformer, save_checkpoint, load_checkpoint = _import_runtime()
     impl = args.linear_impl if args.linear_impl != "auto" else ("torch-chunk" if device == "cuda" else "runtime")
     if impl == "torch-chunk":
-        from gaptrace.runtime.models import gdn
-
-        import gdn_chunk
+        from gaptrace.runtime.models import gdn, gdn_chunk
 
         gdn_chunk.install(gdn, devices=(device,))
-    linear_impl = {"torch-chunk": "chunked PyTorch gated delta rule (scripts/gdn_chunk.py)",
+    linear_impl = {"torch-chunk": "chunked PyTorch gated delta rule (runtime/models/gdn_chunk.py)",
                    "runtime": "runtime's own dispatch (gdn.gated_delta_rule)"}[impl]
     train_ids, heldout_ids, tok, corpus = load_corpus(args.tokenizer, limit_files=40 if args.dry_run else None)
     eos = tok.token_to_id(tinycorpus.EOS_TOKEN)

@@ -1,4 +1,4 @@
-"""The attack suite (benchmarks/attack_suite.py), one small version of each attack, through the real CLI.
+"""The attack suite (tests/attack_suite.py), one small version of each attack, through the real CLI.
 
 Each must end within its time bound (generous: several times what it takes here, a fraction of what the code that
 failed took) in a result or exactly one ``gaptrace: error:`` line with exit 2, leave every input unchanged and no
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 import attack_suite as A  # noqa: E402

@@ -1,0 +1,140 @@
+"""Smoke runs of the benchmark scripts on tiny inputs: they run and print their table (no timing asserted)."""
+import subprocess
+import sys
+
+import pytest
+
+SMALL = "fixtures/traces/tracelens_mi300x_sglang_qwen3_8b_decode.json.gz"
+
+
+def run(*args, timeout=300):
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_make_big_trace_and_bench_analysis(tmp_path):
+    big = tmp_path / "big.json"
+    run("benchmarks/make_big_trace.py", str(big), "--source", SMALL, "--size-gb", "0.005")
+    assert big.stat().st_size >= 5e6
+    out = run("benchmarks/bench_analysis.py", str(big), "--skip-hta", "--skip-stdlib", "--repeat", "2")
+    assert "gaptrace" in out and "MB/s" in out and "| 2: " in out  # fastest of 2 runs, with the median
+
+
+def test_bench_idle_analyses():
+    out = run("benchmarks/bench_idle_analyses.py", "--source", SMALL, "--host-events", "5000")
+    assert "gap_attribution" in out or "event_idle" in out
+
+
+def test_bench_report(tmp_path):
+    pytest.importorskip("plotly")
+    out = run("benchmarks/bench_report.py", "--size-mb", "2", "--source", SMALL, "--work", str(tmp_path),
+              "--reps", "1")
+    assert "MB" in out
+
+
+def test_bench_token_list_rebuild(tmp_path):
+    """Both prefills ran and the fault's rebuild was timed: one rebuild per chunk, so its host time is positive."""
+    pytest.importorskip("torch")
+    import json
+
+    out = run("benchmarks/bench_token_list_rebuild.py", "--device", "cpu", "--tokens", "150", "--chunk", "64",
+              "--repeats", "2", "--out", str(tmp_path))
+    assert "| 150 | 3 |" in out
+    row = json.loads((tmp_path / "token_list_rebuild.json").read_text())["rows"][0]
+    assert row["clean_wall_s"] > 0 and row["fault_wall_s"] > 0 and row["fault_in_rebuild_s"] > 0
+
+
+def test_bench_graph_span_launch_spans_add_up_to_the_node_bubbles():
+    """bench_graph_span's per-launch bubbles (span − union of its nodes) over the shipped fused capture sum to the
+    between-node idle gaptrace reports over the same (whole-trace) window, gap for gap; one launch per graph a round."""
+    import os
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "probes"))
+    import gaptrace
+    from bench_graph_span import launch_spans
+    from gaptrace.analyze import run_analysis
+
+    path = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
+    spans = launch_spans(path)
+    assert {k: len(v) for k, v in spans.items()} == {"plan": 8, "draft": 8, "verify": 8, "commit": 8}
+    split = run_analysis(gaptrace.load_trace(path))["idle_split"]
+    assert sum(x[2] for v in spans.values() for x in v) == split["graph_node_gaps"]
+    assert sum(x[0] - x[1] for v in spans.values() for x in v) == pytest.approx(split["graph_node_us"], abs=1e-6)
+
+
+def test_bench_graph_span_cpu_smoke():
+    """On the CPU there are no graphs: the script runs the decode and its capture and prints an empty table."""
+    pytest.importorskip("torch")
+    out = run("benchmarks/probes/bench_graph_span.py", "--preset", "tiny", "--device", "cpu", "--batch-size", "2",
+              "-B", "4",
+              "--warmup-rounds", "1", "--timed-rounds", "2", "--profiled-rounds", "1")
+    assert "bubble per gap" in out
+
+
+def test_bench_pdl_chain_smoke(tmp_path):
+    """The chain runs in Triton's interpreter on the CPU (plain and gemm variants; the PDL ones need CUDA and say so),
+    and the trace arithmetic: union and gaps of overlapping, touching and separate intervals."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+    import os
+
+    out = run("benchmarks/probes/bench_pdl_chain.py", "--device", "cpu", "--nodes", "3", "--replays", "1", "--elements",
+              "2048", "--gemm-k", "256", "--out", str(tmp_path))
+    assert "| pdl | needs CUDA" in out
+    res = json.loads((tmp_path / "pdl_chain.json").read_text())["results"]
+    assert set(res) == {"plain", "gemm+plain"} and res["plain"]["nodes"] == 3 and res["gemm+plain"]["nodes"] == 6
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "probes"))
+    from bench_pdl_chain import span_busy_gaps
+
+    r = span_busy_gaps([0, 2, 3, 10, 10.5], [4, 3, 6, 11, 12])  # [0,6) overlapped, a 4 µs gap, [10,12) overlapped
+    assert r["span_us"] == 12 and r["gap_sum_us"] == 4 and abs(r["busy_share"] - 8 / 12) < 1e-12
+    assert r["gap_median_us"] == 0 and r["kernels"] == 5
+
+
+def test_bench_node_gap_smoke(tmp_path):
+    """Every chain kind runs in Triton's interpreter on the CPU (4 nodes each, both graph kinds), and the gap-by-
+    direction arithmetic."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+    import math
+    import os
+
+    out = run("benchmarks/probes/bench_node_gap.py", "--device", "cpu", "--nodes", "4", "--replays", "1", "--out",
+              str(tmp_path))
+    assert "| add_rms_norm-96 | keep_graph | 4 |" in out
+    res = json.loads((tmp_path / "node_gap.json").read_text())["results"]
+    assert len(res) == 14 and all(r["nodes"] == 4 for r in res.values())
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "probes"))
+    from bench_node_gap import direction_gaps
+
+    d = direction_gaps(["nvjet", "_norm", "nvjet", "_norm"], [0, 2, 5, 9], [1.5, 4, 8.5, 10])
+    assert d == {"GEMM -> Triton": 0.5, "Triton -> GEMM": 1.0}  # gaps 0.5 and 0.5 after nvjet, 1.0 after _norm
+    assert math.isnan(direction_gaps(["_a", "_b"], [0, 1], [0.5, 2])["GEMM -> Triton"])
+
+
+def test_bench_graph_alone_smoke(tmp_path):
+    """The script builds the engine and decodes on the CPU (eager: no graphs, one row saying so)."""
+    pytest.importorskip("torch")
+    out = run("benchmarks/probes/bench_graph_alone.py", "--device", "cpu", "--preset", "tiny", "--batch-size", "2",
+              "--block", "4", "--rounds", "2", "--out", str(tmp_path))
+    assert "(no CUDA graphs on this device)" in out and (tmp_path / "graph_alone.json").exists()
+
+
+def test_bench_bubble_trigger_smoke(tmp_path):
+    """Every stage runs on the CPU (the CUDA-only ones are skipped), in the order given; an unknown stage is refused."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import json
+
+    stages = "none,eager,fresh,fresh-upload,gemm,none,none"
+    out = run("benchmarks/probes/bench_bubble_trigger.py", "--device", "cpu", "--nodes", "3", "--batches", "1",
+              "--replays", "1", "--stages", stages, "--out", str(tmp_path))
+    res = json.loads((tmp_path / "bubble_trigger.json").read_text())["results"]
+    assert ",".join(r["stage"] for r in res) == stages and "| 7 | none |" in out
+    r = subprocess.run([sys.executable, "benchmarks/probes/bench_bubble_trigger.py", "--device", "cpu", "--stages",
+                        "nap"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown stage 'nap'" in r.stderr
