@@ -151,7 +151,7 @@ def test_html_export_escapes_hostile_names(tmp_path):
         assert raw not in html
 
 
-# --- notebooks/bottleneck_hunt.ipynb: seed 000's hunt, numbers checked against the raw JSON ---------------------
+# --- notebooks/bottleneck_hunt.ipynb: the bottleneck hunt, numbers checked against the raw JSON -----------------
 
 HUNT = os.path.join(ROOT, "notebooks", "bottleneck_hunt.ipynb")
 HUNT_SYNC = "h200_runtime/h200_bench_sync_bs8_B12"
