@@ -16,10 +16,11 @@ Input: two dicts from :func:`gaptrace.analyses.summary.run_analysis`. Output (:f
 - ``warnings``: [str]; says when A and B were analysed over different windows (one over its capture sidecar's
   analysis_window, the other over its whole trace or another annotation): their metrics then describe different
   spans (``--window NAME`` analyses the same annotation in both);
-- ``accept_length``: seed 000's inequality for the pair. TPOT = Tround / τ, so B's TPOT is lower exactly when
-  (1 + ΔTround/Tround) < (1 + Δτ/τ); to first order a change that costs accept length wins only if it cuts the
-  round by a larger fraction: −ΔTround/Tround > −Δτ/τ ("a change wins only if ΔTround/Tround > Δτ/τ", in the
-  seed's sign convention of savings). Reports both fractions, the exact TPOT ratio and the verdict.
+- ``accept_length``: the accept-length inequality (DESIGN.md "Diff and gates") for the pair. TPOT = Tround / τ,
+  so B's TPOT is lower exactly when (1 + ΔTround/Tround) < (1 + Δτ/τ); to first order a change that costs accept
+  length wins only if it cuts the round by a larger fraction: −ΔTround/Tround > −Δτ/τ ("a change wins only if
+  ΔTround/Tround > Δτ/τ", with savings counted positive). Reports both fractions, the exact TPOT ratio and the
+  verdict.
 
 Gates (:func:`check_gates`): expressions ``METRIC OP NUMBER`` (OP one of < <= > >= == !=), where METRIC is a
 metric name (B's value), ``delta_NAME`` or ``rel_NAME``; e.g. ``occupancy < 0.9``, ``rel_tpot_us > 0.02``.

@@ -1,5 +1,5 @@
-"""Idle-gap attribution to host stacks, gap-clipped (DESIGN.md "Gap attribution" and "A way to compute them in
-n log n"; issue 2, analysis 2).
+"""Idle-gap attribution to host stacks, gap-clipped (DESIGN.md "Gap attribution (gap-clipped stacks)" and "A way
+to compute them in n log n").
 
 For one device (keyed (rank, device); default the busiest) and a window (see :mod:`.occupancy`), with
 idle(t) the device's cumulative idle time (:class:`BusyTimeline`):

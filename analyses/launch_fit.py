@@ -1,10 +1,10 @@
 """Launch fit: how graph-launch host time grows with the graph's node count, t(N) = t0 + κN.
 
-DESIGN.md "Launch fit" and seed 000 ("A red herring from the instrument"): under the profiler, CUPTI instruments
-every kernel node of a CUDA graph at launch, so ``cudaGraphLaunch`` host time grows linearly in the node count N.
+DESIGN.md "Launch fit": under the profiler, CUPTI instruments every kernel node of a CUDA graph at launch, so
+``cudaGraphLaunch`` host time grows linearly in the node count N.
 The slope κ (µs/node) is the profiler describing itself; κ·N estimates how much of one launch's host time the
 profiler added. N is counted from the trace alone: every device activity replayed from a graph carries the
-correlation id of the launch that started it (DESIGN.md, facts from the probe), so N is the number of
+correlation id of the launch that started it (DESIGN.md "Facts from the probe"), so N is the number of
 ``trace.device`` rows sharing the launch's (rank, correlation). Flow arrows are never used.
 
 The fit is Theil–Sen (Sen 1968, "Estimates of the regression coefficient based on Kendall's tau") over the per-N
@@ -56,7 +56,7 @@ def launch_points(trace: Trace) -> tuple[pd.DataFrame, int]:
 
 def launch_inflation_us(nodes: np.ndarray, dur_us: np.ndarray, kappa_us_per_node: float | None) -> np.ndarray:
     """(q,) µs: the profiler's share of each graph launch's host time, κN capped at the launch's own host time (the
-    profiler cannot add more than was measured; seed 000 "A red herring from the instrument"); 0 without κ."""
+    profiler cannot add more than was measured; DESIGN.md "Launch fit"); 0 without κ."""
     nodes, dur_us = np.asarray(nodes, dtype=np.float64), np.asarray(dur_us, dtype=np.float64)
     if kappa_us_per_node is None or not np.isfinite(kappa_us_per_node):
         return np.zeros(len(nodes))

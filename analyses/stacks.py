@@ -16,7 +16,8 @@ Host events on one thread (python_function, cpu_op, user_annotation, cuda_runtim
 - ``depth``: number of ancestors.
 
 Equivalently, a simple stack sweep over the nodes in order (keep every event still open; the parent is the
-topmost one that contains the new event) gives the same answer; tests/test_stacks.py checks exactly that.
+topmost one that contains the new event) gives the same answer; tests/analyses/test_stacks.py checks exactly
+that.
 
 How (no per-event Python loop): "latest earlier event whose end reaches a threshold" is found for all nodes at
 once by pointer jumping: every node starts at its predecessor and jumps to the candidate's own current candidate
@@ -387,7 +388,7 @@ def _site_mask(tree: HostTree, skip_torch: bool = False) -> np.ndarray:
 def innermost_site(tree: HostTree, rows: np.ndarray) -> np.ndarray:
     """Host row of the innermost enclosing python_function frame that has a source file, per host row (-1: none).
 
-    A ``<built-in method …>`` frame names the call, not the site, so it is skipped (issue 2, "blocking_syncs");
+    A ``<built-in method …>`` frame names the call, not the site, so it is skipped (DESIGN.md "Host stacks");
     so are PyTorch's own frames (``torch/…``: function-mode and dispatch plumbing), unless nothing else encloses
     the row, in which case the innermost torch frame is the site.
     """

@@ -47,10 +47,11 @@ Per blocking call (all µs, DESIGN.md "A way to compute them in n log n"; BusyTi
   :meth:`BusyTimeline.next_sustained_start`: the first busy span from which the device stays >= 50% busy for
   ``RESUME_WINDOW_US``; a few tiny kernels launched by the host's own bookkeeping (a gather between two syncs)
   do not end the tail, and their busy time is not counted as idle. When several blocking calls end inside the
-  same tail (the seed's chain: the lengths copy, then ``.max().item()``, then ``masked_select``), the
+  same tail (the sync scheduler's chain: the lengths copy, then ``.max().item()``, then ``masked_select``), the
   first one to return takes the whole tail and the later ones get 0: they found the device already drained, so
-  they added no idle of their own (seed 000: the host "was pinned to the GPU's clock, and everything it did
-  afterwards ... executed against an idle device"). No idle is counted twice; the shares sum to at most 1.
+  they added no idle of their own (DESIGN.md "Blocking syncs", "Rounds": the host is pinned to the device's
+  clock, and what it does afterwards runs against an idle device). No idle is counted twice; the shares sum to
+  at most 1.
 
 A call's device is its device op's; for a sync, the device its thread last launched work on (by correlation id),
 else the first device of its rank. Sites group calls by (call, site frame, ATen op); see :func:`sync_sites`.
@@ -480,7 +481,7 @@ def sync_sites(calls: pd.DataFrame, total_idle_us: float) -> pd.DataFrame:
 
 def blocking_syncs(trace: Trace, window: tuple[float, float] | None = None, min_blocked_us: float = 0.0,
                    pair_gap_us: float = 50.0, host_wait_only: bool = False) -> SyncReport:
-    """Blocking syncs of ``trace`` per call site (issue 2, analysis 3; DESIGN.md "Blocking syncs").
+    """Blocking syncs of ``trace`` per call site (DESIGN.md "Blocking syncs").
 
     ``window``: (t0_us, t1_us) for every device, default per (rank, device) its first to last activity;
     ``min_blocked_us``: report only calls blocked longer than this (default 0: any positive blocked time);

@@ -1,6 +1,6 @@
 """Busy/idle timeline of one device: the union of its activity intervals and two cumulative functions over it.
 
-DESIGN.md, "A way to compute them in n log n": after merging, a device's busy time is a sorted list of disjoint
+DESIGN.md "A way to compute them in n log n": after merging, a device's busy time is a sorted list of disjoint
 spans. busy(t) (busy µs before t) and idle(t) = (t - t_start) - busy(t) are piecewise linear with breaks at the span
 edges, so ``numpy.searchsorted`` evaluates them for any array of times at once. Inclusive idle under a host event
 [s, e] is then idle(e) - idle(s) with no loop over gaps or events.

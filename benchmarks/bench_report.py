@@ -3,7 +3,7 @@
 Builds (once) a trace of about ``--size-mb`` MB of JSON by replicating a real one in time (make_big_trace.py), then
 times load, analysis and rendering separately, and the headless-Chromium load of the report: the time from
 navigation start until the last chart is drawn, measured inside the page, next to the same for a page holding only
-plotly.js (its parse is the floor), median of ``--reps``. Prints one table. Nothing here is a test: issue 4 asks
+plotly.js (its parse is the floor), median of ``--reps``. Prints one table. Nothing here is a test: the target is
 that a 100 MB trace's report opens in under 2 s.
 
     python benchmarks/bench_report.py [--size-mb 100] [--source TRACE] [--work /tmp/gaptrace_bench] [--reps 3]

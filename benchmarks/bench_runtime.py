@@ -1,4 +1,4 @@
-"""The runtime on the GPU (issue 6): ``overlap`` against ``sync`` over batch sizes x block sizes B, against the
+"""The runtime on the GPU: ``overlap`` against ``sync`` over batch sizes x block sizes B, against the
 target's plain greedy decoding (the floor), what the profiler costs, and how long a capture takes to become a report.
 
 Per cell (scheduler, bs, B) one engine is built (CUDA graphs captured) and one decode is run on full batches of
@@ -10,7 +10,7 @@ the prompts (no request finishes inside the measured rounds, so no admission or 
    once per loop iteration: plan, enqueue round i, read round i - 1's results one round late). No sync or CUDA event
    is added: in steady state the host is throttled only by the scheduler's own one-round-late readback (an event
    wait), so the host period equals the device's. τ = mean tokens per live request-round over those rounds
-   (accepted prefix + bonus), TPOT = Tround / τ (seed 000), tokens/s = bs·τ / Tround;
+   (accepted prefix + bonus), TPOT = Tround / τ (DESIGN.md "Rounds"), tokens/s = bs·τ / Tround;
 3. then, in the same decode, a :class:`gaptrace.capture.Capture` is armed (one discarded profiler warm-up round)
    and ``--profiled-rounds`` rounds are recorded with Python stacks, as ``gaptrace capture`` does, with a sidecar
    holding τ per round, the graphs' node counts and unprofiled launch costs, and the unprofiled round periods of

@@ -1,5 +1,6 @@
-"""What the fault ``token-list-rebuild`` costs one prefill, by prompt length (issue 5; seed 000, "Closing the previous
-article's onion": the full token list rebuilt on every prefill chunk cut a 64k cold prefill by 5.1% once cached).
+"""What the fault ``token-list-rebuild`` costs one prefill, by prompt length (DESIGN.md "Known-answer faults"; in a
+production scheduler, removing the full token list rebuilt on every prefill chunk cut a 64k cold prefill by 5.1%
+once cached).
 
 Per prompt length N (one request, slot 0, the preset's model, unprofiled):
 

@@ -1,4 +1,4 @@
-"""The runtime against Hugging Face transformers on the same weights (issue 6): tokens/s and token agreement.
+"""The runtime against Hugging Face transformers on the same weights: tokens/s and token agreement.
 
 The pair is the plain-attention tiny pair (``scripts/train_pair.py --plain-attention`` writes
 fixtures/models/tiny-target-plain and tiny-draft-plain): every layer full attention, so transformers loads both as
@@ -159,7 +159,7 @@ def render(data: dict) -> str:
     rt = runs.get(f"runtime_bs1_B{cfg['blocks'][0]}") if cfg.get("blocks") else None
     if base and rt and "error" not in rt:
         parts += ["", f"Runtime at bs 1 (B = {cfg['blocks'][0]}) / transformers assisted generation at bs 1: "
-                      f"{rt['tokens_per_s'] / base:.2f}× (issue 6 target: ≥ 3×)."]
+                      f"{rt['tokens_per_s'] / base:.2f}× (target: ≥ 3×)."]
     return "\n".join(parts)
 
 
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
         stats_out.update(tau=st.tau, rounds=st.rounds, tround_ms=st.tround_ms)
         return [r.output for r in reqs], secs
 
-    # most important first: the issue's headline (runtime vs assisted generation at bs 1), then batched, then the
+    # most important first: the headline (runtime vs assisted generation at bs 1), then batched, then the
     # slowest (plain generate one prompt at a time, the token reference)
     record("hf_assisted_bs1", 1, lambda: hf_run(1, hf_draft),
            {"assistant": "transformers defaults" if not a.hf_assistant_tokens else

@@ -1,4 +1,4 @@
-"""gaptrace.runtime: the block-speculative decoding runtime gaptrace diagnoses (DESIGN.md "The runtime"; seed 000).
+"""gaptrace.runtime: the block-speculative decoding runtime gaptrace diagnoses (DESIGN.md "The runtime").
 
 Layout (gpt-fast's pure forward + nano-vllm's engine split):
 

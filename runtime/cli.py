@@ -98,7 +98,7 @@ def decode_options(f):
                      help="Draft tokens considered per tree depth (default 4)."),
         click.option("--tree-builder", type=click.Choice(["gpu", "cpu-heapq"]), default=None,
                      help="Build the tree on the device (gpu, default) or per request on the host with heapq "
-                          "(cpu-heapq: the seeds' pathology, = --fault cpu-tree-build)."),
+                          "(cpu-heapq: the CPU tree-build pathology, = --fault cpu-tree-build)."),
     ]
     return functools.reduce(lambda acc, o: o(acc), reversed(opts), f)
 

@@ -154,7 +154,7 @@ for _alias, _hf in (("num_layers", "num_hidden_layers"), ("num_heads", "num_atte
 
 @dataclass
 class RuntimeConfig:
-    """The decode loop (DESIGN.md "The runtime"; seed 000): page size P, draft window W (a multiple of P),
+    """The decode loop (DESIGN.md "The runtime"): page size P, draft window W (a multiple of P),
     block size B (tokens per request per verify round), the number of request slots, the context capacity
     ``max_seq_len`` per slot, the prefill chunk, the scheduler (``sync`` | ``overlap``), CUDA graphs on/off, and
     ``sim_accept_rate`` (bench only: acceptance simulated on the device, each drafted token accepted with this
@@ -162,15 +162,15 @@ class RuntimeConfig:
     on (names from ``FAULT_NAMES``; ``lengths-copy`` and ``dd-gather`` only on top of ``overlap``, since ``sync``
     already does both; ``cpu-tree-build`` only in tree mode).
 
-    Draft trees (DDTree, issue 8; seeds 003/004): ``tree_budget`` N > 0 switches tree mode on: each round verifies
+    Draft trees (DDTree; DESIGN.md "Draft trees"): ``tree_budget`` N > 0 switches tree mode on: each round verifies
     a best-first tree of N nodes per request (the root, i.e. the pending token, included: N is the verify width,
     the chain's B), built from the draft's top-``tree_topk`` tokens at each of the B - 1 draft positions (so tree
     depth <= B - 1 and tau <= B, as in the chain). ``tree_builder``: ``gpu`` (batched, fixed shapes, no host sync)
-    or ``cpu-heapq`` (per request on the host, Python heapq; the seeds' pathology, the same as the fault
+    or ``cpu-heapq`` (per request on the host, Python heapq; the CPU tree-build pathology, the same as the fault
     ``cpu-tree-build``). Both build the same tree (runtime/spec/tree.py).
 
     ``kernels``: ``fused`` runs the cached forward's RMSNorms, q/k norm + RoPE and gated-delta-rule chain as the
-    Triton kernels of runtime/models/fused.py (CUDA + Triton only: fewer, larger CUDA-graph nodes, issue 6);
+    Triton kernels of runtime/models/fused.py (CUDA + Triton only: fewer, larger CUDA-graph nodes);
     ``eager`` as chains of PyTorch ops; ``auto`` (default) = fused where it can run, eager otherwise."""
 
     block_size: int = 8
@@ -186,7 +186,7 @@ class RuntimeConfig:
     # "max": one batch bucket (batch_size; smaller batches pad to it), "pow2": every power of two below it too.
     # None: "max", or "pow2" under the fault jit-new-shape (a round in a new bucket mid-decode: it needs more than
     # one; "max" with it is an error). See graph_bucket_mode. One bucket keeps the process at 3 CUDA graphs: past ~4 graphs + streams with work, every graph node of the
-    # process costs ~0.18 µs more on an H200 (benchmarks/results/h200_2026-11-30_s8/README.md)
+    # process costs ~0.18 µs more on an H200 (DESIGN.md "Graph-node bubbles")
     graph_buckets: str | None = None
     sim_accept_rate: float | None = None
     seed: int = 0

@@ -1,12 +1,12 @@
-"""Switchable host-side pathologies of the decode loop, each a known diagnosis (seed 000; DESIGN.md "The runtime";
-issue 5 "Pathology switches").
+"""Switchable host-side pathologies of the decode loop, each a known diagnosis (DESIGN.md "Known-answer faults").
 
 ``--fault NAME`` (repeatable, on ``gaptrace decode`` and ``gaptrace capture``; ``RuntimeConfig.faults``) switches
 one on, on top of the overlap scheduler. Each is ONE function below whose work runs inside ONE NVTX range (and
 ``record_function``) named like the function, so a trace names it twice: by the range and by the Python frame.
 The names are parsed once, into :class:`Faults` (one boolean switch per fault); the engine, the scheduler, the
 model runner and the round strategies call its hooks at the fault sites and test no fault name themselves.
-None changes a generated token (tests/test_runtime_faults.py decodes with each against without, token for token).
+None changes a generated token (tests/runtime/test_runtime_faults.py decodes with each against without, token for
+token).
 
 | --fault              | function / range     | what the round does with it on                 | the default (the fix)        |
 | -------------------- | -------------------- | ---------------------------------------------- | ---------------------------- |
@@ -137,21 +137,21 @@ class Faults:
 
 def lengths_copy(lengths_to_host: Callable[[], np.ndarray], slots: list[int], bound_cols: int, window: int,
                  page_size: int) -> np.ndarray:
-    """SYNC (fault ``lengths-copy``, seed 000 "The sync, and the bound that replaced it"): copy the exact
+    """SYNC (fault ``lengths-copy``, DESIGN.md "Known-answer faults", "The plan bound"): copy the exact
     accept-dependent lengths [num_slots] to the host with a blocking device-to-host copy (it waits for every
-    queued round), as the seed's worker did once per verify round. The sizing stays the overlap scheduler's: the
+    queued round), as a production decoder did once per verify round. The sizing stays the overlap scheduler's: the
     exact values are only checked against it (max c(L) over ``slots`` <= ``bound_cols``, the claim
     c(L) <= min(Lplan, W + P - 1)). ``lengths_to_host``: the runner's blocking copy. Returns the host lengths."""
     with annotate("lengths_copy"):
-        lengths = lengths_to_host()  # SYNC (fault): the seed's blocking lengths copy
+        lengths = lengths_to_host()  # SYNC (fault): the blocking lengths copy
         exact = max((int(compact_len(int(lengths[s]), window, page_size)) for s in slots), default=0)
         assert exact <= bound_cols, f"window bound {bound_cols} < exact compact length {exact}"
     return lengths
 
 
 def dd_gather(runner, buf) -> None:
-    """SYNC (fault ``dd-gather``, seed 000): rebuild the bucket's draft window rectangle with the seed's
-    data-dependent gathers (``rect_packed``: a ``.max().item()`` to size the gather, a ``masked_select`` whose
+    """SYNC (fault ``dd-gather``, DESIGN.md "Known-answer faults"): rebuild the bucket's draft window rectangle
+    with the data-dependent gathers (``rect_packed``: a ``.max().item()`` to size the gather, a ``masked_select`` whose
     output length is data-dependent; two device round-trips) instead of the fixed-shape ``rect_fixed``. Same
     values (runtime/spec/plan.py)."""
     with annotate("dd_gather"):
@@ -159,14 +159,14 @@ def dd_gather(runner, buf) -> None:
 
 
 def eager_commit_glue(rows: torch.Tensor, tau: torch.Tensor, commits) -> None:
-    """Fault ``eager-commit-glue`` (seed 000 "The second layer: ninety eager ops of state-commit glue"): commit
-    the linear-attention states layer by layer with the seed's per-layer eager glue, instead of one gather and one
+    """Fault ``eager-commit-glue`` (DESIGN.md "Known-answer faults"): commit the linear-attention states layer by
+    layer with per-layer eager glue (a production decoder's state-commit glue), instead of one gather and one
     scatter for all layers (``LinearStatePool.commit``).
 
     rows [nb], tau [nb] in [1, B]; ``commits``: (pool, model, states_all) per model, states_all
     [n_linear, nb, B, Hv, dk, dv] float32 (or None). Per linear layer and round: a freshly allocated row index
     tensor, the pick of the state after token tau - 1, two ``.contiguous()`` copies of strided views of it (its two
-    halves along dv, standing in for the seed's k/v views into the fused QKV buffer), fp32 copies of the layer's
+    halves along dv, standing in for k/v views into a fused QKV buffer), fp32 copies of the layer's
     frozen gating weights ``A_log`` and ``dt_bias`` (the same values every round; an fla-style commit kernel
     takes them, ours selects stored per-token states and does not use them), and two scatters into the pool.
     Value-identical to ``LinearStatePool.commit`` (copies and indexing only). Extra device bytes per layer: one
@@ -207,7 +207,7 @@ def window_lengths(lengths: torch.Tensor, rows: torch.Tensor, out: torch.Tensor,
 
 def prewarm_window_lengths(runner, buckets: list[int], dtypes=(torch.int32, torch.int64)) -> int:
     """Compile ``window_lengths`` for every bucket in ``buckets`` x length dtype in ``dtypes`` now, on masked
-    dummy tensors (the fix, seed 000 "Closing the previous article's onion": prewarm the variant space at start-up).
+    dummy tensors (the fix, DESIGN.md "Known-answer faults": prewarm the variant space at start-up).
     ``jit-new-shape`` calls it with the full batch's bucket and int64 only, the single-shape warm-up that leaves
     the other buckets to compile mid-decode. Returns the number of variants run (0 off CUDA)."""
     dev = runner.device
@@ -229,14 +229,15 @@ def jit_new_shape(runner, buf) -> None:
     """Fault ``jit-new-shape``: recompute the bucket's window lengths c(L) (already written by the rectangle
     build; same values) with the Triton kernel of ``window_lengths``. The engine warmed it for the full batch's
     bucket only, so the first round in another bucket (requests finished, the batch shrank) pays a Triton compile
-    on the host, mid-decode (seed 000: the allocator kernel specialised on next_power_of_2(bs) and on int widths)."""
+    on the host, mid-decode (DESIGN.md "Known-answer faults": a kernel specialised on next_power_of_2(bs) and on
+    int widths)."""
     with annotate("jit_new_shape"):
         st = runner.state
         window_lengths(st.lengths, buf.rows, buf.rect_len, st.window, st.page_size)
 
 
 def token_list_rebuild(runner, request, a: int, b: int) -> torch.Tensor:
-    """Fault ``token-list-rebuild`` (seed 000, "Closing the previous article's onion": the scheduler rebuilt the
+    """Fault ``token-list-rebuild`` (DESIGN.md "Known-answer faults"; a production scheduler rebuilt the
     request's full token list, origin + output, a pure Python list concatenation of up to 64k elements, on every
     16k-token prefill chunk, while the output half was still empty): for prefill chunk [a, b), rebuild
     ``prompt + output`` as a new Python list, convert the whole list to an array and upload it, and slice the chunk
@@ -249,13 +250,14 @@ def token_list_rebuild(runner, request, a: int, b: int) -> torch.Tensor:
 
 
 def cpu_tree_build(runner, out, logp: torch.Tensor, ids: torch.Tensor, budget: int) -> None:
-    """SYNC (fault ``cpu-tree-build`` = ``--tree-builder cpu-heapq``; seeds 003/004: ``_build_ddtree_verify_input``
-    looping ``for i in range(bs)`` over ``build_ddtree_tree_from_topk``, a Python heapq, between the draft and the
-    verify graphs): copy the draft's top-k logp [nb, D, k] and ids [nb, D, k] to the host (two blocking
-    device-to-host copies: they wait for the draft block), build each request's tree with
-    ``spec.tree.build_tree_heapq``, and upload the arrays into ``out`` (the bucket's static ``Tree``, the verify
-    graph's input) with non-blocking copies. Same trees as ``build_tree_torch`` (tests/test_runtime_tree.py), so
-    no token changes; the device idles from the draft's end until the upload and the verify launch."""
+    """SYNC (fault ``cpu-tree-build`` = ``--tree-builder cpu-heapq``; DESIGN.md "Draft trees"; as a production
+    decoder did: ``_build_ddtree_verify_input`` looping ``for i in range(bs)`` over ``build_ddtree_tree_from_topk``,
+    a Python heapq, between the draft and the verify graphs): copy the draft's top-k logp [nb, D, k] and ids
+    [nb, D, k] to the host (two blocking device-to-host copies: they wait for the draft block), build each request's
+    tree with ``spec.tree.build_tree_heapq``, and upload the arrays into ``out`` (the bucket's static ``Tree``, the
+    verify graph's input) with non-blocking copies. Same trees as ``build_tree_torch``
+    (tests/runtime/test_runtime_tree.py), so no token changes; the device idles from the draft's end until the
+    upload and the verify launch."""
     from .spec.tree import Tree, build_tree_heapq
 
     with annotate("cpu_tree_build"):

@@ -6,7 +6,7 @@
   without the repository has no fixtures: then the tiny preset needs ``--preset-dir`` and says so in one line
   (:func:`check_preset_dir`; exit 2 on the command line). A directory that exists but holds no weights falls back
   to random init (said in the output's ``weights``).
-- ``bench``: a ~1.5B-parameter hybrid target and its draft, random weights, acceptance simulated on the device.
+- ``bench``: a 1.26B-parameter hybrid target and its draft, random weights, acceptance simulated on the device.
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def tiny_draft_config(vocab_size: int = 4096, eos_token_id: int | None = None) -
 
 
 def bench_target_config() -> ModelConfig:
-    """A ~1.5B-parameter hybrid target (hidden 2048, 24 layers, 18 linear + 6 full), random weights."""
+    """A 1.26B-parameter hybrid target (hidden 2048, 24 layers, 18 linear + 6 full), random weights."""
     return ModelConfig(vocab_size=32768, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
                        num_attention_heads=16, num_key_value_heads=4, head_dim=128,
                        linear_num_key_heads=8, linear_num_value_heads=16,

@@ -3,8 +3,7 @@ c(L) = L - floor(max(L - W, 0) / P) * P (runtime/cache/window.py) of a batch's r
 
 Imported only on CUDA, when the fault runs (Triton is absent on CPU machines). Triton compiles one variant per
 BLOCK (a ``tl.constexpr``: next_power_of_2 of the batch bucket) and per pointer dtype (the lengths' integer width,
-int32 or int64), on the calling thread, the first time it meets one (seed 000, "Closing the previous article's
-onion").
+int32 or int64), on the calling thread, the first time it meets one (DESIGN.md "Known-answer faults").
 """
 import triton
 import triton.language as tl

@@ -1,4 +1,4 @@
-"""Long prompts for long-context captures (the fault token-list-rebuild, issue 5): COUNT prompts of about TOKENS
+"""Long prompts for long-context captures (the fault token-list-rebuild): COUNT prompts of about TOKENS
 tokens each under the tiny preset's tokenizer, each the held-out prompts concatenated in a different rotation.
 
     python scripts/long_prompts.py --tokens 16000 --count 16 -o /tmp/long.jsonl

@@ -1,7 +1,7 @@
 """Train the shipped tiny model pair (hybrid target + plain-attention draft) and measure its accept length τ.
 
     python scripts/train_pair.py --device cuda                      # the shipped pair (about 5 minutes on an H200)
-    python scripts/train_pair.py --device cuda --plain-attention    # transformers-loadable variant (issue 6)
+    python scripts/train_pair.py --device cuda --plain-attention    # transformers-loadable variant
     python scripts/train_pair.py --device cpu --dry-run             # a few steps at toy sizes, to catch typos
 
 Corpus: CPython's standard library, split by the path rule of scripts/tinycorpus.py; tokenizer:
@@ -21,7 +21,7 @@ fixtures/models/tokenizer.json (scripts/train_tokenizer.py). Each document is a 
    model.safetensors), reloaded with load_checkpoint, and τ is measured on fixtures/prompts/heldout.jsonl with
    greedy block-speculative decoding at B = 4, 8, 12 (:func:`spec_decode`, no cache: every draft step and every
    verify recomputes the full forward; an evaluation, not a runtime). τ = tokens emitted per verify round =
-   accepted prefix + 1 bonus token (seed 000, "block speculative decoding").
+   accepted prefix + 1 bonus token (DESIGN.md "Block-speculative decoding").
 4. fixtures/models/TRAINING.md (TRAINING-plain.md with ``--plain-attention``, checkpoints then in
    tiny-target-plain / tiny-draft-plain) records the command, corpus rule, sizes, steps, losses, the τ table, wall time, GPU.
 """
@@ -275,8 +275,9 @@ def spec_decode(target, draft, prompts: list[list[int]], block_size: int, max_ne
     Every request keeps its own length L in a right-padded buffer (causal models: padding after L changes
     nothing before it). A round: the draft proposes ``block_size`` tokens greedily (one full forward per token),
     the target scores positions L-1 .. L+B-1 in one forward, the longest prefix where the draft's token equals
-    the target's argmax is accepted and the target's next argmax is the bonus token (seed 000). A request stops
-    after ``max_new_tokens`` tokens or EOS; its last round still counts whole (τ is a property of the round).
+    the target's argmax is accepted and the target's next argmax is the bonus token (DESIGN.md "Block-speculative
+    decoding"). A request stops after ``max_new_tokens`` tokens or EOS; its last round still counts whole (τ is a
+    property of the round).
     The output equals the target's plain greedy decoding up to floating-point ties.
 
     Returns {"tau": emitted / rounds over all requests, "rounds", "emitted", "outputs": [token lists]}.

@@ -1,6 +1,6 @@
 """Shared by the GPU benchmark scripts: a comma list of names checked against the known ones, the median device
 time of a graph's replays timed with CUDA events, and the chain of dependent add_rms_norm nodes the bubble hunt
-times (issue 6)."""
+times (benchmarks/probes/README.md)."""
 from __future__ import annotations
 
 import statistics

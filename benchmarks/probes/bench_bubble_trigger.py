@@ -1,7 +1,7 @@
-"""What makes a process's graph-node bubble step up? (issue 6.) One fresh process, one chain graph, its replay
+"""What makes a process's graph-node bubble step up? One fresh process, one chain graph, its replay
 time followed while other CUDA work happens in between.
 
-Session 7 saw the bubble between dependent graph nodes grow during a process's life, unprofiled: chains of the
+The bubble between dependent graph nodes grows during a process's life, unprofiled: chains of the
 runtime's add_rms_norm replay at ~1.29 µs a node in the first three graphs a process makes and ~1.47 µs from the
 fourth on (every graph, old ones too; benchmarks/probes/README.md), and the graph-launch probe's first
 replays leave 0.256 µs between nodes where every later one leaves 0.416 µs. This script captures one chain of

@@ -1,5 +1,5 @@
 """The runtime's own CUDA graphs replayed alone: are their ~0.45 µs node bubbles the graph's, or the decode loop's?
-(issue 6; bench_node_gap's chains of the same kernels show 0.1-0.26 µs.)
+(bench_node_gap's chains of the same kernels show 0.1-0.26 µs.)
 
 Builds the engine as benchmarks/bench_runtime.py does (bench preset, fused kernels), decodes ``--rounds`` rounds so
 every graph is captured and its buffers hold a real round, then replays each of the draft, verify and commit graphs

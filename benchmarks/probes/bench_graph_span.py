@@ -1,4 +1,4 @@
-"""How much of the bubble between CUDA-graph nodes is the profiler's own (issue 6: the occupancy floor).
+"""How much of the bubble between CUDA-graph nodes is the profiler's own (the runtime's occupancy floor).
 
 `gaptrace analyze` measures the device-side idle between two nodes of one graph launch from the profiled trace; CUPTI
 records every kernel node, and a node's bubble could be partly its cost. Here each graph replay's device span is

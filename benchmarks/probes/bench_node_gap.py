@@ -1,9 +1,9 @@
-"""What sets the bubble between two dependent CUDA-graph nodes? (issue 6: the runtime's captures show ~0.42-0.45 µs
+"""What sets the bubble between two dependent CUDA-graph nodes? (The runtime's captures show ~0.42-0.45 µs
 after every kind of kernel, bench_pdl_chain's synthetic Triton chain ~0.1 µs.)
 
 Each variant is a chain of ``--nodes`` dependent nodes of ONE kernel kind captured in one CUDA graph, made twice:
 with ``torch.cuda.CUDAGraph()`` (what bench_pdl_chain uses) and with ``CUDAGraph(keep_graph=True)`` + an explicit
-``instantiate()`` (what runtime/graphs.py uses, to count the nodes). Kinds:
+``instantiate()`` (what runtime/engine/graphs.py uses, to count the nodes). Kinds:
 
 - ``triton-step``: bench_pdl_chain's y = x * 1.0001 + 1 over ``--elements`` floats (16 programs);
 - ``triton-step-1cta``: the same over 1,024 floats (one program);

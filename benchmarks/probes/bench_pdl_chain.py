@@ -1,4 +1,4 @@
-"""Does programmatic dependent launch (PDL) close the bubbles between CUDA-graph nodes, in a capture? (issue 6: the
+"""Does programmatic dependent launch (PDL) close the bubbles between CUDA-graph nodes, in a capture? (The
 occupancy floor at bs 8 is ~590 dependent nodes a round with a ~0.45 µs bubble each in the profiled trace.)
 
 A chain of ``--nodes`` small dependent Triton kernels (each reads the previous one's output: y = x * 1.0001 + 1 over

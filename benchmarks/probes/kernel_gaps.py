@@ -1,6 +1,6 @@
 """Per-kernel idle table of a Kineto trace: for each (launch API, kernel name) the number of device activities,
 the idle before them (the gap from the device's previous activity end, all streams merged) and their busy time,
-sorted by idle. How the fused path's attention and node bubbles were found (issue 6); the figures are the same
+sorted by idle. How the fused path's attention and node bubbles were found; the figures are the same
 union-of-activities gaps `gaptrace analyze` counts, split by the activity that ends each gap.
 
     python benchmarks/probes/kernel_gaps.py TRACE.json.gz [--top 25]

@@ -1,4 +1,4 @@
-"""benchmarks/bench_runtime.py with one variant patched in, for a side-by-side run (issue 6's bubble hunt):
+"""benchmarks/bench_runtime.py with one variant patched in, for a side-by-side run (the graph-node bubble hunt):
 
     python benchmarks/probes/runtime_variant.py VARIANT [SCRIPT.py] [the script's arguments]   # default bench_runtime.py
 

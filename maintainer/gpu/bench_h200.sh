@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 6's GPU benchmarks in one device call on the H200 (at most BUDGET_S seconds, default 510, from the start of
+# The runtime's GPU benchmarks in one run on the H200 (at most BUDGET_S seconds, default 510, from the start of
 # this script; each step under `timeout`, its log kept; a failing step does not stop the others).
 #
 #   bash maintainer/gpu/bench_h200.sh                  # every step, most important first (see STEPS below)

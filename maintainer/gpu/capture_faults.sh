@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 captures of each runtime pathology alone (runtime/faults.py; issue 5), on top of the overlap scheduler, with
+# H200 captures of each runtime pathology alone (runtime/faults.py), on top of the overlap scheduler, with
 # the same prompts and rounds as the clean overlap baselines in fixtures/traces/h200_runtime (not recaptured here).
 # One line per capture; logs next to the traces.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Draft trees (DDTree, issue 8) on the H200, for the shipped tiny pair: tau of a tree against the chain at equal
+# Draft trees (DDTree) on the H200, for the shipped tiny pair: tau of a tree against the chain at equal
 # verify width (chain B = 8 against a tree of N = 8 nodes, root included: 8 tokens verified per request per round),
 # and captures of both tree builders (gpu, cpu-heapq = --fault cpu-tree-build) at batch sizes 1 and 8.
 #

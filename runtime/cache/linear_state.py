@@ -2,10 +2,11 @@
 
 ``pool`` is [n_linear, num_slots, Hv, dk, dv] float32. A verify (or a draft block) returns the state after every
 one of its B tokens; ``commit`` keeps, per row, the state after its tau-th token: value-exact, the same numbers a
-recomputation over the accepted tokens gives (seed 000, "The second layer"; tests/test_runtime_cache.py checks it).
-With ``recompute_from(model)`` (the fused target, chain verify) the verify returns each layer's projections of its
-tokens instead, and ``commit`` recomputes the accepted prefix's state in place in one node
-(models.fused.gdn_recompute): the verify no longer writes ~1 MB of state per block token, layer and row.
+recomputation over the accepted tokens gives (DESIGN.md "The caches and the draft window";
+tests/runtime/test_runtime_cache.py checks it). With ``recompute_from(model)`` (the fused target, chain verify)
+the verify returns each layer's projections of its tokens instead, and ``commit`` recomputes the accepted prefix's
+state in place in one node (models.fused.gdn_recompute): the verify no longer writes ~1 MB of state per block token,
+layer and row.
 """
 from __future__ import annotations
 

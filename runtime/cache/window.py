@@ -1,4 +1,5 @@
-"""The draft's compact sliding window over a paged cache (seed 000, "The sync, and the bound that replaced it").
+"""The draft's compact sliding window over a paged cache (DESIGN.md "The caches and the draft window", "The plan
+bound").
 
     s(L) = floor((L - min(L, W)) / P) * P      page-aligned window start
     c(L) = L - s(L)                            compact (resident) length, at most W + P - 1
@@ -29,8 +30,9 @@ def rect_width(W: int, P: int) -> int:
 def draft_window_bound(L_plan, W: int, P: int):
     """min(Lplan, W + P - 1): a sync-free upper bound on c(L) for every L <= Lplan.
 
-    Proof (seed 000): if L <= W then s = 0 and c = L <= Lplan; if L > W, flooring L - W to a page boundary loses
-    at most P - 1, so s(L) >= L - W - (P - 1) and c(L) <= W + P - 1; s(L) >= 0 gives c(L) <= L <= Lplan.
+    Proof (DESIGN.md "The plan bound"): if L <= W then s = 0 and c = L <= Lplan; if L > W, flooring L - W to a
+    page boundary loses at most P - 1, so s(L) >= L - W - (P - 1) and c(L) <= W + P - 1; s(L) >= 0 gives
+    c(L) <= L <= Lplan.
     """
     cap = rect_width(W, P)
     return L_plan - (L_plan - cap) * (L_plan > cap)

@@ -59,7 +59,7 @@ def check_request(prompt_len: int, max_new_tokens: int, rcfg: RuntimeConfig) -> 
 class DecodeStats:
     """rounds: verify rounds run; tau: mean tokens emitted per live request-round (accepted + bonus);
     tround_ms: median host period between round starts over steady rounds (no admission in either; all rounds
-    if none is steady); tpot_ms = tround_ms / tau (seed 000); tokens_per_s: all tokens / whole wall time
+    if none is steady); tpot_ms = tround_ms / tau (DESIGN.md "Rounds"); tokens_per_s: all tokens / whole wall time
     (prefill included); round_start_s: each round's start, seconds from the call's start."""
 
     rounds: int

@@ -63,7 +63,8 @@ class GraphedCall:
         self.name, self.fn = name, fn
         # warm-up on the current stream, not on a new side stream (torch's make_graphed_callables uses one): every
         # stream that runs work, like every graph made, counts toward the process's step past which each graph
-        # node costs ~0.18 µs more on the device (H200, benchmarks/results/h200_2026-11-30_s8/README.md)
+        # node costs ~0.18 µs more on the device (H200; DESIGN.md "Graph-node bubbles",
+        # benchmarks/probes/README.md)
         for _ in range(warmup):
             fn()
         self.graph = torch.cuda.CUDAGraph(keep_graph=True)

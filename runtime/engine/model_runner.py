@@ -130,7 +130,7 @@ class ModelRunner:
         return self.set_rows(plan.nb, plan.rows)
 
     def build_rect(self, buf: RoundBuffers, packed: bool) -> None:
-        """Fill the bucket's window rectangle: fixed-shape (overlap; one graph replay on CUDA) or the seed's
+        """Fill the bucket's window rectangle: fixed-shape (overlap; one graph replay on CUDA) or the
         data-dependent gathers (sync: eager, its two host syncs cannot be captured)."""
         g = None if packed else self.graphs.get(("rect", buf.rows.shape[0]))
         if g is not None:
@@ -211,6 +211,6 @@ class ModelRunner:
             acceptance_draws(self.buffers[nb].draws, self.generator)
 
     def device_lengths_to_host(self) -> np.ndarray:
-        """SYNC (deliberate; the sync scheduler's, seed 000): exact accept-dependent lengths, copied to the host
-        with a blocking device-to-host copy that waits for every queued round."""
+        """SYNC (deliberate; the sync scheduler's, DESIGN.md "Schedulers: sync and overlap"): exact accept-dependent
+        lengths, copied to the host with a blocking device-to-host copy that waits for every queued round."""
         return self.state.lengths.cpu().numpy()

@@ -11,7 +11,7 @@ phases, each in its NVTX range) and, once at start-up on CUDA, ``strategy.captur
   one position. Same paged KV cache, schedulers and batch buckets; on CUDA one graph per bucket (the one-token
   target step with its accept + commit); no draft block, draft graph or window rectangle. At temperature 0 its
   output equals :func:`gaptrace.runtime.spec.reference.greedy_reference` token for token
-  (tests/test_runtime_plain.py).
+  (tests/runtime/test_runtime_plain.py).
 - :class:`~.tree_round.TreeRound` (``--tree-budget N``): a draft tree verified in one forward (tree_round.py).
 
 The strategies are interchangeable: each satisfies :class:`RoundStrategy`, and the engine loop is the same.

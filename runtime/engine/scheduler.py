@@ -1,11 +1,11 @@
 """Round planning on the host: admission into free slots, which slots run, in which batch bucket, the pages they
 need and the metadata sizing. The scheduler owns the block manager; a plan is host data only (the model runner
-uploads it). Two schedulers that differ in sizing only, so they emit identical tokens bit for bit (seed 000,
-"The sync, and the bound that replaced it"):
+uploads it). Two schedulers that differ in sizing only, so they emit identical tokens bit for bit (DESIGN.md
+"Schedulers: sync and overlap", "The plan bound"):
 
 - ``sync``: copies the exact accept-dependent lengths to the host every round (a blocking device-to-host copy
   that waits for the previous round), allocates pages from them, and has the round rebuild the draft window
-  rectangle with the seed's data-dependent gathers (``.max().item()`` and ``masked_select``): three host syncs
+  rectangle with data-dependent gathers (``.max().item()`` and ``masked_select``): three host syncs
   per round.
 - ``overlap``: plans with Lplan = Lcommitted + B >= L (the host's committed length lags the device by at most one
   round, i.e. one block), sizes the window with the bound c(L) <= min(Lplan, W + P - 1), and has the rectangle
@@ -100,14 +100,14 @@ class Scheduler:
 
 
 class SyncScheduler(Scheduler):
-    """Exact lengths on the host every round (the seed's baseline)."""
+    """Exact lengths on the host every round (the serialized baseline)."""
 
     name = "sync"
     packed_rect = True
 
     def allocate(self, slots, running) -> int:
         rc = self.rcfg
-        lengths = self.lengths_to_host()  # SYNC (deliberate): the seed's blocking lengths copy
+        lengths = self.lengths_to_host()  # SYNC (deliberate): the blocking lengths copy
         for s in slots:
             self.blocks.ensure(s, int(lengths[s]) + rc.round_span)
         return int(max((compact_len(int(lengths[s]), rc.window, rc.page_size) for s in slots), default=0))

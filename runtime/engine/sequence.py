@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Request:
     """One generation request. ``committed_len`` is what the host knows of L (prompt + tau of every round read so
-    far); the device may be up to one block ahead (seed 000: Lplan = Lcommitted + B >= L)."""
+    far); the device may be up to one block ahead (DESIGN.md "The plan bound": Lplan = Lcommitted + B >= L)."""
 
     rid: int
     prompt: list

@@ -1,5 +1,5 @@
-"""The draft-tree round strategy (``--tree-budget N``; seeds 003/004): per-bucket static tree buffers and CUDA
-graphs, and the phases between the draft block and the readback. The math is in runtime/spec/tree.py.
+"""The draft-tree round strategy (``--tree-budget N``; DESIGN.md "Draft trees"): per-bucket static tree buffers
+and CUDA graphs, and the phases between the draft block and the readback. The math is in runtime/spec/tree.py.
 
 A tree round (engine ranges in brackets):
 
@@ -7,7 +7,7 @@ A tree round (engine ranges in brackets):
     [tree]    the builder fills the bucket's static ``Tree``:
                 gpu:        ``gpu_tree_build``, ``build_tree_torch`` (a graph of its own on CUDA): no host sync
                 cpu-heapq:  ``cpu_tree_build`` (runtime/faults.py): top-k copied to the host (SYNC), one Python
-                            heapq build per request, the arrays uploaded: the GPU idles meanwhile (the seeds')
+                            heapq build per request, the arrays uploaded: the GPU idles meanwhile
     [verify]  every node in one target forward (graph), ancestor-only mask, one linear state per node
     [commit]  accept and commit, one graph on CUDA (``commit_bs{nb}``): the greedy walk down the verified tree
               (emitted tokens, tau, the accepted path), KV compaction of the path, the target's linear state at

@@ -3,8 +3,8 @@
 A graph replays its nodes back to back, but the H200 still leaves ~0.42 µs between two nodes (measured on
 fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12: 56,762 same-launch gaps, median 0.42 µs); with the eager
 building blocks of layers.py / gdn.py a bs-8 B-12 round was 6,616 nodes, 92% of its idle time those bubbles
-(issue 6). With these kernels and the merged GEMMs (layers.py) it is 617 nodes and 0.148x the eager round time
-(benchmarks/results/h200_2026-11-30_s4/runtime.md; 1,066 nodes and 0.27x before attention was read from the pools).
+(DESIGN.md "Graph-node bubbles"). With these kernels and the merged GEMMs (layers.py) it is 617 nodes and 0.148x the
+eager round time (H200, 2026-11-30; 1,066 nodes and 0.27x before attention was read from the pools).
 Each kernel here replaces a chain of PyTorch ops with one node (two for split attention) and the same arithmetic:
 
 - ``rms_norm``: RMSNorm (layers.RMSNorm) of every row, optionally times sigmoid(gate) per row (the gated output
@@ -28,8 +28,8 @@ results agree with them to float32 rounding (reduction order differs); the specu
 reference use the same kernels. ``gdn_chain`` is one compiled kernel whatever T, start state or stores, so a token's
 recurrence does not depend on the block length (tested bit for bit), and ``paged_attention``'s tiles and splits do
 not depend on T either (same test); the GEMMs around them are cuBLAS kernels chosen per shape, equal to rounding.
-Imported only where Triton is installed (CUDA machines); tests/test_fused_kernels.py runs them in Triton's CPU
-interpreter against the references.
+Imported only where Triton is installed (CUDA machines); tests/runtime/test_fused_kernels.py runs them in Triton's
+CPU interpreter against the references.
 """
 from __future__ import annotations
 
@@ -147,7 +147,7 @@ def argmax_embed(logits: torch.Tensor, table: torch.Tensor | None = None):
     """Greedy tokens and, with ``table``, their embeddings in one node: ``logits.argmax(-1)`` (the first index of
     the maximum, as torch.argmax documents; logits finite) and ``table[tokens]`` (nn.Embedding's lookup: the next
     draft step's input). torch's generic reduce took ~10 µs a row set and the embedding's index_select ~6 µs on
-    the bench preset's 32k vocabulary, once per draft step (H200, session 6).
+    the bench preset's 32k vocabulary, once per draft step (H200, 2026-11-30).
 
     logits [..., V] (rows may be strided, the last dim unit-stride); table [V, hidden] contiguous or None.
     Returns (tokens [...] long, embeddings [..., hidden] in table's dtype, or None)."""
@@ -246,7 +246,8 @@ def qkv_rope_write(qkv: torch.Tensor, heads: int, kv_heads: int, tables: tuple[t
     ("rotate_half" layout, Su et al. 2021; HF ``apply_rotary_pos_emb``) with ``tables`` from ``rope_tables`` ([bs, T,
     D / 2] each, any strides), and the writes of k and v into the pools [num_token_slots, Hkv, D] at write_slots
     [bs, T] (layers.Attention's ``index_copy_``). Returns q [bs, T, H, D] in qkv's dtype. Equals
-    ``apply_rope(norm(q))`` and the eager path's pool writes (tests/test_fused_kernels.py). D a power of two."""
+    ``apply_rope(norm(q))`` and the eager path's pool writes (tests/runtime/test_fused_kernels.py). D a power of
+    two."""
     bs, T, width = qkv.shape
     D = width // (heads + 2 * kv_heads)
     _check_pools(k_pool, v_pool)

@@ -10,7 +10,7 @@ Per head, with a recurrent state S [dk, dv] (float32), for each token t:
 ``gated_delta_rule_ref`` is the plain PyTorch recurrence (CPU, and the verify / decode path everywhere: it can
 return the state after every token, which the speculative commit selects from). ``gated_delta_rule_fla`` calls
 flash-linear-attention's chunked kernel (``fla.ops.gated_delta_rule.chunk_gated_delta_rule``) on CUDA, for
-training and prefill; scripts/gpu_check_runtime.py checks it against the reference.
+training and prefill; tests/runtime/test_gpu.py checks it against the reference.
 
 The layer follows Qwen3-Next without its short convolution: fused q/k/v projection, L2-normalised q and k,
 beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias), per-head RMSNorm of the output times a per-head
@@ -62,7 +62,7 @@ def gated_delta_rule_ref(q, k, v, g, beta, state=None, return_all: bool = False)
 
 
 def gated_delta_rule_tree(q, k, v, g, beta, parents, state=None):
-    """The reference recurrence over a token TREE (draft trees, issue 8): token t continues from the state after
+    """The reference recurrence over a token TREE (DESIGN.md "Draft trees"): token t continues from the state after
     its parent ``parents[:, t]`` (an earlier index) instead of token t - 1; -1 = continue from ``state`` (the root).
     Shapes as ``gated_delta_rule_ref``; parents [bs, T] long with parents[:, t] < t. Returns (o [bs, T, H, dv],
     states [bs, T, H, dk, dv] float32: the state after each token, i.e. after its whole ancestor path).

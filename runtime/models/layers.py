@@ -3,7 +3,7 @@ with a length/causal mask, SwiGLU, and a top-k mixture of experts.
 
 Shapes: ``bs`` requests, ``T`` new tokens each, ``S`` readable key columns, ``H`` query heads, ``Hkv`` KV heads,
 ``D`` head dim. Attention never looks at a key whose mask bit is off, so a key column may point at any finite
-garbage (the fixed-width rectangles of seed 000, "The sync, and the bound that replaced it").
+garbage (the fixed-width rectangles of DESIGN.md "The caches and the draft window").
 """
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ class CacheView:
     read_mask: torch.Tensor
     lin_state: torch.Tensor | None = None
     all_states: bool = False
-    parents: torch.Tensor | None = None  # [bs, T] long: a token tree (issue 8); linear layers return every state
+    parents: torch.Tensor | None = None  # [bs, T] long: a token tree; linear layers return every state
     fused: bool = False  # the fused Triton kernels of models/fused.py (RuntimeConfig.kernels; CUDA + Triton only)
     lin_rows: torch.Tensor | None = None  # [bs]: lin_state is the whole pool (see above)
     rope: tuple | None = None  # fused: (cos, sin) [bs, T, D/2] of these positions made by the caller (a draft block's)

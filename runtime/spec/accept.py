@@ -1,7 +1,7 @@
-"""Greedy block verification (seed 000; Leviathan et al. 2023 at temperature 0): accept the longest prefix of
-drafted tokens equal to the target's own greedy tokens, plus the target's token at the first disagreement (the
-bonus). tau = accepted + 1, in [1, B]. At temperature 0 the emitted tokens are exactly the target's greedy
-decoding. Fixed shapes, on the device, no sync."""
+"""Greedy block verification (DESIGN.md "Block-speculative decoding"; Leviathan et al. 2023 at temperature 0):
+accept the longest prefix of drafted tokens equal to the target's own greedy tokens, plus the target's token at the
+first disagreement (the bonus). tau = accepted + 1, in [1, B]. At temperature 0 the emitted tokens are exactly the
+target's greedy decoding. Fixed shapes, on the device, no sync."""
 from __future__ import annotations
 
 import torch

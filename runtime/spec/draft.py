@@ -1,4 +1,5 @@
-"""The draft block: B autoregressive draft steps for every row, over the draft's compact window (seed 000).
+"""The draft block: B autoregressive draft steps for every row, over the draft's compact window
+(DESIGN.md "Block-speculative decoding").
 
 Step j feeds one token at position L + j and reads the window rectangle (its first c(L) columns) plus the
 block's own positions L .. L + j. Inputs are [last_tok, d1, ..., d_{B-1}]; outputs d1 .. dB. dB is never

@@ -1,4 +1,4 @@
-"""Draft trees (DDTree; seeds 003/004, issue 8): build a best-first tree from the draft's per-position top-k,
+"""Draft trees (DDTree; DESIGN.md "Draft trees"): build a best-first tree from the draft's per-position top-k,
 verify every node in one target forward, follow the verified path greedily, commit only that path.
 
 The tree. The draft block proposes, at each of its first D = B - 1 positions, its top-k tokens with their
@@ -12,12 +12,12 @@ included: N is the verify width, the chain's B). Ties go to the smaller key (par
 numbered in the order they were added. When the whole top-k lattice holds fewer than N nodes, the rest are
 padding (``exists`` False): verified like any node, never accepted.
 
-Two builders produce the same arrays (tests/test_runtime_tree.py compares them on random inputs with ties):
+Two builders produce the same arrays (tests/runtime/test_runtime_tree.py compares them on random inputs with ties):
 
 - ``build_tree_heapq``: one request on the host, Python ``heapq`` with the lazy "next sibling + first child"
   pushes of DDTree's reference code (the frontier is never materialised). The engine's ``cpu-heapq`` builder
-  (runtime/faults.py ``cpu_tree_build``) calls it per request after copying the top-k to the host: the seeds'
-  pathology (a device-to-host sync, then Python while the GPU idles).
+  (runtime/faults.py ``cpu_tree_build``) calls it per request after copying the top-k to the host: the
+  CPU tree-build pathology (a device-to-host sync, then Python while the GPU idles).
 - ``build_tree_torch``: all requests at once on the device, fixed shapes: N - 1 steps, each an argmax over the
   whole [N, k] candidate grid (torch.argmax returns the first maximum: the tie rule above). No host sync.
 

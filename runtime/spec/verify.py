@@ -1,7 +1,7 @@
 """The target verify: one forward over the bs x B block tokens [last_tok, d1, ..., d_{B-1}] at positions
 L .. L + B - 1, over the paged KV (every column of the slot's token map, masked to positions <= the query's).
 The linear-attention layers return their state after every block token, for the commit. Fixed shapes: one
-CUDA graph on the GPU (seed 000)."""
+CUDA graph on the GPU (DESIGN.md "Block-speculative decoding")."""
 from __future__ import annotations
 
 import torch

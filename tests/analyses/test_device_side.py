@@ -177,7 +177,7 @@ def test_node_bubbles_in_the_text_and_a_trace_without_graphs():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     sec = r.stdout.split("Bubbles between graph nodes, by kernel pair")[1].split("\n\n")[0].splitlines()
-    # the 0.96 µs median between a split-K GEMM and cuBLAS's reduce is the costliest pair of the sessions-5 capture
+    # the 0.96 µs median between a split-K GEMM and cuBLAS's reduce is the costliest pair of this capture
     assert "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT" in sec[2] and "cublasLt::splitKreduce_kernel<…>" in sec[2]
     assert sec[-1].startswith("  … ") and len(sec) == 2 + 3 + 1
     res = run_analysis(gaptrace.load_trace("fixtures/traces/kineto_v100_resnet50.json.gz"))

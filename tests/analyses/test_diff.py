@@ -17,8 +17,9 @@ def analysis(t_round_us, tau, occupancy=0.9, frames=(), syncs=()):
             "launch_fit": None, "gap_attribution": list(frames), "blocking_syncs": list(syncs)}
 
 
-def test_seed_fp8_head_loses():
-    """Seed 000: the fp8 sampling head cut τ 4.28 -> 4.16 (2.8%) and saved ~2% of the round: a net loss."""
+def test_fp8_head_loses():
+    """The accept-length inequality on a known case (DESIGN.md "Diff and gates"): an fp8 draft sampling head cut
+    τ 4.28 -> 4.16 (2.8%) and saved ~2% of the round: a net loss."""
     a = analysis(16_200.0, 4.28)
     b = analysis(16_200.0 * 0.98, 4.16)
     acc = diff_analyses(a, b)["accept_length"]

@@ -1,4 +1,4 @@
-"""gaptrace on the H200 captures of draft-tree decoding (issue 8; fixtures/traces/h200_tree/MANIFEST.md): the
+"""gaptrace on the H200 captures of draft-tree decoding (fixtures/traces/h200_tree/MANIFEST.md): the
 cpu-heapq builder (fault cpu-tree-build) is the first finding, the gpu builder has no sync finding, and `diff`
 shows the idle the gpu builder removed."""
 import os

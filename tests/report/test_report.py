@@ -354,8 +354,8 @@ def test_lanes_merge_many_ranges():
 
 
 def test_report_needs_no_torch(tmp_path):
-    """The report runs on an analyst's laptop: rendering must not import torch (DESIGN.md, "The trace analysis and
-    the report must work without torch installed")."""
+    """The report runs on an analyst's laptop: rendering must not import torch (DESIGN.md "Layout": an
+    analyst renders the report on a laptop without torch)."""
     import subprocess
     import sys
 

@@ -1,5 +1,5 @@
-"""The draft window bound (seed 000), the paged KV block manager, the window rectangle built both ways, and the
-linear-attention state commit against recomputation."""
+"""The draft window bound (DESIGN.md "The plan bound"), the paged KV block manager, the window rectangle built both
+ways, and the linear-attention state commit against recomputation."""
 from __future__ import annotations
 
 import numpy as np

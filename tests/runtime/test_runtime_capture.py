@@ -37,7 +37,7 @@ def test_capture_on_cpu(tmp_path, scheduler):
     names = trace.host.loc[trace.host["cat"] == "user_annotation", "name"].astype(str)
     assert (names == "round").sum() == 4  # exactly the profiled rounds
     assert {"plan", "draft", "verify", "accept", "commit"} <= set(names)
-    if scheduler == "sync":  # the seed's lengths copy + .max().item() + masked_select, every round
+    if scheduler == "sync":  # the lengths copy + .max().item() + masked_select, every round
         ops = set(trace.host.loc[trace.host["cat"] == "cpu_op", "name"].astype(str))
         assert {"aten::item", "aten::masked_select"} <= ops
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]

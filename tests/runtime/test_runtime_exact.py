@@ -1,7 +1,7 @@
-"""The exactness gate (seed 000; issue 3): at temperature 0, block-speculative decoding emits exactly the
-target's plain greedy tokens, in float32 on the CPU, for both schedulers x batch sizes {1, 3, 8} x block sizes
-{1, 4, 12}, with a draft window W shorter than the sequences (several pages), prompts of many lengths (chunked
-prefill), more prompts than slots (admission into freed slots) and an EOS that stops one request early.
+"""The exactness gate (DESIGN.md "Block-speculative decoding"): at temperature 0, block-speculative decoding emits
+exactly the target's plain greedy tokens, in float32 on the CPU, for both schedulers x batch sizes {1, 3, 8} x
+block sizes {1, 4, 12}, with a draft window W shorter than the sequences (several pages), prompts of many lengths
+(chunked prefill), more prompts than slots (admission into freed slots) and an EOS that stops one request early.
 sync and overlap must also agree with each other bit for bit, round by round."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The pathology switches (runtime/faults.py, issue 5): each fault leaves every generated token unchanged, and each
+"""The pathology switches (runtime/faults.py): each fault leaves every generated token unchanged, and each
 one's range is in a CPU profiler trace of a short capture, with the host sync inside it where it is one
 (lengths-copy: aten::to; dd-gather: aten::item and aten::masked_select). Trace checks read the raw Kineto JSON."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from _runtime_models import hybrid_target, near_copy, random_prompts  # noqa: E4
 torch.set_num_threads(1)
 LENGTHS = (5, 23, 40, 1, 31, 17, 9)
 SYNC_OPS = {"lengths-copy": {"aten::to"}, "dd-gather": {"aten::item", "aten::masked_select"}}
-CHAIN_FAULTS = tuple(f for f in FAULT_NAMES if f not in TREE_FAULTS)  # cpu-tree-build: tests/test_runtime_tree.py
+CHAIN_FAULTS = tuple(f for f in FAULT_NAMES if f not in TREE_FAULTS)  # cpu-tree-build: test_runtime_tree.py
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def capture_all(tmp_path_factory):
 
 
 def test_token_list_rebuild_runs_per_prefill_chunk(pair, monkeypatch):
-    """token-list-rebuild feeds every prefill chunk [a, b) from the whole rebuilt token list (seed 000: per chunk,
+    """token-list-rebuild feeds every prefill chunk [a, b) from the whole rebuilt token list (per chunk,
     O(context) each), inside its own range; the chunk ids equal the prompt's."""
     import gaptrace.runtime.faults as mr
     from torch.profiler import ProfilerActivity, profile

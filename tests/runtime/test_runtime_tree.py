@@ -1,4 +1,4 @@
-"""Draft trees (DDTree, issue 8): the two builders build the same trees (random inputs, exact ties); a tree is the
+"""Draft trees (DDTree): the two builders build the same trees (random inputs, exact ties); a tree is the
 N - 1 best rank paths (brute force); the linear-attention tree recurrence equals the chain recurrence along each
 node's ancestor path, bit for bit; tree decoding is exact at temperature 0 against the target's own greedy
 decoding (random hybrid pair and the shipped tiny pair, both builders, both schedulers); a top-1 tree of N = B

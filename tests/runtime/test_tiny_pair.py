@@ -59,7 +59,7 @@ def test_sizes_within_limits():
 
 
 def _greedy_block_verify(target, draft, prompt: list[int], block_size: int, max_new_tokens: int):
-    """(tokens, tau): speculative greedy decoding with full recomputation (the seed's accept rule, spelled out)."""
+    """(tokens, tau): speculative greedy decoding with full recomputation (the greedy accept rule, spelled out)."""
     seq = list(prompt)
     rounds = emitted = 0
     while len(seq) - len(prompt) < max_new_tokens:
