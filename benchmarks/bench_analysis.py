@@ -1,4 +1,4 @@
-"""Load and analysis speed and memory, gaptrace against stdlib json and HolisticTraceAnalysis (issue 2, Performance).
+"""Load and analysis speed and memory, gaptrace against stdlib json and HolisticTraceAnalysis (DESIGN.md "What parsing a big trace costs").
 
 For each trace, every tool runs in its own subprocess, so its memory is its own:
 

@@ -1,6 +1,6 @@
 """Reading trace files: ``.json``, ``.json.gz`` or a directory of per-rank files, into a :class:`Trace`.
 
-:func:`load_trace` is the streaming typed decoder (DESIGN.md, "What parsing a big trace costs"): the file is read
+:func:`load_trace` is the streaming typed decoder (DESIGN.md "What parsing a big trace costs"): the file is read
 and gunzipped in chunks on a second thread (:mod:`gaptrace.jsonstream`), each chunk of events is decoded by
 msgspec into typed structs and turned into numpy columns at once (:mod:`gaptrace.eventcols`), so memory is the
 columns plus a chunk, never the whole file or a Python object per event.
@@ -243,7 +243,7 @@ def load_trace(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes:
     """Load a Kineto/Chrome trace (``.json``, ``.json.gz``, or a directory of per-rank files) into a Trace.
 
     Streaming and typed (see the module docstring); the same events and values as :func:`load_trace_reference`
-    (tests/test_loader.py checks every fixture trace). ``workers`` and ``chunk_bytes`` change only the speed
+    (tests/trace/test_loader.py checks every fixture trace). ``workers`` and ``chunk_bytes`` change only the speed
     (:func:`load_raw`). benchmarks/bench_analysis.py prints what it costs: on a 1.08 GB trace about 6x faster
     than stdlib ``json.loads`` of the same file alone, at a seventh of its peak memory.
     Raises TraceError with one line naming the file and the problem.

@@ -2,7 +2,7 @@
 
 A trace written by ``torch.profiler`` (Kineto) is ``{"traceEvents": [...], "deviceProperties": [...], ...}``.
 Complete events (``ph == "X"``) carry ``ts`` and ``dur`` in microseconds (floats, kept at full precision:
-nothing here rounds). gaptrace keeps four frames (HTA's "trace as tables", DESIGN.md "The trace"):
+nothing here rounds). gaptrace keeps five frames (HTA's "trace as tables", DESIGN.md "The trace"):
 
 ``host``      one row per host event: python_function, cpu_op, user_annotation, cuda_runtime, cuda_driver.
 ``device``    one row per device activity that makes the device busy: kernel, memcpy, memset.
@@ -432,7 +432,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
 
 
 def integrity_warnings(trace: Trace) -> list[str]:
-    """Checks that turn into warnings instead of silently wrong numbers (issue 2, "Integrity checks").
+    """Checks that turn into warnings instead of silently wrong numbers (DESIGN.md "Integrity checks").
 
     - host events but no device events (occupancy cannot be computed);
     - graph launches whose correlation id owns no device activity (the launch's work is missing);

@@ -283,7 +283,7 @@ def launch_fit_figure(points: pd.DataFrame, fit: dict | None, unprofiled: pd.Dat
 
 def rounds_figure(rounds: list[dict]) -> dict:
     """Per verify round: Tround as a stacked bar of TGPU (device busy) and Tserial (device idle), with Thost as
-    markers (seed 000, "The round timing model": overlapped, Tround ≈ max(TGPU, Thost); synced, TGPU + Tserial).
+    markers (DESIGN.md "Rounds": overlapped, Tround ≈ max(TGPU, Thost); synced, TGPU + Tserial).
 
     ``rounds``: dicts with keys round, troundus, tgpuus, tserialus, thostus (µs; normalised names, missing -> gap).
     """
