@@ -33,7 +33,7 @@ def test_speculative_decoding_is_exact_with_cuda_graphs():
     """float32, reference recurrence (fla off): both schedulers emit the target's greedy tokens exactly."""
     from gaptrace.runtime.engine import Engine
     from gaptrace.runtime.models import gdn
-    from gaptrace.runtime.scheduler import make_scheduler
+    from gaptrace.runtime.engine.scheduler import make_scheduler
     from gaptrace.runtime.session import build_setup, encode_prompts
     from gaptrace.runtime.spec.reference import greedy_reference
 
