@@ -26,6 +26,7 @@ import os
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from gaptrace.sidecar import Sidecar, as_sidecar
 
@@ -35,6 +36,7 @@ from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _merge
 
 __all__ = ["Calibration", "load_calibration", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us",
+           "thread_wait_cost", "THREAD_WAIT_PREFIX",
            "COST_KEYS"]
 
 DEFAULT_CALIBRATION = os.path.join(os.path.dirname(__file__), "data", "calibration_default.json")
@@ -98,13 +100,64 @@ def sidecar_launch_us(sidecar: "Sidecar | dict | None") -> dict[int, float]:
     return (side.unprofiled_launch_us() or {}) if side is not None else {}
 
 
+# the C primitive every threading wait ends in (Condition.wait, Queue.get, Event.wait, Thread.join, Semaphore,
+# Lock): a python_function of the launching thread with this name that lasts is the thread blocked on another one
+THREAD_WAIT_PREFIX = ("<built-in method acquire of _thread.lock", "<built-in method acquire of _thread.RLock")
+THREAD_WAIT_MIN_US = 20.0
+
+
+def thread_wait_cost(trace: Trace, model: ReplayModel, calibration: Calibration, scale: float = 1.0
+                     ) -> np.ndarray:
+    """(K,) µs of other threads' profiler cost that the launching thread waited out in the host work before each
+    call: for each wait of the launching thread on a lock (:data:`THREAD_WAIT_PREFIX`, at least
+    :data:`THREAD_WAIT_MIN_US` long: Condition.wait, Queue.get, Thread.join end there), Σ cost_c × scale over the
+    recorded events of the same rank's other threads that start inside it, at most the wait's length. The waited-for
+    thread's work is inflated by its own recorded events; the waiter's wait shrinks by as much
+    (docs/replay_model.md "The profiler taken out")."""
+    h = trace.host
+    K = model.calls
+    out = np.zeros(K)
+    rank = h["rank"].to_numpy() == model.key[0]
+    tid = h["tid"].astype(str).to_numpy()
+    names = h["name"].astype(str).to_numpy()
+    on = rank & (tid == model.tid) & (h["cat"].to_numpy() == "python_function")
+    if not on.any():
+        return out
+    w = np.flatnonzero(on)
+    w = w[pd.Series(names[w], dtype=object).str.startswith(THREAD_WAIT_PREFIX).to_numpy(dtype=bool)]
+    if len(w) == 0:
+        return out
+    ws = h["ts_us"].to_numpy()[w] - model.t0_us
+    we = h["end_us"].to_numpy()[w] - model.t0_us
+    keep = (we - ws) >= THREAD_WAIT_MIN_US
+    ws, we = _merge(ws[keep], we[keep])
+    if len(ws) == 0:
+        return out
+    other = rank & (tid != model.tid)
+    cats = h["cat"].to_numpy()[other].astype(str)
+    ots = h["ts_us"].to_numpy()[other] - model.t0_us
+    cost = np.array([calibration.cost_of(c) for c in cats]) * scale if len(cats) else np.zeros(0)
+    j = np.searchsorted(ws, ots, side="right") - 1
+    inside = (j >= 0) & (ots < we[np.maximum(j, 0)])
+    per_wait = np.bincount(j[inside], weights=cost[inside], minlength=len(ws))
+    per_wait = np.minimum(per_wait, we - ws)
+    # each wait sits in the host work before the first call that starts after it began
+    k = np.searchsorted(model.call_start_us, ws, side="left")
+    ok = k < K
+    np.add.at(out, k[ok], per_wait[ok])
+    return out
+
+
 def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration,
-                      sidecar: dict | None = None, kappa_us_per_node: float | None = None) -> dict[str, Any]:
+                      sidecar: dict | None = None, kappa_us_per_node: float | None = None,
+                      scale: float = 1.0) -> dict[str, Any]:
     """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
     ((I,): each item less ``device_op_us`` per op) with the profiler's
     host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
     trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
-    none) for each graph launch size. κ is fitted on ``trace`` when not given."""
+    none) for each graph launch size. κ is fitted on ``trace`` when not given. ``scale`` multiplies every
+    per-event cost of the calibration (host and device; not the sidecar's measured launch costs nor κ): the factor
+    fitted to the capture's own unprofiled rounds (:func:`gaptrace.analyses.whatif.fit_profiler_scale`)."""
     h = trace.host
     sel = (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
     cats = h["cat"].to_numpy()[sel].astype(str)
@@ -119,7 +172,7 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     bounds = np.empty(2 * K)
     bounds[0::2], bounds[1::2] = s, e
     pos = np.searchsorted(bounds, ts, side="right")
-    per_event = np.array([calibration.cost_of(c) for c in cats]) if len(cats) else np.zeros(0)
+    per_event = np.array([calibration.cost_of(c) for c in cats]) * scale if len(cats) else np.zeros(0)
     in_call = (pos % 2 == 1) & not_chain
     in_work = (pos % 2 == 0) & (pos // 2 < K) & not_chain & (pos > 0)
     work_cost = np.bincount(pos[in_work] // 2, weights=per_event[in_work], minlength=K)
@@ -135,7 +188,8 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
         a = np.concatenate(([s[0]], e[:-1]))
         ov_work = _coverage(us, ue, a, s)
         ov_call = _coverage(us, ue, s, e)
-    work = np.maximum(model.work_us - work_cost - ov_work, 0.0)
+    waited = thread_wait_cost(trace, model, calibration, scale)
+    work = np.maximum(model.work_us - work_cost - ov_work - waited, 0.0)
     removed: dict[str, float] = {}
     for c in np.unique(cats):
         m = (cats == c) & (in_call | in_work)
@@ -155,19 +209,20 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
             new_launch[k] = by_size[n]
             sources[n] = "sidecar"
         else:
-            new_launch[k] = max(0.0, cost[k] - kappa * n - calibration.runtime_call_us)
+            new_launch[k] = max(0.0, cost[k] - kappa * n - calibration.runtime_call_us * scale)
             sources.setdefault(n, "kappa" if kappa else "none")
     other = ~launch
-    new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us - call_cost - ov_call, 0.0),
+    new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us * scale - call_cost - ov_call, 0.0),
                         new_launch)
     removed["graph_launches"] = float((cost - new_cost)[launch].sum())
     removed["runtime_calls"] = float((cost - new_cost)[other].sum())
     removed["host_work"] = float((model.work_us - work).sum())
     removed["profiler_overhead_events"] = float(ov_work.sum() + ov_call[other].sum())
+    removed["other_threads_waited"] = float(waited.sum())
     # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
     # less that cost)
     n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
-    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us, 0.0)
+    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us * scale, 0.0)
     removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
     return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
             "launch_source": {str(k): v for k, v in sorted(sources.items())}}
