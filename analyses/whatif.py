@@ -32,7 +32,7 @@ from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
                      round_starts)
 
-__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes", "removed_items",
+__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes",
            "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup"]
 
 
@@ -105,24 +105,6 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
             work *= 1.0 - frac * (1.0 - 1.0 / ch.factor)
             cost[inside] /= ch.factor
     return work, cost, wait
-
-
-def removed_items(trace: Trace, model: ReplayModel, changes: Iterable[Change],
-                  window: tuple[float, float] | None = None) -> np.ndarray:
-    """(I,) bool: the device items launched by a call that starts inside a removed site (``factor`` None). A
-    removed cause takes its device work with it (the copy it issued, the eager kernels of its glue); a sped-up site
-    keeps its device work (docs/replay_model.md "Counterfactuals")."""
-    gone = np.zeros(len(model.item_call), dtype=bool)
-    s = model.call_start_us
-    for ch in changes:
-        if ch.factor is not None:
-            continue
-        us, ue = site_intervals(trace, model, ch.site, window)
-        i = np.searchsorted(us, s, side="right") - 1
-        inside = (i >= 0) & (s < ue[np.maximum(i, 0)])
-        ic = model.item_call
-        gone |= (ic >= 0) & inside[np.maximum(ic, 0)]
-    return gone
 
 
 @dataclasses.dataclass
@@ -280,10 +262,7 @@ class Context:
         changes = list(changes)
         w, c, wait = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                    changes, self.window)
-        gone = removed_items(self.trace, self.model, changes, self.window)
-        dur = np.where(gone, 0.0, self.unprof["item_dur_us"])
-        gap = np.where(gone, 0.0, self.model.item_gap_us)
-        return replay(self.model, w, c, wait, item_dur_us=dur, item_gap_us=gap)
+        return replay(self.model, w, c, wait, item_dur_us=self.unprof["item_dur_us"])
 
 
 def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = None,

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from gaptrace.analyses.profiler_cost import THREAD_WAIT_PREFIX, thread_wait_cost
-from gaptrace.analyses.whatif import Change, Context, removed_items, whatif
+from gaptrace.analyses.whatif import Change, Context, whatif
 from gaptrace.loader import load_trace
 from gaptrace.sidecar import read_sidecar_checked
 
@@ -29,11 +29,11 @@ LOOPS_DIR = os.path.join(ROOT, "h200_loops")
 # pair -> (|period error| bound vs the same process's measured period, per with-cause capture; |saving error| µs)
 RUNTIME = {
     "lengths-copy, bench bs 8": ("lengths_copy", (0.11,), 45),
-    "dd-gather, bench bs 8": ("dd_gather", (0.06,), 220),
-    "eager-commit-glue, bench bs 8": ("eager_commit_glue", (0.41,), 170),
+    "dd-gather, bench bs 8": ("dd_gather", (0.06,), 135),
+    "eager-commit-glue, bench bs 8": ("eager_commit_glue", (0.41,), 830),
     "sync vs overlap, bench bs 8": ("device_lengths_to_host", (0.02,), 310),
-    "eager-commit-glue, tiny bs 1": ("eager_commit_glue", (0.81, 0.08), 175),
-    "cpu-tree-build, tiny tree bs 8": ("cpu_tree_build", (0.07,), 810),
+    "eager-commit-glue, tiny bs 1": ("eager_commit_glue", (0.81, 0.08), 90),
+    "cpu-tree-build, tiny tree bs 8": ("cpu_tree_build", (0.07,), 760),
 }
 # loop -> (|period error| bound, vs the capture's sidecar unprofiled_step_ms, else the mK processes; |saving error| µs)
 LOOPS = {
@@ -42,7 +42,7 @@ LOOPS = {
     "hf_generate": (6.3, 10400),
     "host_detokenize": (1.05, 690),
     "launch_bound": (0.80, 330),
-    "pageable_htod": (0.50, 235),
+    "pageable_htod": (0.50, 215),
     "per_request_readback": (0.10, 50),
     "train_step_logging": (0.80, 320),
 }
@@ -163,20 +163,6 @@ def test_steps_without_a_round_range_replay_the_steps_thread():
     assert len(ps) == 8 and w["rounds"] == 7
     assert np.diff(np.sort(ps["ts_us"].to_numpy())) == pytest.approx(w["periods_profiled_us"], abs=1e-6)
     assert not w["fitted_to_unprofiled"]  # this loop's capture writes no sidecar
-
-
-def test_removed_site_takes_its_device_work():
-    t = os.path.join(PAIRS_DIR, "bench_overlap_bs8_B12_lengths-copy.json.gz")
-    tr = load_trace(t)
-    ctx = Context(tr, read_sidecar_checked(t)[0])
-    gone = removed_items(tr, ctx.model, [Change("lengths_copy")], ctx.window)
-    h = tr.host
-    r = h[(h["name"] == "lengths_copy") & (h["cat"] == "user_annotation")]
-    s = ctx.model.call_start_us[ctx.model.item_call[gone]] + ctx.model.t0_us
-    inside = ((s[:, None] >= r["ts_us"].to_numpy()[None, :]) & (s[:, None] < r["end_us"].to_numpy()[None, :])).any(1)
-    assert gone.sum() > 0 and inside.all()
-    # a speed-up keeps the device work
-    assert not removed_items(tr, ctx.model, [Change("lengths_copy", 2.0)], ctx.window).any()
 
 
 def test_other_threads_profiler_cost_waited_out():
