@@ -150,7 +150,7 @@ def _unprofiled_round_us(sidecar: "Sidecar | dict | None") -> float | None:
 
 
 SCALE_BOUNDS = (0.0, 8.0)
-SCALE_STEPS = 24
+SCALE_STEPS = 16  # α to 8 / 2**16 ≈ 1e-4
 
 
 def _measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
