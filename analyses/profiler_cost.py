@@ -26,6 +26,7 @@ import os
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from gaptrace.sidecar import Sidecar, as_sidecar
 
@@ -35,6 +36,7 @@ from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _merge
 
 __all__ = ["Calibration", "load_calibration", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us",
+           "thread_wait_cost", "THREAD_WAIT_PREFIX",
            "COST_KEYS"]
 
 DEFAULT_CALIBRATION = os.path.join(os.path.dirname(__file__), "data", "calibration_default.json")
@@ -98,13 +100,19 @@ def sidecar_launch_us(sidecar: "Sidecar | dict | None") -> dict[int, float]:
     return (side.unprofiled_launch_us() or {}) if side is not None else {}
 
 
-def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration,
-                      sidecar: dict | None = None, kappa_us_per_node: float | None = None) -> dict[str, Any]:
-    """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
-    ((I,): each item less ``device_op_us`` per op) with the profiler's
-    host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
-    trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
-    none) for each graph launch size. κ is fitted on ``trace`` when not given."""
+# the C primitive every threading wait ends in (Condition.wait, Queue.get, Event.wait, Thread.join, Semaphore,
+# Lock): a python_function of the launching thread with this name that lasts is the thread blocked on another one
+THREAD_WAIT_PREFIX = ("<built-in method acquire of _thread.lock", "<built-in method acquire of _thread.RLock")
+THREAD_WAIT_MIN_US = 20.0
+
+
+def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
+    """Per category of the launching thread's recorded events (not the chain's calls): ``n_work`` / ``n_call``
+    ((K, C) counts of events starting in the host work before call k / inside call k) and ``cats`` (C,); computed
+    once per model (cached on it): the per-event costs only weight them."""
+    cached = getattr(model, "_profiler_bins", None)
+    if cached is not None:
+        return cached
     h = trace.host
     sel = (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
     cats = h["cat"].to_numpy()[sel].astype(str)
@@ -119,11 +127,109 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     bounds = np.empty(2 * K)
     bounds[0::2], bounds[1::2] = s, e
     pos = np.searchsorted(bounds, ts, side="right")
-    per_event = np.array([calibration.cost_of(c) for c in cats]) if len(cats) else np.zeros(0)
     in_call = (pos % 2 == 1) & not_chain
     in_work = (pos % 2 == 0) & (pos // 2 < K) & not_chain & (pos > 0)
-    work_cost = np.bincount(pos[in_work] // 2, weights=per_event[in_work], minlength=K)
-    call_cost = np.bincount((pos[in_call] - 1) // 2, weights=per_event[in_call], minlength=K)
+    uc, ci = np.unique(cats, return_inverse=True) if len(cats) else (np.array([], dtype=str), np.zeros(0, int))
+    n_work = np.zeros((K, len(uc)))
+    n_call = np.zeros((K, len(uc)))
+    np.add.at(n_work, (pos[in_work] // 2, ci[in_work]), 1.0)
+    np.add.at(n_call, ((pos[in_call] - 1) // 2, ci[in_call]), 1.0)
+    out = {"cats": [str(c) for c in uc], "n_work": n_work, "n_call": n_call}
+    try:
+        model._profiler_bins = out
+    except AttributeError:
+        pass
+    return out
+
+
+def _event_costs(cats: np.ndarray, calibration: Calibration) -> np.ndarray:
+    """(n,) µs per recorded event of category ``cats[i]`` (:data:`COST_KEYS`; 0 for other categories)."""
+    if len(cats) == 0:
+        return np.zeros(0)
+    uniq, inv = np.unique(cats, return_inverse=True)
+    return np.array([calibration.cost_of(c) for c in uniq], dtype=np.float64)[inv]
+
+
+def thread_wait_cost(trace: Trace, model: ReplayModel, calibration: Calibration, scale: float = 1.0
+                     ) -> np.ndarray:
+    """(K,) µs of other threads' profiler cost that the launching thread waited out in the host work before each
+    call: for each wait of the launching thread on a lock (:data:`THREAD_WAIT_PREFIX`, at least
+    :data:`THREAD_WAIT_MIN_US` long: Condition.wait, Queue.get, Thread.join end there), Σ cost_c × scale over the
+    recorded events of the same rank's other threads that start inside it, at most the wait's length. The waited-for
+    thread's work is inflated by its own recorded events; the waiter's wait shrinks by as much
+    (docs/replay_model.md "The profiler taken out")."""
+    K = model.calls
+    out = np.zeros(K)
+    w = _thread_waits(trace, model)
+    if w is None:
+        return out
+    cvec = np.array([calibration.cost_of(c) for c in w["cats"]], dtype=np.float64) * scale
+    per_wait = np.minimum(w["counts"] @ cvec, w["we"] - w["ws"])
+    np.add.at(out, w["k"], per_wait)
+    return out
+
+
+def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
+    """The launching thread's lock waits (merged, at least :data:`THREAD_WAIT_MIN_US`): ``ws`` / ``we`` (µs from
+    t0), ``k`` (the call whose host work holds each), ``counts`` ((W, C): the other threads' recorded events of each
+    category starting inside each wait), ``cats``; None without any. Cached on the model."""
+    if hasattr(model, "_thread_waits"):
+        return model._thread_waits
+    h = trace.host
+    K = model.calls
+    res = None
+    rank = h["rank"].to_numpy() == model.key[0]
+    tid = h["tid"].astype(str).to_numpy()
+    names = h["name"].astype(str).to_numpy()
+    on = rank & (tid == model.tid) & (h["cat"].to_numpy() == "python_function")
+    w = np.flatnonzero(on)
+    if len(w):
+        uniq, inv = np.unique(names[w], return_inverse=True)
+        is_wait = pd.Series(uniq, dtype=object).str.startswith(THREAD_WAIT_PREFIX).to_numpy(dtype=bool)
+        w = w[is_wait[inv]]
+    if len(w):
+        ws = h["ts_us"].to_numpy()[w] - model.t0_us
+        we = h["end_us"].to_numpy()[w] - model.t0_us
+        keep = (we - ws) >= THREAD_WAIT_MIN_US
+        ws, we = _merge(ws[keep], we[keep])
+        # each wait sits in the host work before the first call that starts after it began
+        k = np.searchsorted(model.call_start_us, ws, side="left")
+        ok = k < K
+        ws, we, k = ws[ok], we[ok], k[ok]
+        if len(ws):
+            other = rank & (tid != model.tid)
+            cats = h["cat"].to_numpy()[other].astype(str)
+            ots = h["ts_us"].to_numpy()[other] - model.t0_us
+            j = np.searchsorted(ws, ots, side="right") - 1
+            inside = (j >= 0) & (ots < we[np.maximum(j, 0)])
+            uc, ci = np.unique(cats, return_inverse=True) if len(cats) else (np.array([], dtype=str),
+                                                                             np.zeros(0, int))
+            counts = np.zeros((len(ws), len(uc)))
+            np.add.at(counts, (j[inside], ci[inside]), 1.0)
+            res = {"ws": ws, "we": we, "k": k, "counts": counts, "cats": [str(c) for c in uc]}
+    try:
+        model._thread_waits = res
+    except AttributeError:
+        pass
+    return res
+
+
+def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration,
+                      sidecar: dict | None = None, kappa_us_per_node: float | None = None,
+                      scale: float = 1.0) -> dict[str, Any]:
+    """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
+    ((I,): each item less ``device_op_us`` per op) with the profiler's
+    host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
+    trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
+    none) for each graph launch size. κ is fitted on ``trace`` when not given. ``scale`` multiplies every
+    per-event cost of the calibration (host and device; not the sidecar's measured launch costs nor κ): the factor
+    fitted to the capture's own unprofiled rounds (:func:`gaptrace.analyses.whatif.fit_profiler_scale`)."""
+    s, e = model.call_start_us, model.call_end_us
+    K = model.calls
+    b = _event_bins(trace, model)
+    cvec = np.array([calibration.cost_of(c) for c in b["cats"]], dtype=np.float64) * scale
+    work_cost = b["n_work"] @ cvec
+    call_cost = b["n_call"] @ cvec
     # the profiler's own buffer handling (Kineto "overhead" events: Buffer Flush, Activity Buffer Request) runs
     # on the host inside whatever the thread was doing: its overlap with each interval goes too
     ov = trace.overhead
@@ -135,11 +241,11 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
         a = np.concatenate(([s[0]], e[:-1]))
         ov_work = _coverage(us, ue, a, s)
         ov_call = _coverage(us, ue, s, e)
-    work = np.maximum(model.work_us - work_cost - ov_work, 0.0)
+    waited = thread_wait_cost(trace, model, calibration, scale)
+    work = np.maximum(model.work_us - work_cost - ov_work - waited, 0.0)
     removed: dict[str, float] = {}
-    for c in np.unique(cats):
-        m = (cats == c) & (in_call | in_work)
-        removed[str(c)] = float(per_event[m].sum())
+    for j, c in enumerate(b["cats"]):
+        removed[str(c)] = float((b["n_work"][:, j].sum() + b["n_call"][:, j].sum()) * cvec[j])
     cost = model.cost_us.copy()
     launch = model.graph_nodes > 0
     by_size = sidecar_launch_us(sidecar)
@@ -155,19 +261,20 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
             new_launch[k] = by_size[n]
             sources[n] = "sidecar"
         else:
-            new_launch[k] = max(0.0, cost[k] - kappa * n - calibration.runtime_call_us)
+            new_launch[k] = max(0.0, cost[k] - kappa * n - calibration.runtime_call_us * scale)
             sources.setdefault(n, "kappa" if kappa else "none")
     other = ~launch
-    new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us - call_cost - ov_call, 0.0),
+    new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us * scale - call_cost - ov_call, 0.0),
                         new_launch)
     removed["graph_launches"] = float((cost - new_cost)[launch].sum())
     removed["runtime_calls"] = float((cost - new_cost)[other].sum())
     removed["host_work"] = float((model.work_us - work).sum())
     removed["profiler_overhead_events"] = float(ov_work.sum() + ov_call[other].sum())
+    removed["other_threads_waited"] = float(waited.sum())
     # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
     # less that cost)
     n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
-    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us, 0.0)
+    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us * scale, 0.0)
     removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
     return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
             "launch_source": {str(k): v for k, v in sorted(sources.items())}}

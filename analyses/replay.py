@@ -150,18 +150,21 @@ def _launch_thread(trace: Trace, key: tuple[int, int], rt: pd.DataFrame) -> str:
     return str(counts.index[0])
 
 
-def build_model(trace: Trace, device: int | tuple[int, int] | None = None) -> ReplayModel:
+def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: str | None = None) -> ReplayModel:
     """The :class:`ReplayModel` of ``trace`` for ``device`` (the busiest one by default; see
     :func:`gaptrace.analyses.occupancy.resolve_device`). The launching thread is the one whose runtime calls carry
     the most correlation ids of the device's activities; launches from other threads are left out (a warning says
     how many device ops that drops). TraceError (one line) when the trace has no device activity or no launch link.
+    ``tid``: replay this host thread instead (the one that holds the loop's step ranges, when two threads launch).
     Formulas: docs/DESIGN.md "The replay model"."""
     key = resolve_device(trace, device)
     h = trace.host
     cat = h["cat"].to_numpy()
     is_rt = np.isin(cat, ("cuda_runtime", "cuda_driver")) & (h["rank"].to_numpy() == key[0])
     rt = h[is_rt]
-    tid = _launch_thread(trace, key, rt)
+    tid = _launch_thread(trace, key, rt) if tid is None else str(tid)
+    if not (rt["tid"].astype(str).to_numpy() == tid).any():
+        raise TraceError(f"{trace.path}: thread {tid} makes no runtime call: the pipeline cannot be replayed from it")
     warnings: list[str] = []
     on_thread = rt["tid"].astype(str).to_numpy() == tid
     rows = np.flatnonzero(is_rt)[on_thread]

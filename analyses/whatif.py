@@ -28,10 +28,12 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import Calibration, load_calibration, unprofiled_inputs
+from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
                      round_starts)
 
-__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes", "whatif", "cause_savings", "parse_speedup"]
+__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes",
+           "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,34 +149,119 @@ def _unprofiled_round_us(sidecar: "Sidecar | dict | None") -> float | None:
     return side.unprofiled_round_ms * 1e3 if side is not None and side.unprofiled_round_ms is not None else None
 
 
+SCALE_BOUNDS = (0.0, 8.0)
+SCALE_STEPS = 16  # α to 8 / 2**16 ≈ 1e-4
+
+
+def _measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
+    """The capture's own measured unprofiled period, µs: the sidecar's ``unprofiled_round_ms`` (median), else the
+    median of ``unprofiled_step_ms`` (:class:`gaptrace.capture.Capture`'s unprofiled steps); None without one."""
+    unp = _unprofiled_round_us(sidecar)
+    if unp is None and isinstance(sidecar, dict):
+        v = sidecar.get("unprofiled_step_ms")
+        if isinstance(v, list):
+            v = [float(x) for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)
+                 and math.isfinite(x) and x > 0]
+            unp = float(np.median(v)) * 1e3 if v else None
+    return unp
+
+
+def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
+    """The factor α on every per-event profiler cost of the calibration (:func:`.profiler_cost.unprofiled_inputs`
+    ``scale``) for which the replayed unprofiled round (median period) equals ``target_us``, the capture's own
+    measured unprofiled round; bisection over :data:`SCALE_BOUNDS` (the predicted round does not grow with α).
+    Returns (α, the unprofiled inputs at α). α at a bound means the target is out of reach (a warning says so).
+    docs/replay_model.md "Fitted to the capture's own unprofiled rounds"."""
+    lo, hi = SCALE_BOUNDS
+    kappa = ctx.unprof.get("kappa_us_per_node") or 0.0
+
+    def at(a: float) -> tuple[float, dict]:
+        u = unprofiled_inputs(ctx.trace, ctx.model, ctx.calibration, ctx.sidecar, kappa_us_per_node=kappa, scale=a)
+        r = replay(ctx.model, u["work_us"], u["cost_us"], item_dur_us=u["item_dur_us"])
+        return float(np.median(ctx.periods(r))), u
+
+    p_lo, u_lo = at(lo)
+    if p_lo <= target_us:
+        return lo, u_lo
+    p_hi, u_hi = at(hi)
+    if p_hi >= target_us:
+        return hi, u_hi
+    for _ in range(SCALE_STEPS):
+        mid = 0.5 * (lo + hi)
+        p, _u = at(mid)
+        if p > target_us:
+            lo = mid
+        else:
+            hi = mid
+    a = 0.5 * (lo + hi)
+    return a, at(a)[1]
+
+
 class Context:
-    """The pieces one trace's counterfactuals share: model, rounds, unprofiled inputs (built once)."""
+    """The pieces one trace's counterfactuals share: model, rounds, unprofiled inputs (built once). ``fit``: scale
+    the calibration's per-event costs so that the unchanged prediction matches the sidecar's measured unprofiled
+    round when it has one (:func:`fit_profiler_scale`); False keeps the calibration as it is."""
 
     def __init__(self, trace: Trace, sidecar: dict | None = None, calibration: Calibration | None = None,
-                 device: int | tuple[int, int] | None = None, round_name: str = "round"):
+                 device: int | tuple[int, int] | None = None, round_name: str = "round", fit: bool = True):
         self.trace = trace
         self.sidecar = sidecar
         self.calibration = calibration or load_calibration(None)
         self.model = build_model(trace, device)
         self.starts = round_starts(trace, self.model, round_name)
-        if len(self.starts) < 2:
-            raise TraceError(f"{trace.path}: fewer than two {round_name!r} ranges on the launching thread: no round "
-                             "period to predict")
-        h = trace.host
-        m = ((h["cat"].to_numpy() == "user_annotation") & (h["name"].astype(str).to_numpy() == round_name)
-             & (h["tid"].astype(str).to_numpy() == self.model.tid))
-        self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
+        self.step_rule = "round"
+        self.step_name = round_name
+        if len(self.starts) >= 2:
+            h = trace.host
+            m = ((h["cat"].to_numpy() == "user_annotation") & (h["name"].astype(str).to_numpy() == round_name)
+                 & (h["tid"].astype(str).to_numpy() == self.model.tid))
+            self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
+        else:
+            # no verify rounds: the loop's steps (analyses/steps.py find_steps: ProfilerStep#N, an engine's step
+            # range, or a host range that repeats with a regular period), on the launching thread
+            st = find_steps(trace, self.model.key, round_name)
+            t = st.table
+            if len(t) and not (t["tid"].astype(str) == self.model.tid).any():
+                # the steps live on another thread that launches work too (a training loop's main thread beside
+                # autograd's backward thread): replay the thread that holds the steps
+                other = str(t["tid"].astype(str).value_counts().index[0])
+                try:
+                    self.model = build_model(trace, device, tid=other)
+                except TraceError:
+                    pass
+            t = t[t["tid"].astype(str) == self.model.tid] if len(t) else t
+            if len(t) < 2:
+                raise TraceError(f"{trace.path}: fewer than two {round_name!r} ranges or loop steps on the "
+                                 f"launching thread: no round period to predict ({st.reason})")
+            self.starts = np.sort(t["start_us"].to_numpy(dtype=np.float64))
+            self.window = (float(self.starts[0]), float(t["end_us"].to_numpy(dtype=np.float64).max()))
+            self.step_rule, self.step_name = st.rule, st.name_pattern or st.name
         self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar)
         self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                            item_dur_us=self.unprof["item_dur_us"])
         self.replayed = replay(self.model)
+        self.unfitted_round_us = float(np.median(self.periods(self.base)))
+        self.target_us = _measured_period_us(sidecar)
+        self.scale = 1.0
+        self.fitted = False
+        self.fit_warning: str | None = None
+        if fit and self.target_us:
+            self.scale, self.unprof = fit_profiler_scale(self, self.target_us)
+            self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
+                               item_dur_us=self.unprof["item_dur_us"])
+            self.fitted = True
+            if self.scale in SCALE_BOUNDS:
+                self.fit_warning = (f"the profiler cost scale that matches the measured unprofiled round "
+                                    f"({self.target_us / 1e3:.3f} ms) is out of [{SCALE_BOUNDS[0]:g}, "
+                                    f"{SCALE_BOUNDS[1]:g}]: kept at {self.scale:g}")
 
     def periods(self, res: ReplayResult) -> np.ndarray:
         return np.diff(host_time_map(self.model, res, self.starts))
 
     def run(self, changes: Iterable[Change]) -> ReplayResult:
+        changes = list(changes)
         w, c, wait = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                                   list(changes), self.window)
+                                   changes, self.window)
         return replay(self.model, w, c, wait, item_dur_us=self.unprof["item_dur_us"])
 
 
@@ -195,13 +282,15 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     rs_b = host_time_map(ctx.model, ctx.base, ctx.starts)
     rs_a = host_time_map(ctx.model, after, ctx.starts)
     tau = _tau(ctx.sidecar)
-    unp = _unprofiled_round_us(ctx.sidecar)
+    unp = ctx.target_us
     data = {
         "trace": trace.path,
         "changes": [{"site": c.site, "factor": c.factor, "action": "remove" if c.factor is None else "speedup"}
                     for c in changes],
         "calibration": ctx.calibration.to_dict(),
         "rounds": int(len(p_meas)),
+        "round_rule": ctx.step_rule,
+        "round_name": ctx.step_name,
         "profiled_round_us": float(np.median(p_meas)),
         "replayed_round_us": float(np.median(p_rep)),
         "replay_error": float(np.median(np.abs(p_rep - p_meas) / p_meas)),
@@ -213,6 +302,10 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "one_off_saving_us": one_off,
         "unprofiled_round_us": unp,
         "unprofiled_error": (med_b - unp) / unp if unp else None,
+        "profiler_cost_scale": ctx.scale,
+        "fitted_to_unprofiled": ctx.fitted,
+        "unfitted_round_us": ctx.unfitted_round_us,
+        "unfitted_error": (ctx.unfitted_round_us - unp) / unp if unp else None,
         "occupancy_before": _occupancy(ctx.model, ctx.base, rs_b[0], rs_b[-1]),
         "occupancy_after": _occupancy(ctx.model, after, rs_a[0], rs_a[-1]),
         "tau": tau,
@@ -225,7 +318,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "removed_us": ctx.unprof["removed_us"],
         "launch_source": ctx.unprof["launch_source"],
         "latency_us": ctx.model.latency_us,
-        "warnings": list(ctx.model.warnings),
+        "warnings": list(ctx.model.warnings) + ([ctx.fit_warning] if ctx.fit_warning else []),
     }
     return WhatIf(data)
 

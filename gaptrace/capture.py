@@ -3,7 +3,7 @@
 This module is the torch side of the sidecar only: it writes it; :mod:`gaptrace.sidecar` reads and checks it.
 
     from gaptrace.capture import Capture
-    with Capture("decode.json.gz", warmup_steps=5, active_steps=20, config={"model": "my-model"}) as cap:
+    with Capture("decode.json.gz", active_steps=20, config={"model": "my-model"}) as cap:
         for batch in loader:
             run_one_step(batch)
             cap.step()
@@ -12,7 +12,12 @@ The profiler is armed only after ``warmup_steps`` unprofiled steps (graph captur
 stay out of the trace) and one discarded profiler warm-up step; then ``active_steps`` steps are recorded with Python
 stacks (``with_stack=True``) and, where the installed torch supports it, CUDA sync events
 (``_ExperimentalConfig(enable_cuda_sync_events=True)``). The unprofiled step periods (wall time from one ``step()``
-to the next, no device sync added) are kept in the sidecar so the profiler's own cost can be measured against them.
+to the next, no device sync added) are kept in the sidecar (``unprofiled_step_ms``, every warm-up step but the first,
+which includes whatever ran before the loop) so the profiler's own cost can be measured against them: the default
+``warmup_steps`` (:data:`DEFAULT_WARMUP_STEPS`, 31) gives :data:`MIN_UNPROFILED_STEPS` (30) of them, the reference
+block the replay model fits the profiler's cost to (docs/replay_model.md "Fitted to the capture's own unprofiled
+rounds"); fewer (an explicit small ``warmup_steps``) are kept as they are, and the sidecar's ``unprofiled_steps``
+says how many.
 
 Outputs are written to a temporary name in the target directory and renamed, so a crash leaves nothing half-written;
 both outputs (trace and sidecar) pass :func:`gaptrace.outputs.resolve_output` when the :class:`Capture` is made, before
@@ -36,7 +41,10 @@ from gaptrace.sidecar import (SIDECAR_SUFFIX, load_sidecar_checked, positive_num
                               read_sidecar, read_sidecar_checked, sidecar_field_problems, sidecar_path,
                               sidecar_problem, usable_tau)
 
-__all__ = ["Capture", "profiler_kwargs", "write_json_atomic"]
+__all__ = ["Capture", "profiler_kwargs", "write_json_atomic", "MIN_UNPROFILED_STEPS", "DEFAULT_WARMUP_STEPS"]
+
+MIN_UNPROFILED_STEPS = 30  # unprofiled step periods a capture keeps by default: the reference for the replay model
+DEFAULT_WARMUP_STEPS = MIN_UNPROFILED_STEPS + 1  # the first warm-up step's period includes the set-up: not kept
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -98,7 +106,8 @@ class Capture:
     with ``filename`` = the output, after removing its temporaries.
     """
 
-    def __init__(self, path: str, warmup_steps: int = 5, active_steps: int = 20, config: dict | None = None,
+    def __init__(self, path: str, warmup_steps: int = DEFAULT_WARMUP_STEPS, active_steps: int = 20,
+                 config: dict | None = None,
                  with_stack: bool = True, inputs: tuple[str, ...] = ()):
         if warmup_steps < 0 or active_steps < 1:
             raise ValueError(f"warmup_steps must be >= 0 and active_steps >= 1 (got {warmup_steps}, {active_steps})")
@@ -174,6 +183,7 @@ class Capture:
             "warmup_steps": self.warmup_steps,
             "active_steps": self.active_steps,
             "unprofiled_step_ms": self.unprofiled_step_ms,
+            "unprofiled_steps": len(self.unprofiled_step_ms),
             "profiled_step_ms": self.profiled_step_ms,
             "torch": torch.__version__,
             "cuda": torch.version.cuda,

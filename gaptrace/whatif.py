@@ -28,6 +28,10 @@ def render_whatif(d: dict) -> str:
              f"  predicted unprofiled round         {_us(d['before_round_us'])}"
              + (f" (measured unprofiled {_us(d['unprofiled_round_us'])}, error {d['unprofiled_error']:+.1%})"
                 if d.get("unprofiled_round_us") else ""),
+             (f"  profiler cost scale                {d['profiler_cost_scale']:.2f} (fitted to the measured "
+              f"unprofiled round; the calibration alone predicts {_us(d['unfitted_round_us'])}, error "
+              f"{d['unfitted_error']:+.1%})" if d.get("fitted_to_unprofiled") else
+              "  profiler cost scale                1 (the calibration as it is)"),
              f"  after the change                   {_us(d['after_round_us'])}: saves {d['saving_us']:,.0f} µs a round"
              f" (one-off {d['one_off_saving_us']:,.0f} µs)",
              f"  occupancy                          {d['occupancy_before']:.1%} -> {d['occupancy_after']:.1%}"]
@@ -48,11 +52,16 @@ def render_whatif(d: dict) -> str:
               help="Make a host frame or NVTX range FACTOR times faster; repeatable.")
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` (default: the shipped one).")
-@click.option("--round-name", default="round", show_default=True, help="The NVTX range of one verify round.")
+@click.option("--round-name", "--rounds", default="round", show_default=True,
+              help="The NVTX range of one verify round (or loop step); without two of them on the launching "
+                   "thread, the loop's steps as `steps` finds them (ProfilerStep#N, a repeating range).")
+@click.option("--no-fit", is_flag=True,
+              help="Keep the calibration's per-event costs as they are (default: scaled so that the unchanged "
+                   "prediction matches the sidecar's measured unprofiled round, when it has one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @memory_limit_option
 def whatif(trace: str, removes: tuple[str, ...], speedups: tuple[str, ...], calibration: str | None,
-           round_name: str, as_json: bool, memory_limit_gb: float | None) -> None:
+           round_name: str, no_fit: bool, as_json: bool, memory_limit_gb: float | None) -> None:
     """Predict the unprofiled verify round of TRACE, and the round without (or with faster) host sites."""
     from gaptrace import load_trace
     from gaptrace.analyses.profiler_cost import load_calibration
@@ -66,7 +75,7 @@ def whatif(trace: str, removes: tuple[str, ...], speedups: tuple[str, ...], cali
         cal = load_calibration(calibration)
         tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         side, why = read_sidecar_checked(trace)
-        ctx = Context(tr, side, cal, round_name=round_name)
+        ctx = Context(tr, side, cal, round_name=round_name, fit=not no_fit)
         res = run(tr, changes, context=ctx).data
         if why:
             res["warnings"].append(f"{why}; ignored")

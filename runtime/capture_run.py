@@ -3,8 +3,8 @@
 The profiler is armed only after ``warmup_rounds`` rounds (graph capture and the fla prewarm happen even before,
 in the engine's constructor) plus one discarded profiler warm-up round, then records ``rounds`` rounds with Python
 stacks (:class:`gaptrace.capture.Capture`, one ``step()`` per round). The unprofiled baseline is measured in the
-same process just before: the round periods of the warm-up rounds, and the host cost of every graph launch in those
-rounds. The sidecar holds the config, per-round τ of the profiled rounds, each graph's node count and unprofiled
+same process just before: the round periods of the warm-up rounds (the last :data:`UNPROFILED_ROUNDS`, outside the
+first quarter: :func:`unprofiled_block`), and the host cost of every graph launch in those rounds. The sidecar holds the config, per-round τ of the profiled rounds, each graph's node count and unprofiled
 launch cost. The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
 ``EngineHooks``): the round events, the rounds read, and the graph node counts the engine reports.
 """
@@ -16,6 +16,17 @@ from typing import Callable
 
 from .engine import Engine, EngineHooks, RoundEvent
 from .session import DecodeSetup, encode_prompts, run_config
+
+
+UNPROFILED_ROUNDS = 30  # unprofiled round periods the sidecar keeps (at most), the replay model's reference
+
+
+def unprofiled_block(periods_ms: list[float], keep: int = UNPROFILED_ROUNDS) -> list[float]:
+    """The warm-up round periods the sidecar keeps as ``unprofiled_round_ms``: the last ``keep`` of them, never
+    one of the first quarter (the first rounds still admit and prefill): ``periods[max(n − keep, n // 4):]``. With
+    the default 40 warm-up rounds (39 periods: the first round's includes the set-up) that is 30 rounds."""
+    n = len(periods_ms)
+    return list(periods_ms[max(n - keep, n // 4):])
 
 
 class _CaptureDone(Exception):
@@ -157,8 +168,7 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
         graphs.append({"name": f"{phase}_bs{nb}", "phase": phase, "bucket": nb, "nodes": nodes,
                        "unprofiled_launch_us": statistics.median(host) if host else None,
                        "unprofiled_launches": len(host)})
-    # round periods of the second half of the warm-up (the first rounds still admit and prefill)
-    periods = cap.unprofiled_step_ms[len(cap.unprofiled_step_ms) // 2:]
+    periods = unprofiled_block(cap.unprofiled_step_ms)
     side = cap.sidecar()
     side.update({
         "rounds": [{"round": warmup_rounds + 1 + k, "tau": (sum(t) / len(t)) if t else None, "accepted": list(t)}

@@ -177,8 +177,9 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
 
 @click.command("capture")
 @decode_options
-@click.option("--warmup-rounds", type=click.IntRange(1), default=8, show_default=True,
-              help="Unprofiled rounds before the profiler is armed (after graph capture and prewarm).")
+@click.option("--warmup-rounds", type=click.IntRange(1), default=40, show_default=True,
+              help="Unprofiled rounds before the profiler is armed (after graph capture and prewarm); the sidecar "
+                   "keeps the last 30 of their periods outside the first quarter (the unprofiled reference).")
 @click.option("--rounds", "active_rounds", type=click.IntRange(1), default=12, show_default=True,
               help="Verify rounds recorded by the profiler.")
 @click.option("--shrink-at-round", type=click.IntRange(1), default=None, metavar="N",

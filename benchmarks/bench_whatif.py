@@ -1,0 +1,234 @@
+"""The replay model's proof on measured fixes: for every measured pair (a capture with a cause and its fixed twin,
+each period measured without the profiler), the predicted unprofiled round / step period of the with-cause capture
+against its measured one, and the predicted saving of removing the cause (``whatif --remove``) against the measured
+difference of the two variants (docs/replay_model.md "Counterfactuals", "The proof on measured fixes").
+
+Pairs:
+
+- the runtime (``fixtures/traces/h200_pairs/pairs.json``): each fault's NVTX range (``lengths_copy``, ...); sync
+  against overlap: the sync scheduler's blocking read, the frame ``device_lengths_to_host``. Measured period of a
+  capture: the median of its sidecar's ``unprofiled_round_ms`` (same process, after warm-up).
+- the loops that are not the runtime (``fixtures/traces/h200_loops/LOOP.pairs.json``): the ``planted_<cause>``
+  range of the planted variant's trace. Measured period: per measurement process ``LOOP.planted.mK.json`` the median
+  of ``step_periods_ms`` after the first ``skip_fraction`` of them, the variant's figure the median over processes
+  (``summary.md``); the capture process's own warm-up periods (sidecar ``unprofiled_step_ms``) in a second column.
+  The steps: the loops' ``step`` range (found by :func:`gaptrace.analyses.steps.find_steps`, or ProfilerStep#N).
+
+Goal: period within 10% of the measured one; saving within 35% of the measured saving or 60 µs. A pair whose
+measured saving range (processes' min − max to max − min) includes 0 has no measured saving beyond "small or
+none": its row says so and it is counted apart.
+
+    .venv/bin/python benchmarks/bench_whatif.py [--calibration FILE] [--out benchmarks/results/DATE_h200_whatif.md]
+
+Prints one markdown table per calibration (the shipped default, measured on the H200 host of these captures, and
+the CPU build machine's). Predicted period: the calibration alone (``unfitted_round_us``); predicted saving: the
+model as shipped, its profiler cost scale fitted to the capture's own unprofiled rounds where the sidecar has them
+(``profiler_cost_scale``), and, in the next column, the calibration alone.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+PAIRS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_pairs")
+LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_loops")
+H200_CAL = os.path.join(PAIRS_DIR, "calibration_h200.json")  # the same figures as the shipped default
+CPU_CAL = os.path.join(ROOT, "analyses", "data", "calibration_cpu_epyc.json")
+SYNC_SITE = "device_lengths_to_host"
+PERIOD_GOAL = 0.10
+SAVING_GOAL = 0.35
+SAVING_FLOOR_US = 60.0
+
+
+def mk_period_ms(path: str) -> float:
+    """One measurement process's unprofiled step period: median of ``step_periods_ms`` after the first
+    ``skip_fraction`` (the loops' run_pairs rule)."""
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    v = d["step_periods_ms"]
+    return float(np.median(v[int(d.get("skip_fraction", 0.1) * len(v)):]))
+
+
+def sidecar_period_ms(trace_path: str, key: str) -> float | None:
+    """Median of the sidecar's unprofiled periods (``unprofiled_round_ms`` or ``unprofiled_step_ms``), ms."""
+    from gaptrace.sidecar import sidecar_path
+    p = sidecar_path(trace_path)
+    if not os.path.exists(p):
+        return None
+    with open(p, encoding="utf-8") as f:
+        v = json.load(f).get(key)
+    return float(np.median(v)) if isinstance(v, list) and v else None
+
+
+def runtime_pairs() -> list[dict]:
+    """The runtime's pairs: with-cause traces, the site to remove, measured saving and range (ms)."""
+    with open(os.path.join(PAIRS_DIR, "pairs.json"), encoding="utf-8") as f:
+        d = json.load(f)
+    out = []
+    for p in d["pairs"]:
+        site = SYNC_SITE if "sync" in p["cause"] else p["cause"]
+        traces = [os.path.join(PAIRS_DIR, n + ".json.gz") for n in p["with_cause"]]
+        fixed = [sidecar_period_ms(os.path.join(PAIRS_DIR, n + ".json.gz"), "unprofiled_round_ms") for n in p["fixed"]]
+        meas = [sidecar_period_ms(t, "unprofiled_round_ms") for t in traces]
+        lo, hi = min(meas) - max(fixed), max(meas) - min(fixed)
+        out.append({"pair": p["pair"], "site": site, "traces": traces, "measured_period_ms": meas,
+                    "same_process_ms": meas, "measured_saving_ms": float(np.mean(meas) - np.mean(fixed)),
+                    "saving_range_ms": (lo, hi), "round_name": "round"})
+    return out
+
+
+def loop_pairs() -> list[dict]:
+    """The loops' pairs: the planted trace, its ``planted_*`` range, measured periods (mK.json) and saving (ms)."""
+    out = []
+    for pp in sorted(glob.glob(os.path.join(LOOPS_DIR, "*.pairs.json"))):
+        loop = os.path.basename(pp).split(".")[0]
+        pl = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.planted.m*.json")))]
+        fx = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.fixed.m*.json")))]
+        trace = os.path.join(LOOPS_DIR, f"{loop}.planted.trace.json.gz")
+        out.append({"pair": f"loop {loop}", "site": None, "traces": [trace],
+                    "measured_period_ms": [float(np.median(pl))],
+                    "same_process_ms": [sidecar_period_ms(trace, "unprofiled_step_ms")],
+                    "measured_saving_ms": float(np.median(pl) - np.median(fx)),
+                    "saving_range_ms": (min(pl) - max(fx), max(pl) - min(fx)), "round_name": "step",
+                    "processes": (pl, fx)})
+    return out
+
+
+def planted_site(trace) -> str:
+    """The one host range named ``planted_*`` of a loop trace."""
+    names = trace.host.loc[trace.host["cat"] == "user_annotation", "name"].astype(str).unique()
+    cand = sorted(n for n in names if n.startswith("planted_"))
+    if len(cand) != 1:
+        raise SystemExit(f"{trace.path}: expected one planted_* range, found {cand}")
+    return cand[0]
+
+
+def predict(pair: dict, calibration, traces_cache: dict) -> dict:
+    """Predicted period (ms, per with-cause trace) and saving (ms, mean over them) for one pair."""
+    from gaptrace import load_trace
+    from gaptrace.analyses.whatif import Change, Context, whatif
+    from gaptrace.sidecar import read_sidecar_checked
+    periods, savings, raw, scales, rule = [], [], [], [], None
+    for t in pair["traces"]:
+        if t not in traces_cache:
+            traces_cache[t] = load_trace(t)
+        tr = traces_cache[t]
+        site = pair["site"] or planted_site(tr)
+        pair["site_used"] = site
+        side, _ = read_sidecar_checked(t)
+        ctx = Context(tr, side, calibration, round_name=pair["round_name"])
+        w = whatif(tr, [Change(site)], context=ctx).data
+        periods.append(w["unfitted_round_us"] / 1e3)
+        savings.append(w["saving_us"] / 1e3)
+        scales.append(w["profiler_cost_scale"] if w["fitted_to_unprofiled"] else None)
+        if w["fitted_to_unprofiled"]:
+            ctx0 = Context(tr, side, calibration, round_name=pair["round_name"], fit=False)
+            raw.append(whatif(tr, [Change(site)], context=ctx0).data["saving_us"] / 1e3)
+        else:
+            raw.append(w["saving_us"] / 1e3)
+        rule = "range" if w["round_rule"] == "round" else w["round_rule"]
+        rule = f"{rule} `{w['round_name']}`"
+    return {"periods_ms": periods, "saving_ms": float(np.mean(savings)), "unfitted_saving_ms": float(np.mean(raw)),
+            "scales": scales, "rule": rule}
+
+
+def judge(pair: dict, pred: dict) -> dict:
+    meas_p = pair["measured_period_ms"]
+    perr = [(p - m) / m for p, m in zip(pred["periods_ms"], meas_p)]
+    same = [s for s in pair["same_process_ms"] if s is not None]
+    serr = [(p - m) / m for p, m in zip(pred["periods_ms"], same)] if len(same) == len(pred["periods_ms"]) else []
+    ms, ps = pair["measured_saving_ms"], pred["saving_ms"]
+    lo, hi = pair["saving_range_ms"]
+    err_ms = ps - ms
+    ok_saving = abs(err_ms) <= max(SAVING_GOAL * abs(ms), SAVING_FLOOR_US / 1e3)
+    includes0 = lo <= 0 <= hi
+    return {"period_err": perr, "same_err": serr, "saving_err_ms": err_ms,
+            "saving_err_rel": err_ms / ms if ms else math.nan, "ok_saving": ok_saving,
+            "ok_period": all(abs(e) <= PERIOD_GOAL for e in (serr or perr)), "includes0": includes0,
+            "in_range": lo <= ps <= hi, "sign_ok": includes0 or (ps > 0) == (ms > 0)}
+
+
+def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
+    fmt = lambda v: "/".join(f"{x:.3f}" for x in v)
+    pct = lambda v: "/".join(f"{x:+.1%}" for x in v)
+    out = [f"Calibration: {cal.source} ({cal.measured_on}): aten {cal.aten_op_us:.2f} µs, python frame "
+           f"{cal.python_frame_us:.2f} µs, runtime call {cal.runtime_call_us:.2f} µs, device op "
+           f"{cal.device_op_us:.2f} µs", "",
+           "| pair | removed | steps | measured period ms | same-process ms | predicted ms | error % (vs same process) "
+           "| measured saving ms [range] | predicted saving ms (scale α) | error | unfitted saving ms | within goal? |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    n_p = n_s = n_s_test = 0
+    for pair, pred, j in rows:
+        lo, hi = pair["saving_range_ms"]
+        same = [s for s in pair["same_process_ms"] if s is not None]
+        err = f"{pct(j['period_err'])}" + (f" ({pct(j['same_err'])})" if j["same_err"] and same != pair["measured_period_ms"] else "")
+        rel = "" if not pair["measured_saving_ms"] else f" ({j['saving_err_rel']:+.0%})"
+        if j["includes0"]:
+            verdict = "range includes 0: " + ("prediction inside it" if j["in_range"] else "prediction outside it")
+        else:
+            n_s_test += 1
+            verdict = "yes" if j["ok_saving"] else "no"
+            n_s += j["ok_saving"]
+        verdict = ("period yes" if j["ok_period"] else "period no") + "; saving " + verdict
+        alpha = "/".join("unfitted" if a is None else f"α {a:.2f}" for a in pred["scales"])
+        n_p += j["ok_period"]
+        out.append(f"| {pair['pair']} | `{pair['site_used']}` | {pred['rule']} | {fmt(pair['measured_period_ms'])} | "
+                   f"{fmt(same) if same else '-'} | {fmt(pred['periods_ms'])} | {err} | "
+                   f"{pair['measured_saving_ms']:.3f} [{lo:.3f}, {hi:.3f}] | {pred['saving_ms']:.3f} ({alpha}) | "
+                   f"{j['saving_err_ms'] * 1e3:+.0f} µs{rel} | {pred['unfitted_saving_ms']:.3f} | {verdict} |")
+    out += ["", f"Summary: period within {PERIOD_GOAL:.0%} on {n_p} of {len(rows)} pairs (against the same process's "
+            f"unprofiled periods where the capture has them); saving within {SAVING_GOAL:.0%} or "
+            f"{SAVING_FLOOR_US:.0f} µs on {n_s} of {n_s_test} pairs whose measured range excludes 0 "
+            f"({len(rows) - n_s_test} pairs' measured range includes 0); right sign on "
+            f"{sum(j['sign_ok'] for _, _, j in rows)} of {len(rows)}."]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from gaptrace.analyses.profiler_cost import load_calibration
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibration", action="append", default=None,
+                    help="calibration file(s); default: the shipped one (the H200's) and the CPU build machine's")
+    ap.add_argument("--only", default=None, help="only pairs whose name contains this")
+    ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    a = ap.parse_args(argv)
+    cals = [load_calibration(c) for c in (a.calibration or [None, CPU_CAL])]
+    pairs = runtime_pairs() + loop_pairs()
+    if a.only:
+        pairs = [p for p in pairs if a.only in p["pair"]]
+    cache: dict = {}
+    t0 = time.perf_counter()
+    parts = []
+    for cal in cals:
+        rows = []
+        for p in pairs:
+            pred = predict(p, cal, cache)
+            rows.append((p, pred, judge(p, pred)))
+        parts.append(table(rows, cal))
+    text = ("# What fixing it buys: predicted against measured (H200 traces)\n\n"
+            "`.venv/bin/python benchmarks/bench_whatif.py` (docs/replay_model.md \"The proof on measured fixes\"). "
+            "Measured period: runtime = median of the capture's own `unprofiled_round_ms` (sidecar); loops = median "
+            "over the measurement processes (`LOOP.planted.mK.json`), the capture process's own warm-up steps "
+            "(sidecar `unprofiled_step_ms`) as the same-process column.\n\n" + "\n\n".join(parts)
+            + f"\n\n({time.perf_counter() - t0:.1f} s)\n")
+    print(text)
+    if a.out:
+        tmp = a.out + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

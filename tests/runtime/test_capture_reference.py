@@ -1,0 +1,64 @@
+"""The captures keep enough unprofiled rounds to be the replay model's reference (docs/replay_model.md "Fitted to the
+capture's own unprofiled rounds"): at least 30 by default, in the generic :class:`gaptrace.capture.Capture` and in
+the runtime's ``capture``; on the CPU."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gaptrace.capture import DEFAULT_WARMUP_STEPS, MIN_UNPROFILED_STEPS, Capture, sidecar_path  # noqa: E402
+from gaptrace.loader import load_trace  # noqa: E402
+from runtime.capture_run import UNPROFILED_ROUNDS, capture_decode, unprofiled_block  # noqa: E402
+
+
+def test_generic_capture_keeps_30_unprofiled_steps_by_default(tmp_path):
+    path = str(tmp_path / "loop.json.gz")
+    x = torch.randn(32, 32)
+    ends = []
+    import time
+
+    with Capture(path, active_steps=3) as cap:
+        for _ in range(DEFAULT_WARMUP_STEPS + 1 + 3):
+            with torch.profiler.record_function("step"):
+                x = torch.tanh(x @ x)
+            ends.append(time.perf_counter())
+            cap.step()
+    with open(sidecar_path(path)) as f:
+        side = json.load(f)
+    assert MIN_UNPROFILED_STEPS == 30 and DEFAULT_WARMUP_STEPS == 31
+    assert len(side["unprofiled_step_ms"]) == side["unprofiled_steps"] == 30
+    assert side["warmup_steps"] == 31
+    # the kept periods are the warm-up steps 1..30 (step 0 includes the set-up): the intervals between the
+    # step() calls, timed here just before each call
+    here = np.diff(ends)[:30] * 1e3
+    np.testing.assert_allclose(side["unprofiled_step_ms"], here, rtol=0, atol=0.5)
+    tr = load_trace(path)
+    assert int((tr.host["name"].astype(str) == "step").sum()) == 3  # only the active steps are profiled
+
+
+def test_unprofiled_block_rule():
+    p = [float(i) for i in range(39)]
+    assert unprofiled_block(p) == p[9:] and len(unprofiled_block(p)) == UNPROFILED_ROUNDS == 30
+    assert unprofiled_block(p[:7]) == p[1:7]  # a short warm-up: all but its first quarter
+    assert unprofiled_block(p * 3) == (p * 3)[-30:]
+    assert unprofiled_block([]) == []
+
+
+@pytest.mark.slow
+def test_runtime_capture_keeps_30_unprofiled_rounds(tmp_path):
+    from runtime.session import build_setup
+
+    setup = build_setup("tiny", device="cpu", batch_size=2)
+    out = str(tmp_path / "rt.json.gz")
+    side = capture_decode(setup, ["hello there", "a b c"], out, 40, 2, inputs=())
+    assert len(side["unprofiled_round_ms"]) == 30
+    with open(sidecar_path(out)) as f:
+        raw = json.load(f)
+    # the kept rounds are the last 30 of the 39 timed warm-up rounds
+    assert raw["unprofiled_round_ms"] == raw["unprofiled_step_ms"][-30:] and len(raw["unprofiled_step_ms"]) == 39
+    assert os.path.exists(out)
