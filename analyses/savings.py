@@ -8,9 +8,11 @@ overlap. :func:`rank_findings` adds to each finding of :func:`.findings.findings
 - ``saving_us``: median unprofiled round before − after removing the cause (:func:`.whatif.whatif` with one
   :class:`.whatif.Change`): a blocking sync's call site (its host work and its blocking waits), an idle site's host
   frame, a host-bound finding's NVTX range (its host work). None where the finding has no removable cause (the
-  profiler's own cost, lazy loading, a sync with no Python frame) or the model has no rounds;
+  profiler's own cost, lazy loading, a sync with no Python frame), whose site encloses most of the rounds (the
+  loop's own frame: ``saving_note`` says so), or when the model has no rounds;
 - ``one_off_saving_us``: what the sum over the rounds saves beyond rounds × saving_us (a compile paid once);
 - ``saving_share``: saving_us / the predicted unprofiled round;
+- ``cause`` (the site removed) and ``fix`` (what that removal means, in words);
 
 and sorts them by saving_us (descending; None after, in their idle-share order). :func:`whatif_block` is the
 ``whatif`` object of ``analyze --json``; :func:`saving_headline` the headline sentence.
@@ -28,13 +30,17 @@ from gaptrace.trace import Trace, TraceError
 
 from .findings import ms_text
 from .profiler_cost import Calibration, load_calibration
-from .whatif import Change, Context, whatif
+from .whatif import Change, Context, site_intervals, whatif
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "saving_headline", "saving_text", "finding_cause",
            "resolve_calibration", "FOLD_SHARE"]
 
 # A fix that saves less than this share of the predicted unprofiled round is not stated in the headline.
 FOLD_SHARE = 0.01
+# A site whose host intervals cover more than this share of the rounds' span encloses the loop itself (an idle
+# site can be the outer frame the host returns to between calls): removing it would remove every round's host
+# work, which is no fix of anything; such a finding carries no saving.
+ENCLOSING_SHARE = 0.5
 
 
 def resolve_calibration(calibration: Calibration | str | None) -> Calibration:
@@ -87,6 +93,21 @@ def finding_cause(f: dict) -> str | None:
     return None
 
 
+def finding_fix(f: dict, site: str | None) -> str | None:
+    """The fix a finding's saving assumes, in words (what :func:`.whatif.whatif` removes); None without a cause."""
+    if site is None:
+        return None
+    kind = f.get("kind")
+    if kind == "blocking_sync":
+        op = f" ({f['aten_op']})" if f.get("aten_op") else ""
+        return (f"stop blocking on {f.get('call')}{op} in {site}: keep the value on the device, or read it a round "
+                "late (an overlapped scheduler), and drop the host work around the read")
+    if kind == "host_bound":
+        return f"cut the host work of range {site}: the GPU waits for it every round"
+    return (f"take the host work in {site} off the critical path: move it into the CUDA graph, run it ahead of "
+            "the device, or make it cheaper")
+
+
 def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: dict | None = None) -> list[dict]:
     """``found`` (:func:`.findings.findings`) with ``cause``, ``saving_us``, ``one_off_saving_us`` and
     ``saving_share`` added (module docstring), sorted by saving_us descending, None after (stable: ties and None
@@ -105,16 +126,27 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
     for f in found:
         site = finding_cause(f)
         f["cause"] = site
+        f["fix"] = finding_fix(f, site)
         f["saving_us"] = f["one_off_saving_us"] = f["saving_share"] = None
         if ctx is None or site is None:
             continue
         if site not in memo:
             try:
-                memo[site] = whatif(trace, [Change(site)], context=ctx).data
+                us, ue = site_intervals(trace, ctx.model, site, ctx.window)
+                span = ctx.window[1] - ctx.window[0]
+                if span > 0 and float(np.sum(ue - us)) > ENCLOSING_SHARE * span:
+                    memo[site] = "encloses"
+                else:
+                    memo[site] = whatif(trace, [Change(site)], context=ctx).data
             except TraceError:
                 memo[site] = None
         w = memo[site]
+        if w == "encloses":
+            f["saving_note"] = (f"no saving: {site} encloses more than {ENCLOSING_SHARE:.0%} of the rounds' span "
+                                "(the loop itself, not a cause)")
+            continue
         if w is None:
+            f["saving_note"] = f"no saving: {site} is not on the launching thread inside the rounds"
             continue
         f["saving_us"] = float(w["saving_us"])
         f["one_off_saving_us"] = float(w["one_off_saving_us"])

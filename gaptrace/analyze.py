@@ -49,7 +49,7 @@ def render_text(res: dict, top: int = 15) -> str:
         for i, f in enumerate(res["findings"], 1):
             s = saving_text(f)
             if not s and pred is not None:
-                s = "no saving: not a fix" if f.get("cause") is None else "no saving predicted (site not replayed)"
+                s = f.get("saving_note") or "no saving: not a fix"
             parts.append(f"  {i}. [{f['kind']}] " + (f"{s}; " if s else "") + f["summary"])
         if res.get("idle_share_note"):
             parts.append(f"  ({res['idle_share_note']})")
