@@ -37,9 +37,10 @@ __all__ = ["build_context", "whatif_block", "rank_findings", "saving_headline", 
 
 # A fix that saves less than this share of the predicted unprofiled round is not stated in the headline.
 FOLD_SHARE = 0.01
-# A site whose host intervals cover more than this share of the rounds' span encloses the loop itself (an idle
-# site can be the outer frame the host returns to between calls): removing it would remove every round's host
-# work, which is no fix of anything; such a finding carries no saving.
+# A site whose host intervals hold the start of more than this share of the rounds encloses the loop itself (an
+# idle site can be the outer frame the host returns to between calls): removing it would remove every round's host
+# work, which is no fix of anything; such a finding carries no saving. (A blocking call's site may cover most of
+# the span, waiting, and still be a cause: it holds no round start.)
 ENCLOSING_SHARE = 0.5
 
 
@@ -132,9 +133,11 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             continue
         if site not in memo:
             try:
-                us, ue = site_intervals(trace, ctx.model, site, ctx.window)
-                span = ctx.window[1] - ctx.window[0]
-                if span > 0 and float(np.sum(ue - us)) > ENCLOSING_SHARE * span:
+                us, ue = site_intervals(trace, ctx.model, site)
+                t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
+                i = np.searchsorted(us, t, side="right") - 1
+                held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)])))
+                if held > ENCLOSING_SHARE * len(t):
                     memo[site] = "encloses"
                 else:
                     memo[site] = whatif(trace, [Change(site)], context=ctx).data
@@ -142,8 +145,8 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
                 memo[site] = None
         w = memo[site]
         if w == "encloses":
-            f["saving_note"] = (f"no saving: {site} encloses more than {ENCLOSING_SHARE:.0%} of the rounds' span "
-                                "(the loop itself, not a cause)")
+            f["saving_note"] = (f"no saving: {site} holds the start of most rounds (it encloses the loop itself; "
+                                "not a cause)")
             continue
         if w is None:
             f["saving_note"] = f"no saving: {site} is not on the launching thread inside the rounds"
