@@ -168,7 +168,10 @@ def analyze(trace_path: str, window: str | None, device: int | None, as_json: bo
     from gaptrace import load_trace
     from gaptrace.cli import fail, memory_limit_bytes
 
+    from gaptrace.analyses.savings import resolve_calibration
+
     try:
+        calibration = resolve_calibration(calibration)  # a bad file fails before the trace is read
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         notes: list[str] = []  # the sidecar's warning (stderr), also in --json's warnings
         res = summarize(trace, window=window, device=device,

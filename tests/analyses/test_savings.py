@@ -185,3 +185,35 @@ def test_first_finding_names_the_fault_on_h200_pairs(name, cause):
     rs, re_ = site_intervals(tr, ctx.model, cause, ctx.window)
     over = sum(max(0.0, min(b, d) - max(a, c)) for a, b in zip(cs, ce) for c, d in zip(rs, re_))
     assert over >= 0.5 * min(float(np.sum(ce - cs)), float(np.sum(re_ - rs))), (first["cause"], cause)
+
+
+def test_diff_predicted_against_measured():
+    """diff's whatif: the predicted unprofiled rounds of A and B and their change, beside the sidecars' measured."""
+    from gaptrace.analyses.diff import diff_analyses
+
+    a_p = os.path.join(PAIRS, "bench_overlap_bs8_B12_lengths-copy.json.gz")
+    b_p = os.path.join(PAIRS, "bench_overlap_bs8_B12_clean_a.json.gz")
+    res = []
+    for p in (a_p, b_p):
+        tr = load_trace(p)
+        side, _ = read_sidecar_checked(p)
+        res.append(summarize(tr, sidecar=side, calibration=H200_CAL).to_json())
+    d = diff_analyses(*res)["whatif"]
+    pa, pb = (r["whatif"]["predicted_unprofiled_round_us"] for r in res)
+    assert d["predicted_a_us"] == pa and d["predicted_b_us"] == pb and d["predicted_delta_us"] == pytest.approx(pb - pa)
+    ma, mb = (float(np.median(json.load(open(p.replace(".json.gz", ".gaptrace.json")))["unprofiled_round_ms"])) * 1e3
+              for p in (a_p, b_p))
+    assert d["measured_delta_us"] == pytest.approx(mb - ma)
+    assert f"{(mb - ma) / 1000:+.3f} ms" in d["statement"] and f"{(pb - pa) / 1000:+.3f} ms" in d["statement"]
+
+
+def test_analyze_bad_calibration_is_one_line_exit_2(tmp_path):
+    from click.testing import CliRunner
+
+    from gaptrace.cli import main
+
+    bad = tmp_path / "cal.json"
+    bad.write_text('{"aten_op_us": -1}')
+    r = CliRunner().invoke(main, ["analyze", SYNC, "--calibration", str(bad)])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr
