@@ -172,7 +172,8 @@ def _what(f: dict) -> str:
 
 def saving_text(f: dict) -> str:
     """"saves ≈ 0.42 ms a round (11%)" for a finding with a saving; "saves < 1% of a round (12 µs)" below the
-    fold; "" without a saving."""
+    fold; "saves nothing (...)" for a negative one (the replay's error, docs/replay_model.md "Error figures");
+    the one-off saving after it from 1 ms up; "" without a saving."""
     s, share = f.get("saving_us"), f.get("saving_share")
     if s is None:
         return ""
@@ -180,8 +181,10 @@ def saving_text(f: dict) -> str:
     extra = f"; once: {ms_text(one)}" if one is not None and abs(one) >= 1000 else ""
     if share is None or not math.isfinite(share):
         return f"saves ≈ {ms_text(s)} a round{extra}"
+    if s < 0:
+        return f"saves nothing (the round predicted {ms_text(-s)} longer: within the model's error){extra}"
     if share < FOLD_SHARE:
-        return f"saves < 1% of a round ({ms_text(s) if s >= 0 else '-' + ms_text(-s)}){extra}"
+        return f"saves < 1% of a round ({ms_text(s)}){extra}"
     return f"saves ≈ {ms_text(s)} a round ({share:.0%}){extra}"
 
 
