@@ -13,6 +13,11 @@ Input: two dicts from :func:`gaptrace.analyses.summary.run_analysis`. Output (:f
 - ``bubbles``: the same for the bubbles between graph nodes by kernel pair (``node_bubbles``; rows carry
   ``before``, ``after`` and ``pair`` = "before -> after"): the boundaries a fusion removed (vanished) or added;
   None when neither trace has any;
+- ``whatif``: the replay model's predicted unprofiled round of A and B (``whatif.predicted_unprofiled_round_us``
+  of each analysis) and the change it predicts, beside the measured one where both captures' sidecars hold an
+  unprofiled round (``measured_unprofiled_round_us``): {predicted_a_us, predicted_b_us, predicted_delta_us,
+  predicted_rel, measured_a_us, measured_b_us, measured_delta_us, measured_rel, statement}; None when neither
+  analysis has a prediction;
 - ``warnings``: [str]; says when A and B were analysed over different windows (one over its capture sidecar's
   analysis_window, the other over its whole trace or another annotation): their metrics then describe different
   spans (``--window NAME`` analyses the same annotation in both);
@@ -138,7 +143,34 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
                           "(TPOT = Tround/τ; a change wins only if its round saving exceeds its τ loss)"),
         }
     return {"a": a.get("trace"), "b": b.get("trace"), "metrics": metrics, "frames": frames, "syncs": syncs,
-            "bubbles": bubbles, "accept_length": accept, "warnings": _window_warnings(a, b)}
+            "bubbles": bubbles, "accept_length": accept, "whatif": _whatif_diff(a, b),
+            "warnings": _window_warnings(a, b)}
+
+
+def _whatif_diff(a: dict, b: dict) -> dict[str, Any] | None:
+    """Predicted (the replay model, each analysis' ``whatif``) against measured (the sidecars' unprofiled rounds)
+    change of the unprofiled round from A to B; None when neither analysis has a predicted round."""
+    wa, wb = a.get("whatif") or {}, b.get("whatif") or {}
+    pa, pb = wa.get("predicted_unprofiled_round_us"), wb.get("predicted_unprofiled_round_us")
+    if pa is None and pb is None:
+        return None
+    ma, mb = wa.get("measured_unprofiled_round_us"), wb.get("measured_unprofiled_round_us")
+    pred, meas = _delta(pa, pb), _delta(ma, mb)
+    out = {"predicted_a_us": pa, "predicted_b_us": pb, "predicted_delta_us": pred["delta"],
+           "predicted_rel": pred["rel"], "measured_a_us": ma, "measured_b_us": mb,
+           "measured_delta_us": meas["delta"], "measured_rel": meas["rel"]}
+    if pred["delta"] is None:
+        text = "the replay model predicts only one side's unprofiled round (the other has no rounds)"
+    else:
+        text = (f"the replay model predicts the unprofiled round changes by {pred['delta'] / 1000:+.3f} ms "
+                f"({pa / 1000:.3f} -> {pb / 1000:.3f} ms)")
+        if meas["delta"] is not None:
+            text += (f"; the sidecars measured {meas['delta'] / 1000:+.3f} ms ({ma / 1000:.3f} -> {mb / 1000:.3f} ms), "
+                     f"a prediction error of {(pred['delta'] - meas['delta']) / 1000:+.3f} ms")
+        else:
+            text += "; no measured unprofiled round in both sidecars to check it against"
+    out["statement"] = text
+    return out
 
 
 def _window_warnings(a: dict, b: dict) -> list[str]:

@@ -12,7 +12,12 @@ import pandas as pd
 
 from .idle_sites import NO_PYTHON_FRAME, THREAD_WAITING
 
-__all__ = ["findings", "FINDING_MIN_SHARE", "ms_text"]
+__all__ = ["findings", "FINDING_MIN_SHARE", "ms_text", "IDLE_SHARE_NOTE"]
+
+# How the findings' idle shares relate: each is µs of one idle total (the window's), clipped to it.
+IDLE_SHARE_NOTE = ("idle shares are of one idle total (the window's) and overlap across kinds: the idle sites are "
+                   "disjoint from one another, a blocking sync's idle also sits inside an idle site's frame, and "
+                   "host_bound covers all host-wait idle; they do not add up")
 
 # Findings below this share of the window's idle time are not stated (they stay in the tables).
 FINDING_MIN_SHARE = 0.05
@@ -67,8 +72,8 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
     for r in sync_sites.itertuples(index=False):
         # idle under the blocking call itself (the host waited while the device had nothing to run: it waited on
         # something else) plus the idle right after it (the serialized tail before the next device work)
-        idle_us = float(r.idle_during_us) + float(r.idle_after_us)
-        share = min(idle_us / idle_total_us, 1.0)
+        idle_us = min(float(r.idle_during_us) + float(r.idle_after_us), idle_total_us)  # no more than the window has
+        share = idle_us / idle_total_us
         if share < FINDING_MIN_SHARE:
             continue
         op = f" ({r.aten_op})" if r.aten_op else ""
@@ -78,7 +83,7 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
                         f"{r.site or '(no Python frame)'}: it blocked the host {ms_text(r.mean_blocked_us)} on average "
                         f"(max {ms_text(r.max_blocked_us)}) over {int(r.count)} calls while the GPU was "
                         f"{r.device_busy_during:.0%} busy"),
-            "idle_share": share, "call": r.call, "site": r.site, "aten_op": r.aten_op,
+            "idle_share": share, "idle_us": idle_us, "call": r.call, "site": r.site, "aten_op": r.aten_op,
         })
     for r in sites[~sites["site"].isin([NO_PYTHON_FRAME, THREAD_WAITING])].head(5).itertuples(index=False):
         share = float(r.share)
@@ -88,7 +93,7 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
         out.append({
             "kind": "idle_site",
             "summary": f"{share:.0%} of GPU-idle time ({ms_text(r.idle_us)}) the host was inside {r.site}{where}",
-            "idle_share": share, "site": r.site, "range": r.range,
+            "idle_share": share, "idle_us": float(r.idle_us), "site": r.site, "range": r.range,
         })
     if fit is not None and fit.kappa_us_per_node is not None and fit.inflation_share and _fit_reliable(fit):
         share = min(launch_idle_us * min(fit.inflation_share, 1.0) / idle_total_us, 1.0)

@@ -30,8 +30,14 @@ that ``gaptrace analyze --json`` prints, ``gaptrace report`` renders and ``gaptr
   grouped by the kernel pair at the node boundary, sorted by idle_us desc, every pair (share over all
   node-bubble idle; :func:`gaptrace.analyses.occupancy.node_bubbles`): which boundaries a fusion of two kernels
   into one node, or programmatic dependent launch of the second, would close;
-- ``findings``: [{kind, summary, idle_share}], sorted by idle_share desc: what explains the idle time;
-- ``headline``: [str], the occupancy sentence per device followed by the first finding;
+- ``findings``: [{kind, summary, idle_share, cause, saving_us, one_off_saving_us, saving_share, ...}]: what
+  explains the idle time, sorted by saving_us desc (the predicted unprofiled µs per round that removing the cause
+  saves, :mod:`gaptrace.analyses.savings`; None after, in idle_share order);
+- ``idle_share_note``: str, how the findings' idle shares relate (one idle total; which of them overlap);
+- ``whatif``: {profiled_round_us, predicted_unprofiled_round_us, replayed_round_us, measured_unprofiled_round_us,
+  rounds, calibration} (:func:`gaptrace.analyses.savings.whatif_block`; the round fields None without rounds);
+- ``headline``: [str], the occupancy sentence per device, the device-side share, then what the cause that buys
+  most saves (:func:`gaptrace.analyses.savings.saving_headline`) and the first finding;
 - ``warnings``: [str], the loader's integrity warnings and the analyses' own.
 
 Every figure is a sum or ratio of µs read off the trace (see each analysis module for its formula), so it can be
@@ -50,7 +56,7 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.text import to_jsonable
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, clean_text
 
-from . import findings, gaps, idle_sites, launch_fit, occupancy, rounds, syncs
+from . import findings, gaps, idle_sites, launch_fit, occupancy, rounds, savings, syncs
 from .findings import ms_text
 from .launch_fit import LaunchFit
 from .rounds import RoundsReport
@@ -88,6 +94,8 @@ class AnalysisSummary:
     blocking_syncs: list[dict]
     launch_fit: LaunchFit | None
     findings: list[dict]
+    idle_share_note: str | None
+    whatif: dict | None
     rounds: RoundsReport | None
     idle_split: dict | None
     node_bubbles: list[dict]
@@ -141,7 +149,8 @@ def unlinked_warning(links: dict[str, int]) -> str | None:
 
 
 def summarize(trace: Trace, window: str | None = None, device: int | None = None,
-              sidecar: Sidecar | Mapping[str, Any] | None = None, round_name: str = "round") -> AnalysisSummary:
+              sidecar: Sidecar | Mapping[str, Any] | None = None, round_name: str = "round",
+              calibration: Any = None) -> AnalysisSummary:
     """All four core analyses of ``trace`` over ``window`` as one :class:`AnalysisSummary` (module docstring).
 
     ``window``: None (each device's first to last activity, or the capture sidecar's ``analysis_window``
@@ -150,11 +159,15 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     attribution and findings are computed for (default: the busiest). ``sidecar``: a capture sidecar, a
     :class:`gaptrace.sidecar.Sidecar` or its parsed dict (unprofiled graph-launch costs feed the launch fit; τ per
     round and unprofiled round times feed the rounds table). ``round_name``: the annotation that marks one verify round.
+    ``calibration``: the profiler's per-event costs for the replay model (a
+    :class:`gaptrace.analyses.profiler_cost.Calibration`, a ``gaptrace calibrate`` file path, or None: the shipped
+    default); ValueError (one line) for a file that cannot be used.
     A trace with host events but no device activity yields devices [] and the host-side analyses only.
     """
     # names from argv may hold lone surrogates (bytes that are not UTF-8); the trace's own names are cleaned the
     # same way (build_trace), so they still match, and the result stays printable
     window = clean_text(window) if isinstance(window, str) else window
+    calibration = savings.resolve_calibration(calibration)
     round_name = clean_text(round_name)
     warnings = list(trace.warnings)
     window_source = "argument" if window else None
@@ -166,6 +179,7 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
             window, window_source = named, "sidecar"
     out: dict[str, Any] = {"trace": clean_text(trace.path), "window": window, "window_source": window_source,
                            "devices": [], "gap_attribution": [], "idle_sites": [], "blocking_syncs": [], "launch_fit": None, "findings": [],
+                           "idle_share_note": None, "whatif": None,
                            "rounds": None, "idle_split": None, "node_bubbles": [], "headline": [],
                            "warnings": warnings}
     has_device = not trace.device.empty
@@ -232,8 +246,15 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
                        taus=sidecar.round_taus if sidecar is not None else None,
                        unprofiled_round_ms=sidecar.unprofiled_round_ms if sidecar is not None else None)
     out["rounds"] = rr
-    out["findings"] = to_jsonable(findings.findings(idle_total, dev_sites, sites, fit, launch_idle,
-                                           idle_sites.overhead_idle(trace, tl, key[0]), rr, tl.idle_us))
+    found = findings.findings(idle_total, dev_sites, sites, fit, launch_idle,
+                              idle_sites.overhead_idle(trace, tl, key[0]), rr, tl.idle_us)
+    # what fixing each finding buys: one baseline replay of the rounds, one more per cause (analyses/savings.py)
+    ctx, why = savings.build_context(trace, sidecar, calibration, key, round_name) if rr is not None else (None, None)
+    if why:
+        warnings.append(f"what-if replay: {why}; findings carry no saving_us")
+    out["whatif"] = savings.whatif_block(trace, ctx, calibration, sidecar)
+    out["findings"] = to_jsonable(savings.rank_findings(trace, found, ctx, out["whatif"]))
+    out["idle_share_note"] = findings.IDLE_SHARE_NOTE if out["findings"] else None
     for d in out["devices"]:
         where = f" of window {window!r}" if window else ""
         out["headline"].append(
@@ -251,6 +272,9 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
                f"CUDA-graph launch (median {split['graph_node_median_us']:.2f} µs each; no host change removes them, "
                "fewer or overlapped nodes (programmatic dependent launch) do)" + _top_pair(out["node_bubbles"])
                if split["graph_node_gaps"] else ""))
+    line = savings.saving_headline(out["findings"], out["whatif"])
+    if line:
+        out["headline"].append(line)
     if out["findings"]:
         out["headline"].append(out["findings"][0]["summary"])
     partial = int(ev.tree.partial_overlaps) if hasattr(ev.tree, "partial_overlaps") else 0
@@ -261,10 +285,12 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
 
 
 def run_analysis(trace: Trace, window: str | None = None, device: int | None = None,
-                 sidecar: Sidecar | Mapping[str, Any] | None = None, round_name: str = "round") -> dict[str, Any]:
+                 sidecar: Sidecar | Mapping[str, Any] | None = None, round_name: str = "round",
+                 calibration: Any = None) -> dict[str, Any]:
     """:func:`summarize`'s :meth:`AnalysisSummary.to_json`: the analysis of ``trace`` as one JSON-able dict (the
     ``--json`` output; arguments as :func:`summarize`)."""
-    return summarize(trace, window=window, device=device, sidecar=sidecar, round_name=round_name).to_json()
+    return summarize(trace, window=window, device=device, sidecar=sidecar, round_name=round_name,
+                     calibration=calibration).to_json()
 
 
 NO_GPU = ("the trace has no GPU activity (kernel/memcpy/memset events): nothing to measure occupancy or idle gaps on "

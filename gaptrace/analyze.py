@@ -38,8 +38,28 @@ def render_text(res: dict, top: int = 15) -> str:
     res = escape_strings(res)
     parts = [*res["headline"], ""]
     if res["findings"]:
-        parts.append("Findings (share of GPU-idle time):")
-        parts += [f"  {i}. [{f['kind']}] {f['summary']}" for i, f in enumerate(res["findings"], 1)]
+        from gaptrace.analyses.savings import saving_text
+
+        wi = res.get("whatif") or {}
+        pred = wi.get("predicted_unprofiled_round_us")
+        head = ("Findings, by what fixing them saves (predicted unprofiled round "
+                f"{pred / 1000:.2f} ms; then the share of profiled GPU-idle time):" if pred is not None
+                else "Findings (share of GPU-idle time; no round to predict savings on):")
+        parts.append(head)
+        for i, f in enumerate(res["findings"], 1):
+            s = saving_text(f)
+            if not s and pred is not None:
+                s = f.get("saving_note") or "no saving: not a fix"
+            parts.append(f"  {i}. [{f['kind']}] " + (f"{s}; " if s else "") + f["summary"])
+        if res.get("idle_share_note"):
+            parts.append(f"  ({res['idle_share_note']})")
+        if pred is not None:
+            cal = wi.get("calibration") or {}
+            parts.append(f"  (savings: the replay model, docs/replay_model.md; profiled round "
+                         f"{wi['profiled_round_us'] / 1000:.2f} ms"
+                         + (f", measured unprofiled {wi['measured_unprofiled_round_us'] / 1000:.2f} ms"
+                            if wi.get("measured_unprofiled_round_us") is not None else "")
+                         + f"; calibration {cal.get('source')} ({cal.get('measured_on')}))")
         parts.append("")
     parts.append("Devices:")
     parts.append(_table(res["devices"], [("name", "device", "s"), ("device", "id", "d"), ("window_us", "window µs", ",.0f"),
@@ -136,21 +156,28 @@ def render_text(res: dict, top: int = 15) -> str:
 @click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per text table.")
+@click.option("--calibration", default=None, metavar="FILE",
+              help="Per-event profiler costs from `gaptrace calibrate` for the findings' predicted savings "
+                   "(default: the shipped one).")
 @memory_limit_option
 def analyze(trace_path: str, window: str | None, device: int | None, as_json: bool, round_name: str,
-            top: int, memory_limit_gb: float | None) -> None:
+            top: int, calibration: str | None, memory_limit_gb: float | None) -> None:
     """Occupancy, idle-gap attribution, blocking syncs and graph-launch fit of TRACE (.json, .json.gz or a
     directory of per-rank files). Bad input, or a trace with no GPU activity: one error line, exit code 2, nothing on
     stdout (:func:`gaptrace.analyses.summary.summarize` still gives the host-side analyses of such a trace to the API)."""
     from gaptrace import load_trace
     from gaptrace.cli import fail, memory_limit_bytes
 
+    from gaptrace.analyses.savings import resolve_calibration
+
     try:
+        calibration = resolve_calibration(calibration)  # a bad file fails before the trace is read
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         notes: list[str] = []  # the sidecar's warning (stderr), also in --json's warnings
         res = summarize(trace, window=window, device=device,
-                        sidecar=sidecar_or_warn(trace_path, trace, window, notes), round_name=round_name).to_json()
-    except TraceError as e:
+                        sidecar=sidecar_or_warn(trace_path, trace, window, notes), round_name=round_name,
+                        calibration=calibration).to_json()
+    except (TraceError, ValueError) as e:
         fail(str(e))
     if not res["devices"]:
         fail(no_gpu_message(trace_path, trace.warnings))

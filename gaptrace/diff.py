@@ -42,6 +42,8 @@ def render_diff(d: dict) -> str:
         lines.append(f"  {name:<18} {_fmt(m['a'], name):>12} {_fmt(m['b'], name):>12} {delta:>12} {rel:>8}")
     if d["accept_length"]:
         lines += ["", "Accept length: " + d["accept_length"]["statement"]]
+    if d.get("whatif"):
+        lines += ["", "Unprofiled round (predicted vs measured): " + d["whatif"]["statement"]]
     for title, part, key in (("Idle by frame", d["frames"], "frame"), ("Blocking syncs (blocked µs)", d["syncs"], "site"),
                              ("Bubbles between graph nodes, by kernel pair", d.get("bubbles"), "pair")):
         if part is None:
@@ -70,25 +72,30 @@ def render_diff(d: dict) -> str:
 @click.option("--fail-if", "gates", multiple=True, metavar="EXPR",
               help="Exit 1 if EXPR holds for B, e.g. 'occupancy < 0.9', 'rel_tpot_us > 0.02', "
                    "'delta_blocked_us > 0'. Repeatable; a gate on a metric the traces lack trips.")
+@click.option("--calibration", default=None, metavar="FILE",
+              help="Per-event profiler costs from `gaptrace calibrate` for the predicted unprofiled rounds "
+                   "(default: the shipped one).")
 @memory_limit_option
 def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_json: bool,
-         gates: tuple[str, ...], memory_limit_gb: float | None) -> None:
+         gates: tuple[str, ...], calibration: str | None, memory_limit_gb: float | None) -> None:
     """Compare trace A (baseline) with trace B (candidate): occupancy, Tround, τ, TPOT, κ, idle by frame and
     blocking syncs, and the accept-length inequality. Exit 2 on bad input, 1 when a --fail-if gate trips."""
     from gaptrace import load_trace
     from gaptrace.analyses.diff import GateError, check_gates, diff_analyses, parse_gate
+    from gaptrace.analyses.savings import resolve_calibration
     from gaptrace.cli import fail, memory_limit_bytes
 
     try:
         for g in gates:
             parse_gate(g)
+        cal = resolve_calibration(calibration)
         limit = memory_limit_bytes(memory_limit_gb)
         res, notes = [], []  # notes: the sidecars' warnings (stderr), also in --json's warnings
         for side, p in (("A", trace_a), ("B", trace_b)):
             tr = load_trace(p, memory_limit_bytes=limit)
             res.append(summarize(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, notes, f"{side}: "),
-                                 round_name=round_name).to_json())
-    except (TraceError, GateError) as e:
+                                 round_name=round_name, calibration=cal).to_json())
+    except (TraceError, GateError, ValueError) as e:
         fail(str(e))
     for p, r in zip((trace_a, trace_b), res):
         if not r["devices"]:

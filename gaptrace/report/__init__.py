@@ -1,6 +1,8 @@
 """``gaptrace report``: one self-contained offline HTML file that explains where a trace's GPU idle time went.
 
-Sections, in reading order: the headline findings in words; per-device occupancy; occupancy over
+Sections, in reading order: the verdict with the cause whose fix buys most, that fix and its predicted saving (a
+block of its own, the first screen); what fixing each finding buys (the predicted unprofiled round under each
+fix, chart and table); the headline findings in words (the device-side and node-bubble explanations among them); per-device occupancy; occupancy over
 time as a busy-fraction strip with the annotation (NVTX / record_function) ranges below it; gap attribution as an
 icicle of the gap-clipped host stacks plus a table of self and inclusive idle; the blocking syncs with their call
 sites; the graph-launch fit with the capture's unprofiled launch costs beside it; per-round timings when the
@@ -96,10 +98,85 @@ def _window(trace: Trace, dev: dict) -> tuple[float, float]:
 
 
 # ---------------------------------------------------------------------------------------------- sections
+def _saves(f: dict) -> str:
+    """A finding's predicted saving as text (:func:`gaptrace.analyses.savings.saving_text`), "–" without one."""
+    from gaptrace.analyses.savings import saving_text
+
+    return saving_text(f) or (f.get("saving_note") or "–")
+
+
+def _verdict(analysis: dict) -> str:
+    """The first screen: the rounds' verdict, the cause whose fix buys most, that fix and its predicted saving
+    (the replay model, :mod:`gaptrace.analyses.savings`), in one block of its own."""
+    wi = analysis.get("whatif") or {}
+    summary = ((analysis.get("rounds") or {}).get("summary") or {}) if isinstance(analysis.get("rounds"), dict) else {}
+    pred, prof, meas = (wi.get("predicted_unprofiled_round_us"), wi.get("profiled_round_us"),
+                        wi.get("measured_unprofiled_round_us"))
+    out = ['<section class="verdict" id="verdict">']
+    if summary.get("verdict"):
+        line = f"<b>Verdict:</b> {h(summary['verdict'])}" + (f", {h(summary['bound'])}-bound" if summary.get("bound")
+                                                            else "")
+    else:
+        line = "<b>Verdict:</b> no verify rounds annotated: no round to predict savings on"
+    if pred is not None:
+        line += (f"; predicted unprofiled round {h(fmt_ms(pred))} ms (profiled {h(fmt_ms(prof))} ms"
+                 + (f", measured unprofiled {h(fmt_ms(meas))} ms" if meas is not None else "") + ")")
+    out.append(f'<p class="verdict-line">{line}.</p>')
+    found = analysis.get("findings") or []
+    top = next((f for f in found if f.get("saving_us") is not None), None)
+    from gaptrace.analyses.savings import FOLD_SHARE, saving_headline
+
+    if top is not None and (top.get("saving_share") or 0) >= FOLD_SHARE:
+        out.append(f'<p class="verdict-cause"><b>Buys most:</b> {h(top.get("summary", ""))}</p>')
+        out.append(f'<p class="verdict-fix"><b>Fix:</b> {h(top.get("fix") or "")}</p>')
+        out.append(f'<p class="verdict-saving"><b>Predicted saving:</b> {h(saving_headline(found, wi) or "")}</p>')
+    elif pred is not None:
+        out.append(f'<p class="verdict-cause">{h(saving_headline(found, wi) or "")}</p>')
+    elif found:
+        out.append(f'<p class="verdict-cause"><b>First finding:</b> {h(found[0].get("summary", ""))}</p>')
+    else:
+        out.append('<p class="empty">no findings</p>')
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _buys(analysis: dict, figures: dict) -> str:
+    """"What fixing it buys": the predicted unprofiled round under each finding's fix (chart and table)."""
+    wi = analysis.get("whatif") or {}
+    pred = wi.get("predicted_unprofiled_round_us")
+    head = ('<h2 id="buys">What fixing it buys</h2><p class="how">Each finding\'s cause removed in the replay '
+            "model (docs/replay_model.md): the predicted unprofiled round after its fix, against the predicted round "
+            "as it is (dashed). Idle share = of the profiled GPU-idle time, a secondary figure: shares of one idle "
+            "total overlap across kinds and do not add up.</p>")
+    found = analysis.get("findings") or []
+    if pred is None or not found:
+        return head + '<p class="empty">no round to predict savings on (no verify rounds annotated)</p>'
+    rows = [(f"{f.get('kind', '')}: {f.get('cause') or '(no fix)'}",
+             pred - f["saving_us"], f["saving_us"]) for f in found if f.get("saving_us") is not None]
+    if rows:
+        figures["fig-buys"] = charts.savings_figure(rows, pred, wi.get("measured_unprofiled_round_us"))
+    body = []
+    for f in found:
+        s = f.get("saving_us")
+        body.append((str(f.get("kind", "")).replace("_", " "), f.get("cause") or "–",
+                     fmt_ms(s) if s is not None else "–", fmt_pct(f.get("saving_share")),
+                     fmt_ms(f.get("one_off_saving_us")) if s is not None else "–",
+                     fmt_pct(f.get("idle_share")), f.get("fix") or f.get("saving_note") or "not a fix"))
+    cal = wi.get("calibration") or {}
+    return (head + ('<div class="chart" id="fig-buys"></div>' if rows else "")
+            + table([("finding", ""), ("cause removed", "frame"), ("saves (ms a round)", "num"),
+                     ("of the round", "num"), ("one-off (ms)", "num"), ("idle share", "num"), ("fix", "")], body)
+            + f'<p class="how">Calibration: {h(cal.get("source", ""))} ({h(cal.get("measured_on", ""))}).</p>')
+
+
 def _headline(analysis: dict) -> str:
     lines = analysis.get("headline") or [f.get("summary", "") for f in analysis.get("findings") or []][:3]
     if isinstance(lines, str):
         lines = [lines]
+    from gaptrace.analyses.savings import saving_headline
+
+    said = saving_headline(analysis.get("findings") or [], analysis.get("whatif") or {})
+    lines = [x for x in lines if x != said]  # on the first screen already
     out = ['<section class="headline" id="headline">']
     out += [f"<p>{h(line)}</p>" for line in lines if line] or ['<p class="empty">no findings</p>']
     findings = analysis.get("findings") or []
@@ -419,10 +496,12 @@ def render_report(trace: Trace, analysis: dict, sidecar: Sidecar | dict | None =
         f'<div class="meta">{h(trace.path)} · {h(", ".join(devnames) or "no device")}'
         f'{" · " + h(versions) if versions else ""} · generated '
         f'{h(_dt.datetime.now().strftime("%Y-%m-%d %H:%M"))} by gaptrace {h(__version__)}</div>'
-        '<nav><a href="#occupancy">occupancy</a><a href="#timeline">over time</a><a href="#gaps">idle time</a>'
+        '<nav><a href="#buys">what fixing buys</a><a href="#occupancy">occupancy</a><a href="#timeline">over time</a><a href="#gaps">idle time</a>'
         '<a href="#syncs">blocking syncs</a>' + ('<a href="#bubbles">node bubbles</a>' if analysis.get("node_bubbles")
                                                   else "") + '<a href="#launch-fit">launch fit</a><a href="#rounds">rounds</a>'
         '<a href="#warnings">warnings</a></nav></header>',
+        _verdict(analysis),
+        _buys(analysis, figures),
         _headline(analysis),
         _devices(analysis),
         _timeline(trace, analysis, figures),
@@ -441,12 +520,14 @@ def render_report(trace: Trace, analysis: dict, sidecar: Sidecar | dict | None =
 
 def write_report(path_in: str, path_out: str, window: str | None = None, sidecar_path: str | None = None,
                  device: int | None = None, round_name: str = "round",
-                 memory_limit_bytes: int | None = None) -> dict:
+                 memory_limit_bytes: int | None = None, calibration: Any = None) -> dict:
     """Load ``path_in``, analyse it (:func:`gaptrace.analyses.summary.summarize` with the sidecar, ``window``,
     ``device`` and ``round_name``), render the report and write it to ``path_out`` atomically (a temporary file in
     the same directory, then ``os.replace``). The sidecar is ``sidecar_path`` or the one :func:`find_sidecar`
     finds; an explicitly named sidecar that cannot be read is an error, an implicit one becomes a warning.
-    ``memory_limit_bytes``: the loader's size guard (:func:`gaptrace.loader.load_raw`).
+    ``memory_limit_bytes``: the loader's size guard (:func:`gaptrace.loader.load_raw`). ``calibration``: the
+    replay model's profiler costs (a ``gaptrace calibrate`` file path or None: the shipped default); a file that
+    cannot be used is a TraceError (one line) before anything is read or written.
 
     An implicit sidecar is ignored (said in "sidecar_warnings" and in the page) when it is unreadable, not a JSON
     object, its ``analysis_window`` is not a string, or (without ``window``) names no annotation in the trace; a
@@ -463,6 +544,12 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
 
     # the inputs: the trace, the named sidecar and the one next to the trace (even when another is named: replacing
     # a capture's sidecar with HTML is never what was meant)
+    from gaptrace.analyses.savings import resolve_calibration
+
+    try:
+        calibration = resolve_calibration(calibration)
+    except ValueError as e:
+        raise TraceError(str(e)) from None
     inputs = (path_in, sidecar_path or "", implicit_sidecar(os.fspath(path_in).rstrip("/")))
     try:  # follow a symlink, refuse devices/FIFOs/directories, unwritable directories and the inputs
         path_out_real = resolve_output(path_out, inputs)
@@ -494,7 +581,8 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
             extra.append(f"capture sidecar ignored: {why}")
             sidecar_path = None
         extra += [fields] if fields is not None else []
-    analysis = summarize(trace, window=window, device=device, sidecar=sidecar, round_name=round_name).to_json()
+    analysis = summarize(trace, window=window, device=device, sidecar=sidecar, round_name=round_name,
+                         calibration=calibration).to_json()
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
     write_text_atomic(path_out_real, text, prefix=".gaptrace-report-")
     return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path,

@@ -15,7 +15,8 @@ import pandas as pd
 
 from .stacks import StackTree
 
-__all__ = ["esc", "occupancy_figure", "icicle_figure", "launch_fit_figure", "rounds_figure", "PALETTE"]
+__all__ = ["esc", "occupancy_figure", "icicle_figure", "launch_fit_figure", "rounds_figure", "savings_figure",
+           "PALETTE"]
 
 MAX_LEGEND = 10  # annotation names with their own colour and legend entry
 
@@ -311,3 +312,36 @@ def rounds_figure(rounds: list[dict]) -> dict:
         "plot_bgcolor": "#ffffff", "xaxis": {"title": {"text": "round"}, "type": "category"},
         "yaxis": {"title": {"text": "ms"}, "rangemode": "tozero", "gridcolor": "#eeeeee"},
         "legend": {"orientation": "h", "x": 0, "y": 1.12}}}
+
+
+def savings_figure(rows: list[tuple[str, float, float | None]], predicted_us: float,
+                   measured_us: float | None = None) -> dict:
+    """What fixing it buys: one horizontal bar per finding from the predicted unprofiled round after its fix to
+    the predicted round as it is (a dashed line; the bar's length is the saving, ms) and the measured unprofiled round when the sidecar has one
+    (a dotted line). ``rows``: (label, after_round_us, saving_us or None) in the findings' order (by saving)."""
+    labels = [esc_tail(lbl, 70) for lbl, _, _ in rows]
+    after = [round(float(a) / 1000.0, 6) for _, a, _ in rows]
+    text = [("saves %.3f ms" % (s / 1000.0)) if s is not None else "" for _, _, s in rows]
+    pred = round(predicted_us / 1000.0, 6)
+    shapes = [{"type": "line", "x0": pred, "x1": pred, "yref": "paper", "y0": 0, "y1": 1,
+               "line": {"color": "#e15759", "dash": "dash", "width": 2}}]
+    notes = [{"x": pred, "y": 1.02, "yref": "paper", "text": "predicted round now", "showarrow": False,
+              "font": {"size": 11, "color": "#e15759"}, "xanchor": "left"}]
+    if measured_us is not None:
+        m = round(measured_us / 1000.0, 6)
+        shapes.append({"type": "line", "x0": m, "x1": m, "yref": "paper", "y0": 0, "y1": 1,
+                       "line": {"color": "#555555", "dash": "dot", "width": 1}})
+        notes.append({"x": m, "y": 1.02, "yref": "paper", "text": "measured unprofiled", "showarrow": False,
+                      "font": {"size": 11, "color": "#555555"}, "xanchor": "right"})
+    # each bar runs from the round after the fix to the round as it is: its length is the saving
+    saved = [round(pred - a, 6) for a in after]
+    lo = min([*after, pred] + ([round(measured_us / 1000.0, 6)] if measured_us is not None else []))
+    data = [{"type": "bar", "orientation": "h", "name": "predicted saving", "y": labels, "x": saved, "base": after,
+             "text": text, "textposition": "auto", "marker": {"color": BUSY_COLOUR}, "customdata": after,
+             "hovertemplate": "%{y}<br>round after the fix %{customdata:,.3f} ms<br>%{text}<extra></extra>"}]
+    return {"data": data, "layout": {
+        "height": 90 + 34 * max(len(rows), 1), "margin": {"l": 20, "r": 20, "t": 30, "b": 45}, "font": FONT,
+        "plot_bgcolor": "#ffffff", "shapes": shapes, "annotations": notes,
+        "xaxis": {"title": {"text": "predicted unprofiled round (ms): after the fix (bar start) to now (dashed)"},
+                  "range": [round(0.97 * lo, 6), round(1.02 * pred, 6)], "gridcolor": "#eeeeee"},
+        "yaxis": {"autorange": "reversed", "automargin": True, "type": "category"}, "showlegend": False}}

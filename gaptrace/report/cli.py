@@ -32,9 +32,12 @@ def default_output(trace_path: str) -> str:
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
 @click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
+@click.option("--calibration", default=None, metavar="FILE",
+              help="Per-event profiler costs from `gaptrace calibrate` for the predicted savings "
+                   "(default: the shipped one).")
 @memory_limit_option
 def report(trace: str, output: str | None, window: str | None, sidecar: str | None, device: int | None,
-           round_name: str, memory_limit_gb: float | None) -> None:
+           round_name: str, calibration: str | None, memory_limit_gb: float | None) -> None:
     """Write one self-contained offline HTML report of TRACE: headline findings, occupancy over time, where the
     idle time went, blocking syncs, the graph-launch fit and the integrity warnings."""
     from gaptrace.cli import fail, memory_limit_bytes
@@ -44,7 +47,7 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
     out = output or default_output(trace)
     try:
         info = write_report(trace, out, window=window, sidecar_path=sidecar, device=device, round_name=round_name,
-                            memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
+                            calibration=calibration, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
     except TraceError as e:
         fail(str(e))
     except OSError as e:

@@ -1,0 +1,208 @@
+"""What fixing each finding buys: the predicted unprofiled µs per round saved by removing its cause, from the
+replay model (docs/DESIGN.md "The replay model", "Counterfactuals"; :mod:`.whatif`).
+
+A finding's idle share says how much of the *profiled* idle sat under or after its cause; in a host-bound loop an
+early cause is charged the whole run's idle, the profiler inflates host causes, and shares of one idle total
+overlap. :func:`rank_findings` adds to each finding of :func:`.findings.findings`:
+
+- ``saving_us``: median unprofiled round before − after removing the cause (:func:`.whatif.whatif` with one
+  :class:`.whatif.Change`): a blocking sync's call site (its host work and its blocking waits), an idle site's host
+  frame, a host-bound finding's NVTX range (its host work). None where the finding has no removable cause (the
+  profiler's own cost, lazy loading, a sync with no Python frame), whose site encloses most of the rounds (the
+  loop's own frame: ``saving_note`` says so), or when the model has no rounds;
+- ``one_off_saving_us``: what the sum over the rounds saves beyond rounds × saving_us (a compile paid once);
+- ``saving_share``: saving_us / the predicted unprofiled round;
+- ``cause`` (the site removed) and ``fix`` (what that removal means, in words);
+
+and sorts them by saving_us (descending; None after, in their idle-share order). :func:`whatif_block` is the
+``whatif`` object of ``analyze --json``; :func:`saving_headline` the headline sentence.
+
+The baseline replay (:class:`.whatif.Context`) is built once; each cause is one more replay on it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from gaptrace.trace import Trace, TraceError
+
+from .findings import ms_text
+from .profiler_cost import Calibration, load_calibration
+from .whatif import Change, Context, site_intervals, whatif
+
+__all__ = ["build_context", "whatif_block", "rank_findings", "saving_headline", "saving_text", "finding_cause",
+           "resolve_calibration", "FOLD_SHARE"]
+
+# A fix that saves less than this share of the predicted unprofiled round is not stated in the headline.
+FOLD_SHARE = 0.01
+# A site whose host intervals hold the start of more than this share of the rounds encloses the loop itself (an
+# idle site can be the outer frame the host returns to between calls): removing it would remove every round's host
+# work, which is no fix of anything; such a finding carries no saving. (A blocking call's site may cover most of
+# the span, waiting, and still be a cause: it holds no round start.)
+ENCLOSING_SHARE = 0.5
+
+
+def resolve_calibration(calibration: Calibration | str | None) -> Calibration:
+    """A :class:`.profiler_cost.Calibration` as given, else the one in the file (None: the shipped default);
+    ValueError (one line) for a file that cannot be used (:func:`.profiler_cost.load_calibration`)."""
+    return calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+
+
+def build_context(trace: Trace, sidecar: Any, calibration: Calibration | str | None, device: Any,
+                  round_name: str) -> tuple[Context | None, str | None]:
+    """The replay context of ``trace`` (:class:`.whatif.Context`: model, rounds, unprofiled baseline, built once),
+    or (None, the one-line reason) when the model cannot be built (no rounds on the launching thread, ...).
+    ``calibration``: a :class:`.profiler_cost.Calibration`, a file path or None (the shipped default); a bad file
+    raises ValueError (one line)."""
+    cal = resolve_calibration(calibration)
+    try:
+        return Context(trace, sidecar, cal, device=device, round_name=round_name), None
+    except TraceError as e:
+        return None, str(e)
+
+
+def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | str | None,
+                 sidecar: Any) -> dict[str, Any]:
+    """The ``whatif`` object of ``analyze --json``: {profiled_round_us (median measured period of the rounds),
+    predicted_unprofiled_round_us (median replayed period with the profiler's cost taken out),
+    replayed_round_us, measured_unprofiled_round_us (the sidecar's ``unprofiled_round_ms`` × 1000, or None),
+    rounds, calibration (source, measured_on and the per-event costs)}; the round fields None without ``ctx``."""
+    cal = resolve_calibration(calibration) if ctx is None else ctx.calibration
+    meas = getattr(sidecar, "unprofiled_round_ms", None)
+    out = {"profiled_round_us": None, "predicted_unprofiled_round_us": None, "replayed_round_us": None,
+           "measured_unprofiled_round_us": meas * 1e3 if meas is not None else None, "rounds": None,
+           "calibration": (ctx.calibration if ctx is not None else cal).to_dict()}
+    if ctx is None:
+        return out
+    d = whatif(trace, [], context=ctx).data
+    out.update(profiled_round_us=d["profiled_round_us"], predicted_unprofiled_round_us=d["before_round_us"],
+               replayed_round_us=d["replayed_round_us"], rounds=d["rounds"])
+    return out
+
+
+def finding_cause(f: dict) -> str | None:
+    """The site whose removal is a finding's fix: a blocking sync's or idle site's host frame, a host-bound
+    finding's NVTX range; None for the profiler's own cost, lazy loading, or a sync without a Python frame."""
+    kind = f.get("kind")
+    if kind in ("blocking_sync", "idle_site"):
+        site = f.get("site")
+        return site if site and not str(site).startswith("(") else None
+    if kind == "host_bound":
+        return f.get("range") or None
+    return None
+
+
+def finding_fix(f: dict, site: str | None) -> str | None:
+    """The fix a finding's saving assumes, in words (what :func:`.whatif.whatif` removes); None without a cause."""
+    if site is None:
+        return None
+    kind = f.get("kind")
+    if kind == "blocking_sync":
+        op = f" ({f['aten_op']})" if f.get("aten_op") else ""
+        return (f"stop blocking on {f.get('call')}{op} in {site}: keep the value on the device, or read it a round "
+                "late (an overlapped scheduler), and drop the host work around the read")
+    if kind == "host_bound":
+        return f"cut the host work of range {site}: the GPU waits for it every round"
+    return (f"take the host work in {site} off the critical path: move it into the CUDA graph, run it ahead of "
+            "the device, or make it cheaper")
+
+
+def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: dict | None = None) -> list[dict]:
+    """``found`` (:func:`.findings.findings`) with ``cause``, ``saving_us``, ``one_off_saving_us`` and
+    ``saving_share`` added (module docstring), sorted by saving_us descending, None after (stable: ties and None
+    keep their idle-share order). Each distinct site is replayed once. Without ``ctx`` every saving is None.
+    ``block`` (:func:`whatif_block`): the profiler's own findings (profiler_inflation, profiler_overhead) are no
+    fix; their summary states the predicted unprofiled round instead."""
+    base = None
+    if ctx is not None:
+        base = float(np.median(ctx.periods(ctx.base)))
+    pred = (block or {}).get("predicted_unprofiled_round_us")
+    for f in found:
+        if f.get("kind") in ("profiler_inflation", "profiler_overhead") and pred is not None:
+            f["summary"] += (f"; the profiler's own cost is no fix: without it the round is predicted to take "
+                             f"{ms_text(pred)} (profiled {ms_text(block['profiled_round_us'])})")
+    memo: dict[str, dict | None] = {}
+    for f in found:
+        site = finding_cause(f)
+        f["cause"] = site
+        f["fix"] = finding_fix(f, site)
+        f["saving_us"] = f["one_off_saving_us"] = f["saving_share"] = None
+        if ctx is None or site is None:
+            continue
+        if site not in memo:
+            try:
+                us, ue = site_intervals(trace, ctx.model, site)
+                t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
+                i = np.searchsorted(us, t, side="right") - 1
+                held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)])))
+                if held > ENCLOSING_SHARE * len(t):
+                    memo[site] = "encloses"
+                else:
+                    memo[site] = whatif(trace, [Change(site)], context=ctx).data
+            except TraceError:
+                memo[site] = None
+        w = memo[site]
+        if w == "encloses":
+            f["saving_note"] = (f"no saving: {site} holds the start of most rounds (it encloses the loop itself; "
+                                "not a cause)")
+            continue
+        if w is None:
+            f["saving_note"] = f"no saving: {site} is not on the launching thread inside the rounds"
+            continue
+        f["saving_us"] = float(w["saving_us"])
+        f["one_off_saving_us"] = float(w["one_off_saving_us"])
+        f["saving_share"] = f["saving_us"] / base if base and base > 0 else None
+    order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None,
+                                                      -(found[i]["saving_us"] or 0.0), i))
+    return [found[i] for i in order]
+
+
+def _what(f: dict) -> str:
+    """The cause in words, for the headline."""
+    if f["kind"] == "blocking_sync":
+        op = f" ({f['aten_op']})" if f.get("aten_op") else ""
+        return f"the blocking {f.get('call')}{op} in {f['cause']} (its wait and host work)"
+    if f["kind"] == "host_bound":
+        return f"the host work of range {f['cause']}"
+    where = f", range {f['range']}" if f.get("range") else ""
+    return f"the host work in {f['cause']}{where}"
+
+
+def saving_text(f: dict) -> str:
+    """"saves ≈ 0.42 ms a round (11%)" for a finding with a saving; "saves < 1% of a round (12 µs)" below the
+    fold; "saves nothing (...)" for a negative one (the replay's error, docs/replay_model.md "Error figures");
+    the one-off saving after it from 1 ms up; "" without a saving."""
+    s, share = f.get("saving_us"), f.get("saving_share")
+    if s is None:
+        return ""
+    one = f.get("one_off_saving_us")
+    extra = f"; once: {ms_text(one)}" if one is not None and abs(one) >= 1000 else ""
+    if share is None or not math.isfinite(share):
+        return f"saves ≈ {ms_text(s)} a round{extra}"
+    if s < 0:
+        return f"saves nothing (the round predicted {ms_text(-s)} longer: within the model's error){extra}"
+    if share < FOLD_SHARE:
+        return f"saves < 1% of a round ({ms_text(s)}){extra}"
+    return f"saves ≈ {ms_text(s)} a round ({share:.0%}){extra}"
+
+
+def saving_headline(found: list[dict], block: dict) -> str | None:
+    """The headline sentence on what fixing buys: "removing <cause> saves ≈ X ms a round (Y% of the predicted
+    unprofiled round, Z ms)" for the finding that saves most when it saves at least FOLD_SHARE of the round; a
+    sentence saying no removable cause does when none does; None without a prediction."""
+    pred = block.get("predicted_unprofiled_round_us")
+    if pred is None:
+        return None
+    meas = block.get("measured_unprofiled_round_us")
+    round_text = (f"the predicted unprofiled round, {ms_text(pred)}"
+                  + (f"; measured {ms_text(meas)}" if meas is not None else ""))
+    top = next((f for f in found if f.get("saving_us") is not None), None)
+    if top is None or (top.get("saving_share") or 0.0) < FOLD_SHARE:
+        return (f"no finding's fix is predicted to save 1% of a round ({round_text}): the round is set by the "
+                "device work or by causes the findings do not name")
+    one = top.get("one_off_saving_us")
+    once = f", and {ms_text(one)} once" if one is not None and one >= 1000 else ""
+    return (f"removing {_what(top)} saves ≈ {ms_text(top['saving_us'])} a round "
+            f"({top['saving_share']:.0%} of {round_text}){once}")
