@@ -172,7 +172,7 @@ def _what(f: dict) -> str:
 
 def saving_text(f: dict) -> str:
     """"saves ≈ 0.42 ms a round (11%)" for a finding with a saving; "saves < 1% of a round (12 µs)" below the
-    fold; "saves nothing (...)" for a negative one (the replay's error, docs/replay_model.md "Error figures");
+    fold; "saves nothing (...)" for a negative one (the replay's error, docs/DESIGN.md "Error figures");
     the one-off saving after it from 1 ms up; "" without a saving."""
     s, share = f.get("saving_us"), f.get("saving_share")
     if s is None:

@@ -171,7 +171,7 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     ``scale``) for which the replayed unprofiled round (median period) equals ``target_us``, the capture's own
     measured unprofiled round; bisection over :data:`SCALE_BOUNDS` (the predicted round does not grow with α).
     Returns (α, the unprofiled inputs at α). α at a bound means the target is out of reach (a warning says so).
-    docs/replay_model.md "Fitted to the capture's own unprofiled rounds"."""
+    docs/DESIGN.md "Fitted to the capture's own unprofiled rounds"."""
     lo, hi = SCALE_BOUNDS
     kappa = ctx.unprof.get("kappa_us_per_node") or 0.0
 

@@ -1,7 +1,7 @@
 """The replay model's proof on measured fixes: for every measured pair (a capture with a cause and its fixed twin,
 each period measured without the profiler), the predicted unprofiled round / step period of the with-cause capture
 against its measured one, and the predicted saving of removing the cause (``whatif --remove``) against the measured
-difference of the two variants (docs/replay_model.md "Counterfactuals", "The proof on measured fixes").
+difference of the two variants (docs/DESIGN.md "Counterfactuals", "The proof on measured fixes").
 
 Pairs:
 
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((p, pred, judge(p, pred)))
         parts.append(table(rows, cal))
     text = ("# What fixing it buys: predicted against measured (H200 traces)\n\n"
-            "`.venv/bin/python benchmarks/bench_whatif.py` (docs/replay_model.md \"The proof on measured fixes\"). "
+            "`.venv/bin/python benchmarks/bench_whatif.py` (docs/DESIGN.md \"The proof on measured fixes\"). "
             "Measured period: runtime = median of the capture's own `unprofiled_round_ms` (sidecar); loops = median "
             "over the measurement processes (`LOOP.planted.mK.json`), the capture process's own warm-up steps "
             "(sidecar `unprofiled_step_ms`) as the same-process column.\n\n" + "\n\n".join(parts)

@@ -55,7 +55,7 @@ def render_text(res: dict, top: int = 15) -> str:
             parts.append(f"  ({res['idle_share_note']})")
         if pred is not None:
             cal = wi.get("calibration") or {}
-            parts.append(f"  (savings: the replay model, docs/replay_model.md; profiled round "
+            parts.append(f"  (savings: the replay model, docs/DESIGN.md 'The replay model'; profiled round "
                          f"{wi['profiled_round_us'] / 1000:.2f} ms"
                          + (f", measured unprofiled {wi['measured_unprofiled_round_us'] / 1000:.2f} ms"
                             if wi.get("measured_unprofiled_round_us") is not None else "")

@@ -15,7 +15,7 @@ stacks (``with_stack=True``) and, where the installed torch supports it, CUDA sy
 to the next, no device sync added) are kept in the sidecar (``unprofiled_step_ms``, every warm-up step but the first,
 which includes whatever ran before the loop) so the profiler's own cost can be measured against them: the default
 ``warmup_steps`` (:data:`DEFAULT_WARMUP_STEPS`, 31) gives :data:`MIN_UNPROFILED_STEPS` (30) of them, the reference
-block the replay model fits the profiler's cost to (docs/replay_model.md "Fitted to the capture's own unprofiled
+block the replay model fits the profiler's cost to (docs/DESIGN.md "The replay model" "Fitted to the capture's own unprofiled
 rounds"); fewer (an explicit small ``warmup_steps``) are kept as they are, and the sidecar's ``unprofiled_steps``
 says how many.
 

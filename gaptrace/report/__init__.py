@@ -145,7 +145,7 @@ def _buys(analysis: dict, figures: dict) -> str:
     wi = analysis.get("whatif") or {}
     pred = wi.get("predicted_unprofiled_round_us")
     head = ('<h2 id="buys">What fixing it buys</h2><p class="how">Each finding\'s cause removed in the replay '
-            "model (docs/replay_model.md): the predicted unprofiled round after its fix, against the predicted round "
+            "model (docs/DESIGN.md, The replay model): the predicted unprofiled round after its fix, against the predicted round "
             "as it is (dashed). Idle share = of the profiled GPU-idle time, a secondary figure: shares of one idle "
             "total overlap across kinds and do not add up.</p>")
     found = analysis.get("findings") or []

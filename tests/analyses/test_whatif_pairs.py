@@ -1,4 +1,4 @@
-"""The replay model's counterfactuals against measured fixes on the H200 (docs/replay_model.md "The proof on
+"""The replay model's counterfactuals against measured fixes on the H200 (docs/DESIGN.md "The replay model" "The proof on
 measured fixes"; benchmarks/bench_whatif.py prints the same table): for every pair of
 fixtures/traces/h200_pairs/pairs.json and fixtures/traces/h200_loops/*.pairs.json, the predicted unprofiled period of
 the with-cause capture (the shipped calibration alone) and the predicted saving of removing the cause (the model as

@@ -1,4 +1,4 @@
-"""The captures keep enough unprofiled rounds to be the replay model's reference (docs/replay_model.md "Fitted to the
+"""The captures keep enough unprofiled rounds to be the replay model's reference (docs/DESIGN.md "The replay model" "Fitted to the
 capture's own unprofiled rounds"): at least 30 by default, in the generic :class:`gaptrace.capture.Capture` and in
 the runtime's ``capture``; on the CPU."""
 from __future__ import annotations
