@@ -13,7 +13,7 @@ for o_k µs:
 
 Several changes compose (applied in turn). The predicted round is the median of the replayed round periods; the
 saving is median(before) − median(after); ``one_off_saving_us`` is what the sum over rounds saves beyond
-rounds × saving (a compile paid once). TPOT = Tround / τ with τ the sidecar's mean accepted tokens per round.
+rounds × saving (a compile paid once; 0 when the sum saves no more than that). TPOT = Tround / τ with τ the sidecar's mean accepted tokens per round.
 """
 from __future__ import annotations
 
@@ -278,7 +278,9 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     p_rep, p_before, p_after = ctx.periods(ctx.replayed), ctx.periods(ctx.base), ctx.periods(after)
     med_b, med_a = float(np.median(p_before)), float(np.median(p_after))
     saving = med_b - med_a
-    one_off = float(p_before.sum() - p_after.sum()) - len(p_before) * saving
+    # the saving beyond rounds × the median saving (a compile paid once); rounds saving more than the median and
+    # rounds saving less even out to ~0 without a one-off, and a negative remainder is no saving: clamped to 0
+    one_off = max(0.0, float(p_before.sum() - p_after.sum()) - len(p_before) * saving)
     rs_b = host_time_map(ctx.model, ctx.base, ctx.starts)
     rs_a = host_time_map(ctx.model, after, ctx.starts)
     tau = _tau(ctx.sidecar)
