@@ -22,8 +22,8 @@ DECODE = os.path.join(REPO, "fixtures", "traces", "h200_fused", "h200_bench_over
 
 def test_kineto_layout_holds_the_compact_layouts_events(tmp_path):
     compact, kineto = tmp_path / "c.json", tmp_path / "k.json"
-    a = make_big_trace.build(DECODE, str(compact), 4_000_000, False, 6)
-    b = make_big_trace.build(DECODE, str(kineto), 4_000_000, False, 6, kineto_format=True)
+    a = make_big_trace.build(DECODE, str(compact), 8_000_000, False, 6)
+    b = make_big_trace.build(DECODE, str(kineto), 8_000_000, False, 6, kineto_format=True)
     assert a["copies"] >= 2 and b["copies"] >= 2  # at least one shifted copy: ids and times were offset
     doc_c, doc_k = json.loads(compact.read_bytes()), json.loads(kineto.read_bytes())
     copies = min(a["copies"], b["copies"])
