@@ -6,9 +6,11 @@ For each trace, every tool runs in its own subprocess, so its memory is its own:
 - ``gaptrace load, 1 process``: the same with ``workers=0``;
 - ``gaptrace analyze --json``: the whole CLI pipeline (load + occupancy, gap attribution, blocking syncs,
   launch fit), output to /dev/null;
+- ``gaptrace report``: the whole HTML report (load, every analysis, the page), written to a temporary file;
 - ``stdlib json.loads``: read (gunzip) and ``json.loads`` the file, nothing else;
 - ``HTA load + temporal breakdown``: HolisticTraceAnalysis ``TraceAnalysis(trace_dir)`` and
-  ``get_temporal_breakdown()``, run from its own venv (``.venv-hta``: HTA pins pandas < 3), if it is there.
+  ``get_temporal_breakdown()``, run from its own venv (``.venv-hta``) if it is there, else from this interpreter
+  when ``import hta`` works in it.
 
 Columns: seconds of wall clock for the whole subprocess (gaptrace rows: the fastest of ``--repeat`` runs, default
 3, with the median in the last column; HTA and stdlib run once, they take minutes) (interpreter start and imports included, as a user waits
@@ -19,13 +21,19 @@ between processes, so forked workers are not counted twice).
 
     python benchmarks/make_big_trace.py /tmp/gaptrace_big.json          # once: a >= 1 GB replicated trace
     python benchmarks/bench_analysis.py [TRACE ...] [--skip-hta] [--skip-stdlib] [--repeat N]
+    python benchmarks/bench_analysis.py --scaling SOURCE [--sizes-gb 0.1,0.5,1,2] [--kineto-format]
 
 Default traces: the largest public trace in fixtures/traces, and /tmp/gaptrace_big.json when it exists.
+
+``--scaling SOURCE`` replicates SOURCE (:mod:`make_big_trace`) to each size in turn (in ``--scratch``, deleted after
+its row) and prints ``gaptrace analyze --json``'s time and peak RSS per size, with seconds per GB and the growth
+exponent between consecutive sizes (log t2/t1 over log size2/size1: 1.0 is linear; n log n reads a little above).
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import platform
 import shutil
@@ -41,6 +49,8 @@ BIG_DEFAULT = "/tmp/gaptrace_big.json"
 HTA_PYTHON = os.path.join(REPO, ".venv-hta", "bin", "python")
 
 sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
+import make_big_trace  # noqa: E402
 from gaptrace.loader import json_size_bytes, trace_files  # noqa: E402
 
 LOAD = """import sys, time
@@ -174,19 +184,58 @@ def rows_for(trace: str, args) -> list[tuple[str, dict | str]]:
     rows.append(("gaptrace analyze --json",
                  measure_best(cli + ["analyze", trace, "--json"], args.timeout, args.repeat) if cli
                  else "pending: `gaptrace analyze` is not available yet"))
+    if cli:
+        with tempfile.TemporaryDirectory() as d:
+            rows.append(("gaptrace report", measure_best(cli + ["report", trace, "-o", os.path.join(d, "r.html")],
+                                                         args.timeout, args.repeat)))
     if not args.skip_stdlib:
         rows.append(("stdlib json.loads", measure([py, "-c", STDLIB, trace], args.timeout)))
     if not args.skip_hta:
-        if os.path.exists(HTA_PYTHON):
-            env_ok = subprocess.run([HTA_PYTHON, "-c", "import hta"], capture_output=True).returncode == 0
-            rows.append(("HTA load + temporal breakdown",
-                         measure([HTA_PYTHON, "-c", HTA, trace], args.timeout) if env_ok
-                         else "cannot run: `import hta` fails in .venv-hta"))
-        else:
-            rows.append(("HTA load + temporal breakdown",
-                         "cannot run: no .venv-hta (python -m venv .venv-hta && "
-                         ".venv-hta/bin/pip install HolisticTraceAnalysis==0.5.0 'pandas<3')"))
+        hta = hta_python()
+        rows.append(("HTA load + temporal breakdown",
+                     measure([hta, "-c", HTA, trace], args.timeout) if hta
+                     else "cannot run: `import hta` fails here and there is no .venv-hta (python -m venv .venv-hta "
+                          "&& .venv-hta/bin/pip install HolisticTraceAnalysis)"))
     return rows
+
+
+def hta_python() -> str | None:
+    """The interpreter to run HTA with: .venv-hta's, else this one, whichever imports ``hta``; None if neither."""
+    for py in (HTA_PYTHON, sys.executable):
+        if os.path.exists(py) and subprocess.run([py, "-c", "import hta"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def scaling(source: str, sizes_gb: list[float], args) -> str:
+    """``gaptrace analyze --json`` on SOURCE replicated to each size: a markdown table (see the module docstring)."""
+    cli = gaptrace_cli()
+    if cli is None:
+        return "scaling: `gaptrace analyze` is not available"
+    lines = [f"\nscaling: `gaptrace analyze --json` on {os.path.relpath(source, REPO)} replicated "
+             f"({'Kineto layout' if args.kineto_format else 'compact, one event a line'}), fastest of {args.repeat}",
+             "| JSON (MB) | events | seconds | runs: median seconds | s per GB | peak RSS, largest process (MB) "
+             "| peak memory, all processes (PSS, MB) | growth exponent vs the row above |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    prev = None
+    for gb in sizes_gb:
+        path = os.path.join(args.scratch, f"gaptrace_scaling_{gb:g}gb.json")
+        try:
+            info = make_big_trace.build(source, path, int(gb * 1e9), False, 6, args.kineto_format)
+            r = measure_best(cli + ["analyze", path, "--json"], args.timeout, args.repeat)
+        finally:
+            if os.path.exists(path):
+                os.remove(path)
+        mb = info["json_bytes"] / 1e6
+        if not r["ok"]:
+            lines.append(f"| {mb:,.0f} | {info['events']:,} | failed ({r['why']}) | | | | | |")
+            continue
+        growth = (f"{math.log(r['seconds'] / prev[1]) / math.log(mb / prev[0]):.2f}" if prev else "")
+        lines.append(f"| {mb:,.0f} | {info['events']:,} | {r['seconds']:.2f} | {r['runs']}: {r['median']:.2f} | "
+                     f"{r['seconds'] / (mb / 1e3):.2f} | {r['rss'] / 1e6:,.0f} | {r['pss'] / 1e6:,.0f} | {growth} |")
+        prev = (mb, r["seconds"])
+        print(lines[-1], file=sys.stderr, flush=True)
+    return "\n".join(lines)
 
 
 def table(trace: str, rows: list[tuple[str, dict | str]]) -> str:
@@ -223,6 +272,10 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run before it is killed")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of each gaptrace row; the table shows the fastest and the median")
+    p.add_argument("--scaling", metavar="SOURCE", help="instead: analyze time and RSS of SOURCE replicated to each size")
+    p.add_argument("--sizes-gb", default="0.1,0.5,1,2", help="sizes for --scaling, GB of JSON, comma-separated")
+    p.add_argument("--kineto-format", action="store_true", help="--scaling writes Kineto's layout (make_big_trace)")
+    p.add_argument("--scratch", default=tempfile.gettempdir(), help="where --scaling writes its traces")
     a = p.parse_args(argv)
     traces = a.traces or default_traces()
     try:
@@ -233,6 +286,9 @@ def main(argv=None) -> int:
     print(f"# {platform.node()}: {os.cpu_count()} cores, {mem_gib:.0f} "
           f"GiB, Python {platform.python_version()}; load average at start {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} "
           "(other jobs on the same cores make every number slower)")
+    if a.scaling:
+        print(scaling(a.scaling, [float(x) for x in a.sizes_gb.split(",")], a), flush=True)
+        return 0
     if BIG_DEFAULT not in traces and not a.traces:
         print(f"# no {BIG_DEFAULT}: build it with python benchmarks/make_big_trace.py {BIG_DEFAULT}")
     for trace in traces:

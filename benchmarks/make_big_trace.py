@@ -8,9 +8,12 @@ than ``traceEvents`` are written once, in the source's order (some before the ev
 
 Events are written one per line, compact (``msgspec.json.encode``), so the file holds more events per byte than
 Kineto's indented output: the loader benchmark is, if anything, harder on this file than on a real one.
+``--kineto-format`` writes them the way Kineto does instead (two-space indent, ``ph``/``cat``/``name``/``pid``/``tid``
+on one line, ``ts``/``dur`` on the next, ``args`` as an indented block, ``"k": v,"k2": v2``), about as many bytes
+per event as the source capture, for the per-byte cost of a real capture's layout.
 Nothing the size of the output is ever held in memory: one copy of the source's events at a time.
 
-    python benchmarks/make_big_trace.py /tmp/gaptrace_big.json --size-gb 1.05 [--source TRACE] [--gzip]
+    python benchmarks/make_big_trace.py /tmp/gaptrace_big.json --size-gb 1.05 [--source TRACE] [--gzip] [--kineto-format]
 """
 from __future__ import annotations
 
@@ -82,7 +85,37 @@ def shifted_copy(events: list, k: int, period_us: float, id_stride: int) -> list
     return out
 
 
-def build(source: str, out_path: str, size_bytes: int, use_gzip: bool, level: int) -> dict:
+_HEAD_KEYS = ("ph", "cat", "name", "pid", "tid")
+_TIME_KEYS = ("ts", "dur")
+
+
+def kineto_encode(e: dict, enc: msgspec.json.Encoder) -> bytes:
+    """One event in Kineto's own layout (libkineto's ChromeTraceLogger): indented, a few fields per line."""
+    def fields(keys) -> bytes:
+        return b", ".join(enc.encode(k) + b": " + enc.encode(e[k]) for k in keys)
+
+    head = [k for k in _HEAD_KEYS if k in e]
+    times = [k for k in _TIME_KEYS if k in e]
+    rest = [k for k in e if k not in _HEAD_KEYS and k not in _TIME_KEYS and k != "args"]
+    lines = [b"  {"]
+    for group in (head, times, rest):
+        if group:
+            lines.append(b"    " + fields(group) + b",")
+    args = e.get("args")
+    if "args" in e and isinstance(args, dict) and args:
+        lines.append(b'    "args": {')
+        lines.append(b"      " + b",".join(enc.encode(k) + b": " + enc.encode(v) for k, v in args.items()))
+        lines.append(b"    }")
+    elif "args" in e:
+        lines.append(b'    "args": ' + enc.encode(args))
+    else:
+        lines[-1] = lines[-1][:-1]  # no trailing comma after the last field
+    lines.append(b"  }")
+    return b"\n".join(lines)
+
+
+def build(source: str, out_path: str, size_bytes: int, use_gzip: bool, level: int,
+          kineto_format: bool = False) -> dict:
     """Write the replicated trace to ``out_path`` (via a temporary name); returns a summary dict."""
     doc = _read(source)
     events = doc["traceEvents"]
@@ -91,6 +124,7 @@ def build(source: str, out_path: str, size_bytes: int, use_gzip: bool, level: in
     after = keys[keys.index("traceEvents") + 1:]
     period_us, id_stride = plan(events)
     enc = msgspec.json.Encoder()
+    encode = (lambda e: kineto_encode(e, enc)) if kineto_format else enc.encode
     tmp = out_path + ".tmp"
     raw = open(tmp, "wb")
     f = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=level, mtime=0) if use_gzip else raw
@@ -107,7 +141,7 @@ def build(source: str, out_path: str, size_bytes: int, use_gzip: bool, level: in
     put(b'"traceEvents": [\n')
     while written < size_bytes:
         chunk = shifted_copy(events, copies, period_us, id_stride)
-        put((b",\n" if copies else b"") + b",\n".join(enc.encode(e) for e in chunk))
+        put((b",\n" if copies else b"") + b",\n".join(encode(e) for e in chunk))
         copies += 1
         n_events += len(chunk)
     put(b"\n]")
@@ -129,9 +163,11 @@ def main(argv=None) -> int:
     p.add_argument("--size-gb", type=float, default=1.05, help="JSON bytes to write, in GB (1e9), at least")
     p.add_argument("--gzip", action="store_true", help="gzip the output")
     p.add_argument("--level", type=int, default=6, help="gzip level")
+    p.add_argument("--kineto-format", action="store_true",
+                   help="write events in Kineto's indented layout (as a real capture) instead of one compact line each")
     a = p.parse_args(argv)
     t = time.perf_counter()
-    info = build(a.source, a.out, int(a.size_gb * 1e9), a.gzip, a.level)
+    info = build(a.source, a.out, int(a.size_gb * 1e9), a.gzip, a.level, a.kineto_format)
     info["seconds"] = round(time.perf_counter() - t, 1)
     print(json.dumps(info))
     return 0
