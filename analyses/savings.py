@@ -68,17 +68,24 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
     """The ``whatif`` object of ``analyze --json``: {profiled_round_us (median measured period of the rounds),
     predicted_unprofiled_round_us (median replayed period with the profiler's cost taken out),
     replayed_round_us, measured_unprofiled_round_us (the sidecar's ``unprofiled_round_ms`` × 1000, or None),
-    rounds, calibration (source, measured_on and the per-event costs)}; the round fields None without ``ctx``."""
+    rounds, calibration (source, measured_on and the per-event costs), fitted_to_unprofiled (whether the profiler's
+    per-event costs were scaled to reproduce the sidecar's measured unprofiled rounds: then the prediction matches
+    them by construction), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
+    calibration alone: the figure whose error DESIGN.md "Error figures" states)}; the round fields None without
+    ``ctx``."""
     cal = resolve_calibration(calibration) if ctx is None else ctx.calibration
     meas = getattr(sidecar, "unprofiled_round_ms", None)
     out = {"profiled_round_us": None, "predicted_unprofiled_round_us": None, "replayed_round_us": None,
            "measured_unprofiled_round_us": meas * 1e3 if meas is not None else None, "rounds": None,
+           "fitted_to_unprofiled": None, "profiler_cost_scale": None, "unfitted_round_us": None,
            "calibration": (ctx.calibration if ctx is not None else cal).to_dict()}
     if ctx is None:
         return out
     d = whatif(trace, [], context=ctx).data
     out.update(profiled_round_us=d["profiled_round_us"], predicted_unprofiled_round_us=d["before_round_us"],
-               replayed_round_us=d["replayed_round_us"], rounds=d["rounds"])
+               replayed_round_us=d["replayed_round_us"], rounds=d["rounds"],
+               fitted_to_unprofiled=d["fitted_to_unprofiled"], profiler_cost_scale=d["profiler_cost_scale"],
+               unfitted_round_us=d["unfitted_round_us"])
     return out
 
 
@@ -196,8 +203,14 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
     if pred is None:
         return None
     meas = block.get("measured_unprofiled_round_us")
-    round_text = (f"the predicted unprofiled round, {ms_text(pred)}"
-                  + (f"; measured {ms_text(meas)}" if meas is not None else ""))
+    if meas is not None and block.get("fitted_to_unprofiled"):
+        # the profiler's cost is scaled to reproduce the measured rounds: the prediction equals them by construction
+        unf = block.get("unfitted_round_us")
+        round_text = (f"the unprofiled round, {ms_text(meas)} measured; the model fitted to it"
+                      + (f", {ms_text(unf)} from the calibration alone" if unf is not None else ""))
+    else:
+        round_text = (f"the predicted unprofiled round, {ms_text(pred)}"
+                      + (f"; measured {ms_text(meas)}" if meas is not None else ""))
     top = next((f for f in found if f.get("saving_us") is not None), None)
     if top is None or (top.get("saving_share") or 0.0) < FOLD_SHARE:
         return (f"no finding's fix is predicted to save 1% of a round ({round_text}): the round is set by the "

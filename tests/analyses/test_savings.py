@@ -94,10 +94,14 @@ def test_whatif_block_against_raw_trace_and_sidecar(sync):
     # predicted: whatif's baseline
     assert wi["predicted_unprofiled_round_us"] == pytest.approx(whatif(tr, [], sidecar=side).data["before_round_us"])
     assert wi["calibration"]["source"].endswith("calibration_default.json")
-    # a calibration file changes the prediction and is named
-    other = summarize(tr, sidecar=side, calibration=H200_CAL).to_json()["whatif"]
-    assert other["calibration"]["source"] == H200_CAL
-    assert other["predicted_unprofiled_round_us"] != pytest.approx(wi["predicted_unprofiled_round_us"])
+    # fitted to the sidecar's measured rounds: the fit is named, and the calibration alone is the unfitted figure
+    assert wi["fitted_to_unprofiled"] and wi["profiler_cost_scale"] > 0
+    assert wi["unfitted_round_us"] == pytest.approx(whatif(tr, [], sidecar=side).data["unfitted_round_us"])
+    # another calibration file is named, and changes the unfitted prediction
+    cpu = os.path.join(os.path.dirname(__file__), "..", "..", "analyses", "data", "calibration_cpu_epyc.json")
+    other = summarize(tr, sidecar=side, calibration=cpu).to_json()["whatif"]
+    assert other["calibration"]["source"] == os.path.abspath(cpu)
+    assert other["unfitted_round_us"] != pytest.approx(wi["unfitted_round_us"])
 
 
 def test_whatif_block_null_without_rounds(sync):
@@ -115,9 +119,13 @@ def test_headline_sentence(sync):
     pred = res["whatif"]["predicted_unprofiled_round_us"]
     line = next(x for x in res["headline"] if x.startswith("removing "))
     assert top["cause"] in line
-    assert f"saves ≈ {ms_text(top['saving_us'])} a round ({top['saving_us'] / pred:.0%} of the predicted " \
-           f"unprofiled round, {ms_text(pred)}" in line
-    assert ms_text(res["whatif"]["measured_unprofiled_round_us"]) in line
+    # the sidecar holds the capture's unprofiled rounds: the model is fitted to them, and the sentence says so
+    assert res["whatif"]["fitted_to_unprofiled"]
+    meas = res["whatif"]["measured_unprofiled_round_us"]
+    assert pred == pytest.approx(meas, rel=0.01)
+    assert f"saves ≈ {ms_text(top['saving_us'])} a round ({top['saving_us'] / pred:.0%} of the unprofiled " \
+           f"round, {ms_text(meas)} measured; the model fitted to it, " \
+           f"{ms_text(res['whatif']['unfitted_round_us'])} from the calibration alone)" in line
 
 
 def test_text_lists_saving_before_idle_share(sync):

@@ -167,13 +167,14 @@ def test_jit_compile_round_is_an_outlier_with_its_compile():
     med = sorted(durs)[len(durs) // 2 - 1: len(durs) // 2 + 1]
     med = sum(med) / 2 if len(durs) % 2 == 0 else sorted(durs)[len(durs) // 2]
     outliers = [i for i, d in enumerate(durs) if d > steps_mod.OUTLIER_FACTOR * med]
-    assert [o.step for o in st.outliers] == outliers == [4]
-    s, e, _ = iv[4]
+    assert [o.step for o in st.outliers] == outliers and len(outliers) == 1  # the compile round, and only it
+    k = outliers[0]
+    s, e, _ = iv[k]
     comp = [x for x in ev if x.get("cat") == "python_function" and x["name"] == "triton/compiler/compiler.py(226): compile"
             and s <= float(x["ts"]) and float(x["ts"]) + float(x["dur"]) <= e]
-    assert comp and max(float(x["dur"]) for x in comp) >= steps_mod.CULPRIT_SHARE * (durs[4] - med)
+    assert comp and max(float(x["dur"]) for x in comp) >= steps_mod.CULPRIT_SHARE * (durs[k] - med)
     o = st.outliers[0]
     assert o.compile_frame == "triton/compiler/compiler.py(226): compile"
     assert o.site == "runtime/faults.py(105): window_lengths"
     v = verdicts_mod.step_verdicts(tr, st)
-    assert v.table.iloc[4]["verdict"] == "compile_bound" and v.overall["outliers_left_out"] == 1
+    assert v.table.iloc[k]["verdict"] == "compile_bound" and v.overall["outliers_left_out"] == 1
