@@ -585,5 +585,8 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
                          calibration=calibration).to_json()
     text = render_report(trace, analysis, sidecar, device=device, sidecar_path=sidecar_path, warnings=extra)
     write_text_atomic(path_out_real, text, prefix=".gaptrace-report-")
+    devs = analysis.get("devices") or [{}]
+    label = devs[0].get("window")  # the annotation name analysed over, or "activity" / "explicit"
     return {"path": path_out, "bytes": len(text.encode("utf-8")), "sidecar": sidecar_path,
-            "sidecar_warnings": [w for w in extra if w.startswith("capture sidecar ")]}
+            "sidecar_warnings": [w for w in extra if w.startswith("capture sidecar ")],
+            "window": label if label not in (None, "activity", "explicit") else None}

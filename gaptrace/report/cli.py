@@ -35,9 +35,12 @@ def default_output(trace_path: str) -> str:
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the predicted savings "
                    "(default: the shipped one).")
+@click.option("--annotated", "annotated", type=click.Path(dir_okay=False), default=None, metavar="OUT",
+              help="Also write TRACE with the findings as a gaptrace track for Perfetto UI (as `gaptrace annotate`; "
+                   "over the report's window).")
 @memory_limit_option
 def report(trace: str, output: str | None, window: str | None, sidecar: str | None, device: int | None,
-           round_name: str, calibration: str | None, memory_limit_gb: float | None) -> None:
+           round_name: str, calibration: str | None, annotated: str | None, memory_limit_gb: float | None) -> None:
     """Write one self-contained offline HTML report of TRACE: headline findings, occupancy over time, where the
     idle time went, blocking syncs, the graph-launch fit and the integrity warnings."""
     from gaptrace.cli import fail, memory_limit_bytes
@@ -45,6 +48,8 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
     from . import write_report
 
     out = output or default_output(trace)
+    if annotated is not None and os.path.realpath(annotated) == os.path.realpath(out):
+        fail(f"{annotated}: --annotated names the report's own output; give another file")
     try:
         info = write_report(trace, out, window=window, sidecar_path=sidecar, device=device, round_name=round_name,
                             calibration=calibration, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
@@ -57,3 +62,16 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
     side = f" (with capture sidecar {info['sidecar']})" if info["sidecar"] else ""
     # clean_text: a path from argv bytes that are not UTF-8 holds lone surrogates a strict stdout cannot encode
     click.echo(escape_line(clean_text(f"wrote {info['path']} ({info['bytes'] / 1e6:.1f} MB){side}")))
+    if annotated is not None:
+        from gaptrace.annotate import annotate_trace
+
+        try:  # over the window the report analysed (--window, else the sidecar's analysis window, else activity)
+            a = annotate_trace(trace, annotated, window=info.get("window"),
+                               device=device, round_name=round_name,
+                               memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
+        except (TraceError, ValueError) as e:
+            fail(str(e))
+        except OSError as e:
+            fail(f"{annotated}: cannot write the annotated trace: {e.strerror or e}")
+        click.echo(escape_line(clean_text(f"wrote {a['path']} ({a['bytes'] / 1e6:.1f} MB of JSON; gaptrace track "
+                                          f"pid {a['pid']})")))

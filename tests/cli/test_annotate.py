@@ -215,3 +215,22 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("gaptrace: error:") and needle in lines[0], r.stderr
     assert src.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.gz"]  # no output, no temporary file
+
+
+def test_report_writes_the_annotated_trace_over_its_window(tmp_path):
+    """`report --annotated OUT`: the same tracks as `annotate --window` over the window the report analysed (the
+    sidecar's analysis window here), and never over the report itself."""
+    src = tmp_path / "sync.json.gz"
+    shutil.copy(trace_path(SYNC), src)
+    shutil.copy(trace_path(SYNC).replace(".json.gz", ".gaptrace.json"), tmp_path / "sync.gaptrace.json")
+    out, html = tmp_path / "a.json.gz", tmp_path / "r.html"
+    r = subprocess.run(GAPTRACE + ["report", str(src), "-o", str(html), "--annotated", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ref = tmp_path / "ref.json.gz"
+    annotate_trace(str(src), str(ref), window="round")
+    mine = lambda p: [e for e in _events(p) if e.get("cat") == "gaptrace"]  # noqa: E731
+    assert mine(out) == mine(ref) and html.stat().st_size > 0
+    r = subprocess.run(GAPTRACE + ["report", str(src), "-o", str(html), "--annotated", str(html)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("gaptrace: error:") == 1
