@@ -129,3 +129,31 @@ def cuda_graph(fn: Callable[[], object], warmup: int = 3) -> "torch.cuda.CUDAGra
 def pick(device: torch.device, cuda_size: dict, cpu_size: dict) -> dict:
     """The size preset for ``device``: the GPU one on CUDA, a tiny one on CPU (the smoke test's)."""
     return dict(cuda_size if device.type == "cuda" else cpu_size)
+
+
+class TinyDecoder:
+    """Seeded random weights of a small residual GELU MLP decoder, shared by the loops whose step is a token
+    forward: embedding [vocab, d] (scaled by √d), ``layers`` blocks x + gelu(x @ w1) @ w2 with w1 [d, 2d] and
+    w2 [2d, d], and a head [d, vocab]; bf16 on CUDA, float32 on CPU. The draws come from ``generator`` (seed 0)
+    in that order, and the loop draws its own inputs from it afterwards, so each loop's weights and inputs are
+    what they were when its H200 pair was measured."""
+
+    def __init__(self, device: torch.device, d: int, layers: int, vocab: int) -> None:
+        self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        self.generator = g = torch.Generator().manual_seed(0)
+
+        def w(*shape):
+            return (torch.randn(*shape, generator=g) * shape[0] ** -0.5).to(device, self.dtype)
+
+        self.emb = w(vocab, d) * (d ** 0.5)
+        self.w1 = [w(d, 2 * d) for _ in range(layers)]
+        self.w2 = [w(2 * d, d) for _ in range(layers)]
+        self.head = w(d, vocab)
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[batch] token ids -> [batch, vocab] logits (no sync)."""
+        x = self.emb[tokens]
+        for w1, w2 in zip(self.w1, self.w2):
+            x = x + torch.nn.functional.gelu(x @ w1) @ w2
+        return x @ self.head
+

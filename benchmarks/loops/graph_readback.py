@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import LaggedRead, Loop, check_variant, cuda_graph, pick, site, step_range
+from ._common import TinyDecoder, LaggedRead, Loop, check_variant, cuda_graph, pick, site, step_range
 
 NAME = "graph_readback"
 CAUSE = "per-step blocking .item() of a device flag after a CUDA graph replay"
@@ -39,17 +39,9 @@ class GraphReadback(Loop):
         self.variant = check_variant(variant)
         self.device = device
         sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        g = torch.Generator().manual_seed(0)
         d, v = sz["d"], sz["vocab"]
-
-        def w(*shape):
-            return (torch.randn(*shape, generator=g) * shape[0] ** -0.5).to(device, dtype)
-
-        self.emb = w(v, d) * (d ** 0.5)
-        self.w1 = [w(d, 2 * d) for _ in range(sz["layers"])]
-        self.w2 = [w(2 * d, d) for _ in range(sz["layers"])]
-        self.head = w(d, v)
+        self.model = TinyDecoder(device, d, sz["layers"], v)
+        g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator
         self.eos = v - 1
         self.tokens = torch.randint(0, v - 1, (sz["batch"],), generator=g).to(device)
         self.start = self.tokens.clone()
@@ -59,10 +51,8 @@ class GraphReadback(Loop):
         self.stops = 0
 
     def _forward(self) -> None:
-        x = self.emb[self.tokens]
-        for w1, w2 in zip(self.w1, self.w2):
-            x = x + torch.nn.functional.gelu(x @ w1) @ w2
-        nxt = (x @ self.head).argmax(-1)
+        logits = self.model.logits(self.tokens)
+        nxt = logits.argmax(-1)
         self.tokens.copy_(nxt)
         self.flag.copy_((nxt == self.eos).all())
 

@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ._common import Loop, check_variant, pick, site, step_range
+from ._common import TinyDecoder, Loop, check_variant, pick, site, step_range
 
 NAME = "helper_thread"
 CAUSE = "main thread blocks on a queue for a producer thread that only starts when asked"
@@ -44,17 +44,8 @@ class HelperThread(Loop):
         self.device = device
         sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
         self.sz = sz
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        g = torch.Generator().manual_seed(0)
         d, v = sz["d"], sz["vocab"]
-
-        def w(*shape):
-            return (torch.randn(*shape, generator=g) * shape[0] ** -0.5).to(device, dtype)
-
-        self.emb = w(v, d) * (d ** 0.5)
-        self.w1 = [w(d, 2 * d) for _ in range(sz["layers"])]
-        self.w2 = [w(2 * d, d) for _ in range(sz["layers"])]
-        self.head = w(d, v)
+        self.model = TinyDecoder(device, d, sz["layers"], v)
         self.words = [f"word{i}" for i in range(1000)]
         self.stop = threading.Event()
         self.requests: queue.Queue = queue.Queue()
@@ -95,10 +86,8 @@ class HelperThread(Loop):
                 if self.variant == "planted":
                     self.requests.put(None)
                 ids = self.ready.get()
-            x = self.emb[ids.to(self.device, non_blocking=False)]
-            for w1, w2 in zip(self.w1, self.w2):
-                x = x + torch.nn.functional.gelu(x @ w1) @ w2
-            self.last = (x @ self.head).argmax(-1).tolist()  # SYNC: the new tokens, once per step (both)
+            logits = self.model.logits(ids.to(self.device, non_blocking=False))
+            self.last = logits.argmax(-1).tolist()  # SYNC: the new tokens, once per step (both)
 
     def close(self) -> None:
         """Stop the producer thread and wait for it."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import Loop, check_variant, pick, site, step_range
+from ._common import TinyDecoder, Loop, check_variant, pick, site, step_range
 
 NAME = "host_detokenize"
 CAUSE = "pure-Python re-detokenization of each request's window every step"
@@ -48,17 +48,9 @@ class HostDetokenize(Loop):
         self.variant = check_variant(variant)
         self.device = device
         sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        g = torch.Generator().manual_seed(0)
         d, v, self.window = sz["d"], sz["vocab"], sz["window"]
-
-        def w(*shape):
-            return (torch.randn(*shape, generator=g) * shape[0] ** -0.5).to(device, dtype)
-
-        self.emb = w(v, d) * (d ** 0.5)
-        self.w1 = [w(d, 2 * d) for _ in range(sz["layers"])]
-        self.w2 = [w(2 * d, d) for _ in range(sz["layers"])]
-        self.head = w(d, v)
+        self.model = TinyDecoder(device, d, sz["layers"], v)
+        g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator
         self.pieces = _pieces(v, g)
         prompt = torch.randint(0, v, (sz["batch"], self.window), generator=g)
         self.tokens = prompt[:, -1].to(device)
@@ -69,10 +61,8 @@ class HostDetokenize(Loop):
 
     def step(self) -> None:
         with step_range():
-            x = self.emb[self.tokens]
-            for w1, w2 in zip(self.w1, self.w2):
-                x = x + torch.nn.functional.gelu(x @ w1) @ w2
-            self.tokens = (x @ self.head).argmax(-1)
+            logits = self.model.logits(self.tokens)
+            self.tokens = logits.argmax(-1)
             new = self.tokens.tolist()  # SYNC: the new tokens, once per step (both variants)
             with site(SITE):
                 pieces, win = self.pieces, self.window
