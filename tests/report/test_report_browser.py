@@ -37,7 +37,7 @@ def test_probe_report_renders_without_console_errors(tmp_path):
 
     png = str(tmp_path / "shot.png")
     r = run_chromium("file://" + report, str(tmp_path / "profile2"), f"--screenshot={png}",
-                     "--window-size=1400,2000")
+                     "--window-size=1400,4000")  # the verdict block and "what fixing it buys" come first
     assert r.returncode == 0 and console_lines(r.stderr) == []
     img = read_png(png)[..., :3].astype(int)
     colours = np.unique(img.reshape(-1, 3) @ np.array([65536, 256, 1]))
