@@ -89,7 +89,8 @@ def _keyed_diff(a_rows: list[dict], b_rows: list[dict], key, value: str, limit: 
     appeared = [{"key": k, "a_us": 0.0, "b_us": b[k], "delta_us": b[k]} for k in b.keys() - a.keys()]
     changed = [{"key": k, "a_us": a[k], "b_us": b[k], "delta_us": b[k] - a[k]} for k in a.keys() & b.keys()
                if b[k] != a[k]]  # an unchanged frame is not a change
-    srt = lambda rows: sorted(rows, key=lambda r: -abs(r["delta_us"]))[:limit]  # noqa: E731
+    # largest change first; ties by key, so the order never depends on set iteration (the hash seed)
+    srt = lambda rows: sorted(rows, key=lambda r: (-abs(r["delta_us"]), str(r["key"])))[:limit]  # noqa: E731
     return {"vanished": srt(vanished), "appeared": srt(appeared), "changed": srt(changed)}
 
 

@@ -1,4 +1,5 @@
 """`gaptrace diff`: the accept-length inequality, gates, and the command on real traces."""
+import os
 import json
 import subprocess
 import sys
@@ -196,3 +197,17 @@ def test_diff_bubbles_by_kernel_pair():
     v100 = "fixtures/traces/kineto_v100_resnet50.json.gz"
     assert json.loads(_cli("diff", v100, v100, "--json").stdout)["bubbles"] is None
     assert "Bubbles between graph nodes" not in _cli("diff", v100, v100).stdout
+
+
+def test_diff_rows_do_not_depend_on_the_hash_seed():
+    """Rows of equal change come in key order: two interpreters with different hash seeds print the same diff."""
+    import subprocess
+    import sys
+
+    sync = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
+    over = "fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12.json.gz"
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    outs = [subprocess.run([sys.executable, "-m", "gaptrace.cli", "diff", sync, over, "--json"], cwd=root,
+                           capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+            for seed in ("1", "2")]
+    assert outs[0] and outs[0] == outs[1]
