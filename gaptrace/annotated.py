@@ -41,8 +41,8 @@ _NESTED_STOP = re.compile(rb'["\[\]{}]')  # what changes depth inside a value
 
 
 def free_pid(trace: Trace) -> int:
-    """A process id no event of ``trace`` uses: one more than the largest integer pid (host pids, GPU ids),
-    at least 1; TraceError when that would pass int32 (the JSON importers read pids as 32-bit)."""
+    """A process id no event of ``trace`` uses: one more than the largest integer pid (host pids, GPU ids), at least
+    1; when that would pass int32 (the JSON importers read pids as 32-bit), the smallest positive pid none uses."""
     used = [0]
     for frame in (trace.host, trace.overhead):
         if "pid" in frame and len(frame):
@@ -54,9 +54,10 @@ def free_pid(trace: Trace) -> int:
     if len(trace.device):
         used.append(int(trace.device["device"].max()))
     pid = max(used) + 1
-    if pid > _MAX_PID:
-        raise TraceError(f"{trace.path}: no free process id for gaptrace's track (the trace uses pid {pid - 1})")
-    return pid
+    if pid <= _MAX_PID:
+        return pid
+    taken = set(used)  # the largest pid is at the int32 limit: the smallest positive one no event uses
+    return next(p for p in range(1, len(taken) + 2) if p not in taken)
 
 
 def _num(v: float) -> float | None:

@@ -48,8 +48,15 @@ def report(trace: str, output: str | None, window: str | None, sidecar: str | No
     from . import write_report
 
     out = output or default_output(trace)
-    if annotated is not None and os.path.realpath(annotated) == os.path.realpath(out):
-        fail(f"{annotated}: --annotated names the report's own output; give another file")
+    if annotated is not None:  # checked before anything is written: a refused OUT leaves no report behind
+        if os.path.realpath(annotated) == os.path.realpath(out):
+            fail(f"{annotated}: --annotated names the report's own output; give another file")
+        from gaptrace.outputs import resolve_output
+
+        try:
+            resolve_output(annotated, (trace,))
+        except ValueError as e:
+            fail(str(e))
     try:
         info = write_report(trace, out, window=window, sidecar_path=sidecar, device=device, round_name=round_name,
                             calibration=calibration, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))

@@ -234,3 +234,27 @@ def test_report_writes_the_annotated_trace_over_its_window(tmp_path):
     r = subprocess.run(GAPTRACE + ["report", str(src), "-o", str(html), "--annotated", str(html)],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("gaptrace: error:") == 1
+
+
+def test_a_refused_annotated_output_leaves_no_report(tmp_path):
+    src = tmp_path / "t.json"
+    _hostile_trace(src)
+    for bad in (str(src), str(tmp_path / "missing" / "a.json")):
+        html = tmp_path / "r.html"
+        r = subprocess.run(GAPTRACE + ["report", str(src), "-o", str(html), "--annotated", bad],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and r.stderr.count("gaptrace: error:") == 1 and not html.exists(), r.stderr
+
+
+def test_a_pid_at_the_int32_limit_still_gets_a_free_track(tmp_path):
+    src = tmp_path / "t.json"
+    _hostile_trace(src)
+    doc = json.loads(src.read_text())
+    for e in doc["traceEvents"]:
+        if e["pid"] == 7:
+            e["pid"] = 2**31 - 1
+    src.write_text(json.dumps(doc))
+    out = tmp_path / "o.json"
+    info = annotate_trace(str(src), str(out))
+    used = {e["pid"] for e in _events(src)}
+    assert info["pid"] not in used and 1 <= info["pid"] < 2**31
