@@ -46,12 +46,8 @@ def idle_sites(result: Any, idle_total_us: float | None = None) -> pd.DataFrame:
     s, e, node = result.seg_start_us[act], result.seg_end_us[act], result.seg_node[act]
     keep = tl.idle_between(s, e) > 0
     s, e, node = s[keep], e[keep], node[keep]
-    site_rows = stacks.innermost_site(tree, tree.rows(node))
     n_frames = len(tree.frames)
-    site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
-    waiting_frame = stacks.waiting_frames(tree)
-    waiting = waiting_frame[tree.frame[node]] | ((site < n_frames) & waiting_frame[np.minimum(site, n_frames - 1)])
-    site = np.where(waiting, n_frames + 1, site)
+    site = site_codes(tree, node)
     g, us, ue = grouped_union(site, s, e)
     idle = np.bincount(g, weights=tl.idle_between(us, ue), minlength=n_frames + 2)
     nz = np.flatnonzero(idle > 0)
@@ -87,3 +83,17 @@ def overhead_idle(trace: Trace, timeline: Any, rank: int) -> dict[str, float]:
         s, e = merge_intervals(ov["ts_us"].to_numpy()[m], ov["end_us"].to_numpy()[m])
         out[g] = float(timeline.idle_between(s, e).sum()) if len(s) else 0.0
     return out
+
+
+def site_codes(tree, node: np.ndarray) -> np.ndarray:
+    """The idle site of each innermost open host node (:class:`gaptrace.analyses.stacks.HostTree` nodes, shape (q,)):
+    the frame code of its innermost enclosing Python frame with a source file (:func:`stacks.innermost_site`),
+    ``len(tree.frames)`` where there is none ("(no Python frame)"), ``len(tree.frames) + 1`` where the node or its
+    site is a parked-thread frame ("(thread waiting)", ``stacks.WAIT_FRAME_RE``). Shape (q,), int64."""
+
+    site_rows = stacks.innermost_site(tree, tree.rows(node))
+    n_frames = len(tree.frames)
+    site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
+    waiting_frame = stacks.waiting_frames(tree)
+    waiting = waiting_frame[tree.frame[node]] | ((site < n_frames) & waiting_frame[np.minimum(site, n_frames - 1)])
+    return np.where(waiting, n_frames + 1, site)

@@ -30,6 +30,7 @@ from gaptrace.trace import Trace
 
 from . import stacks
 from .gaps import event_idle
+from .idle_sites import site_codes
 from .occupancy import busy_timeline, resolve_device
 
 __all__ = ["Tracks", "findings_tracks", "gap_sites"]
@@ -89,12 +90,8 @@ def gap_sites(trace: Trace, device: int | tuple[int, int] | None = None,
     seg, gap, ov = seg[keep], gap[keep], ov[keep]
     if len(seg) == 0:
         return out
-    site_rows = stacks.innermost_site(tree, tree.rows(node[seg]))
     n_frames = len(tree.frames)
-    site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
-    waiting_frame = stacks.waiting_frames(tree)
-    waiting = waiting_frame[tree.frame[node[seg]]] | ((site < n_frames) & waiting_frame[np.minimum(site, n_frames - 1)])
-    site = np.where(waiting, n_frames + 1, site)
+    site = site_codes(tree, node[seg])  # the same site rule as the idle sites
     ann = stacks.enclosing(tree, node[seg], tree.cat == stacks.CAT_CODE["user_annotation"], include_self=True)
     rng = np.where(ann >= 0, tree.frame[np.maximum(ann, 0)], -1)
     pairs = pd.DataFrame({"gap": gap, "site": site, "range": rng, "ov": ov})
