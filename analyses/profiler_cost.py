@@ -35,7 +35,7 @@ from gaptrace.trace import Trace
 from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _merge
 
-__all__ = ["Calibration", "load_calibration", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us",
+__all__ = ["Calibration", "load_calibration", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
            "thread_wait_cost", "THREAD_WAIT_PREFIX",
            "COST_KEYS"]
 
@@ -90,6 +90,13 @@ def load_calibration(path: str | None = None) -> Calibration:
     if not isinstance(on, str):
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"
     return Calibration(**vals, source=os.path.abspath(p), measured_on=on)
+
+
+def sidecar_device_us(sidecar: "Sidecar | dict | None") -> dict[int, float]:
+    """{graph node count: unprofiled device µs of one replay} from a capture sidecar
+    (:meth:`gaptrace.sidecar.Sidecar.unprofiled_device_us`); {} without one."""
+    side = as_sidecar(sidecar)
+    return (side.unprofiled_device_us() or {}) if side is not None else {}
 
 
 def sidecar_launch_us(sidecar: "Sidecar | dict | None") -> dict[int, float]:
@@ -218,7 +225,8 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
                       sidecar: dict | None = None, kappa_us_per_node: float | None = None,
                       scale: float = 1.0) -> dict[str, Any]:
     """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
-    ((I,): each item less ``device_op_us`` per op) with the profiler's
+    ((I,): each item less ``device_op_us`` per op, or, for a graph replay whose size the sidecar timed unprofiled,
+    min(its profiled span, the sidecar's ``unprofiled_device_us``): ``device_source`` says which) with the profiler's
     host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
     trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
     none) for each graph launch size. κ is fitted on ``trace`` when not given. ``scale`` multiplies every
@@ -272,9 +280,19 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     removed["profiler_overhead_events"] = float(ov_work.sum() + ov_call[other].sum())
     removed["other_threads_waited"] = float(waited.sum())
     # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
-    # less that cost)
+    # less that cost); a graph replay whose unprofiled device span the capture timed takes that span instead (never
+    # longer than the profiled one: the profiler only adds)
     n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
     item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us * scale, 0.0)
+    dev_by_size = sidecar_device_us(sidecar)
+    device_source = "calibration"
+    if dev_by_size and len(model.item_call):
+        item_nodes = np.where(model.item_call >= 0, model.graph_nodes[np.maximum(model.item_call, 0)], 0)
+        item_graph = (item_nodes > 0) & ~model.item_prior
+        timed = np.array([dev_by_size.get(int(n), np.nan) for n in item_nodes[item_graph]], dtype=np.float64)
+        idx = np.flatnonzero(item_graph)[np.isfinite(timed)]
+        item_dur[idx] = np.minimum(model.item_dur_us[idx], timed[np.isfinite(timed)])
+        device_source = "sidecar" if len(idx) else device_source
     removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
     return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
-            "launch_source": {str(k): v for k, v in sorted(sources.items())}}
+            "launch_source": {str(k): v for k, v in sorted(sources.items())}, "device_source": device_source}

@@ -120,6 +120,8 @@ def sidecar_field_problems(obj: dict) -> list[str]:
         us = g.get("unprofiled_launch_us") if isinstance(g, dict) else None
         if not isinstance(g, dict) or not positive_number(g.get("nodes")) or not (us is None or positive_number(us)):
             out.append(f"graphs[{i}] (needs positive nodes and unprofiled_launch_us)")
+        elif g.get("unprofiled_device_us") is not None and not positive_number(g.get("unprofiled_device_us")):
+            out.append(f"graphs[{i}].unprofiled_device_us (not a positive number)")
     return out
 
 
@@ -159,11 +161,14 @@ def read_sidecar_checked(trace_path: str) -> tuple[dict | None, str | None]:
 @dataclasses.dataclass(frozen=True)
 class SidecarGraph:
     """One usable entry of the sidecar's ``graphs``: ``name`` (str, "" when absent), ``nodes`` (the CUDA graph's
-    node count, > 0) and ``unprofiled_launch_us`` (host µs of one cudaGraphLaunch without the profiler, > 0)."""
+    node count, > 0), ``unprofiled_launch_us`` (host µs of one cudaGraphLaunch without the profiler, > 0) and
+    ``unprofiled_device_us`` (the median device span of one replay without the profiler, timed with a CUDA event
+    pair around it in early warm-up rounds; None when the capture did not time it or the value is unusable)."""
 
     name: str
     nodes: float
     unprofiled_launch_us: float
+    unprofiled_device_us: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +210,9 @@ class Sidecar:
             records = tuple(float(r["tau"]) if usable_tau(r.get("tau")) else None
                             for r in rounds if isinstance(r, dict))
         graphs = obj.get("graphs")
-        usable = tuple(SidecarGraph(str(g.get("name", "")), float(g["nodes"]), float(g["unprofiled_launch_us"]))
+        usable = tuple(SidecarGraph(str(g.get("name", "")), float(g["nodes"]), float(g["unprofiled_launch_us"]),
+                                    float(g["unprofiled_device_us"])
+                                    if positive_number(g.get("unprofiled_device_us")) else None)
                        for g in (graphs if isinstance(graphs, list) else [])
                        if isinstance(g, dict) and positive_number(g.get("nodes"))
                        and positive_number(g.get("unprofiled_launch_us")))
@@ -225,6 +232,12 @@ class Sidecar:
         (:func:`gaptrace.analyses.launch_fit.launch_fit`), a later entry of one size replacing an earlier one;
         None without usable graphs."""
         return {int(g.nodes): g.unprofiled_launch_us for g in self.graphs} or None
+
+    def unprofiled_device_us(self) -> dict[int, float] | None:
+        """{graph node count: unprofiled device µs of one replay} (:attr:`SidecarGraph.unprofiled_device_us`), a later
+        entry of one size replacing an earlier one; None when no graph carries one."""
+        return {int(g.nodes): g.unprofiled_device_us for g in self.graphs
+                if g.unprofiled_device_us is not None} or None
 
 
 def as_sidecar(side: "Sidecar | Mapping[str, Any] | None") -> Sidecar | None:

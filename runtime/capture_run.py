@@ -29,6 +29,15 @@ def unprofiled_block(periods_ms: list[float], keep: int = UNPROFILED_ROUNDS) -> 
     return list(periods_ms[max(n - keep, n // 4):])
 
 
+def device_timing_rounds(warmup_rounds: int, keep: int = UNPROFILED_ROUNDS) -> int:
+    """The last warm-up round whose graph replays are timed on the device (from round 3 on), before the periods
+    :func:`unprofiled_block` keeps (one round of margin); 0 (no device timing) when the warm-up leaves no such
+    rounds. With the default 40 warm-up rounds: rounds 3-8 (the kept periods start at round 10)."""
+    n = warmup_rounds - 1
+    last = max(n - keep, n // 4) - 1
+    return last if last > 2 else 0
+
+
 class _CaptureDone(Exception):
     """Raised from the round hook once the trace is written and the profiled rounds' τ has been read back:
     the rest of the decode is not needed."""
@@ -112,6 +121,9 @@ class CaptureHooks(EngineHooks):
         self.shrink_at_round, self.user_on_round = shrink_at_round, on_round
         self.launch_us: dict[tuple[str, int], list[float]] = {}
         self.round_tau: list[list[int]] = []
+        # graph replays timed on the device in the warm-up rounds whose periods the sidecar does not keep (the two
+        # event records per replay stay out of the reference periods): rounds 3 .. device_timing_until
+        self.device_timing_until = device_timing_rounds(warmup_rounds)
 
     def on_round_read(self, index: int, taus: list[int]) -> None:
         self.round_tau.append(taus)
@@ -121,6 +133,8 @@ class CaptureHooks(EngineHooks):
         if i <= self.warmup_rounds:  # unprofiled: keep each graph's host launch cost of this round
             for key, us in event.graph_launch_us().items():
                 self.launch_us.setdefault(key, []).extend(us)
+        if self.device_timing_until and i in (2, self.device_timing_until):
+            event.time_graph_device(i == 2)
         if i == self.shrink_at_round:
             live = [event.running[s] for s in sorted(event.running)]
             for r in live[(len(live) + 1) // 2:]:
@@ -162,12 +176,16 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                              "or lower --rounds")
     profiled = hooks.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
     graphs = []
+    dev_us = engine.graph_device_us()  # after the decode: reading the events syncs
     for phase, nb, nodes in sorted((p, nb, n) for p, by_bucket in engine.graph_nodes.items()
                                    for nb, n in by_bucket.items()):
         host = hooks.launch_us.get((phase, nb), [])
+        dev = dev_us.get((phase, nb), [])
         graphs.append({"name": f"{phase}_bs{nb}", "phase": phase, "bucket": nb, "nodes": nodes,
                        "unprofiled_launch_us": statistics.median(host) if host else None,
-                       "unprofiled_launches": len(host)})
+                       "unprofiled_launches": len(host),
+                       "unprofiled_device_us": statistics.median(dev) if dev else None,
+                       "unprofiled_device_replays": len(dev)})
     periods = unprofiled_block(cap.unprofiled_step_ms)
     side = cap.sidecar()
     side.update({

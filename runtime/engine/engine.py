@@ -27,7 +27,7 @@ from ..config import RuntimeConfig
 from ..faults import Faults
 from ..models.model import Transformer
 from .block_manager import BlockManager
-from .graphs import bucket_for
+from .graphs import bucket_for, device_us
 from .hooks import CallbackHooks, EngineHooks, RoundEvent
 from .model_runner import ModelRunner, Readback
 from .rounds import ChainRound, PlainRound, RoundStrategy
@@ -133,6 +133,11 @@ class Engine:
     def capture_graphs(self) -> dict[str, dict[int, int | None]]:
         """Capture the round strategy's CUDA graphs for every bucket; node counts per phase and bucket."""
         return self.runner.capture_graphs(self.strategy.capture_bucket)
+
+    def graph_device_us(self) -> dict[tuple[str, int], list[float]]:
+        """{(phase, bucket): [device µs]} of the graph replays timed while :meth:`RoundEvent.time_graph_device` was
+        on (:func:`.graphs.device_us`); synchronizes the device: call it after the decode."""
+        return device_us(self.runner.graphs)
 
     def check_request(self, prompt: list, max_new_tokens: int) -> None:
         """See the module function ``check_request``."""

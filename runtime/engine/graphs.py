@@ -73,14 +73,44 @@ class GraphedCall:
         self.graph.instantiate()
         self.num_nodes = graph_node_count(self.graph)
         self.last_launch_us = float("nan")
+        # device timing (capture's early warm-up rounds): while on, a (start, end) CUDA event pair around each replay
+        self.device_timing = False
+        self.device_events: list = []
 
     def __call__(self):
         # host cost of the launch (cudaGraphLaunch + its Python wrapper), kept for capture's unprofiled baseline;
         # two perf_counter reads, no device sync
+        timed = self.device_timing
+        if timed:  # two cudaEventRecord on the stream (no sync); read after the decode
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
         t0 = time.perf_counter()
         self.graph.replay()
         self.last_launch_us = (time.perf_counter() - t0) * 1e6
+        if timed:
+            end.record()
+            self.device_events.append((start, end))
         return self.outputs
+
+
+def time_device(graphs: dict, on: bool) -> None:
+    """Start (``on``) or stop recording a CUDA event pair around every replay of ``graphs`` ({key: GraphedCall});
+    the pairs stay on each graph until :func:`device_us` reads them."""
+    for g in graphs.values():
+        g.device_timing = on
+
+
+def device_us(graphs: dict) -> dict:
+    """{key: [device µs of each timed replay]} (:func:`time_device`): event elapsed time from just before the
+    replay was enqueued to just after, i.e. the graph's device span when its stream was busy before it (plus the
+    launch latency when the stream was idle). Synchronizes on the last event of each graph: call it after the decode."""
+    out: dict = {}
+    for key, g in graphs.items():
+        pairs = g.device_events
+        if pairs:
+            pairs[-1][1].synchronize()  # deliberate host sync: after the decode, nothing left to overlap
+            out[key] = [s.elapsed_time(e) * 1e3 for s, e in pairs]
+    return out
 
 
 def collect_launch_us(graphs: dict, into: dict) -> None:

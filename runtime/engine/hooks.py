@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from .graphs import collect_launch_us
+from .graphs import collect_launch_us, time_device
 from .sequence import Request
 
 
@@ -29,6 +29,11 @@ class RoundEvent:
         out: dict = {}
         collect_launch_us(self._graphs, out)
         return out
+
+    def time_graph_device(self, on: bool) -> None:
+        """Start or stop timing every graph replay on the device (a CUDA event pair around each, no host sync:
+        :func:`.graphs.time_device`); the capture reads the times after the decode (:func:`.graphs.device_us`)."""
+        time_device(self._graphs, on)
 
 
 class EngineHooks:

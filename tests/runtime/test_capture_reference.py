@@ -62,3 +62,14 @@ def test_runtime_capture_keeps_30_unprofiled_rounds(tmp_path):
     # the kept rounds are the last 30 of the 39 timed warm-up rounds
     assert raw["unprofiled_round_ms"] == raw["unprofiled_step_ms"][-30:] and len(raw["unprofiled_step_ms"]) == 39
     assert os.path.exists(out)
+
+
+def test_device_timing_rounds_stay_out_of_the_kept_periods():
+    from runtime.capture_run import device_timing_rounds
+
+    for warmup in (8, 20, 40, 41, 60, 100):
+        last = device_timing_rounds(warmup)
+        n = warmup - 1
+        kept_from = max(n - UNPROFILED_ROUNDS, n // 4)  # the first kept period (0-based) is round kept_from + 1's
+        assert last == 0 or (3 <= last < kept_from), (warmup, last)
+    assert device_timing_rounds(40) == 8 and device_timing_rounds(8) == 0
