@@ -367,10 +367,12 @@ def _stream_scan(l: np.ndarray, u: np.ndarray, d: np.ndarray, carry: float) -> n
 
 
 def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.ndarray | None = None,
-           wait: np.ndarray | None = None, item_dur_us: np.ndarray | None = None) -> ReplayResult:
+           wait: np.ndarray | None = None, item_dur_us: np.ndarray | None = None,
+           item_gap_us: np.ndarray | None = None) -> ReplayResult:
     """Replay ``model`` (docs/DESIGN.md "The replay model"), optionally with the host work before each call
     (``work_us``, (K,)), each call's own cost (``cost_us``, (K,)), which blocking calls still wait (``wait``, (K,)
-    bool; default: all of them) or the device items' durations (``item_dur_us``, (I,)) changed.
+    bool; default: all of them), the device items' durations (``item_dur_us``, (I,)) or their queued-launch gaps
+    (``item_gap_us``, (I,): q_i) changed.
 
     The host chain runs S_k = E_{k−1} + work_k, E_k = S_k + cost_k, except a blocking call that waits:
     E_k = max(S_k, R_k) + cost_k with R_k the replayed completion of items [0, await_items[k]). Items follow the
@@ -381,6 +383,7 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
     work = model.work_us if work_us is None else np.asarray(work_us, dtype=np.float64)
     cost = model.cost_us if cost_us is None else np.asarray(cost_us, dtype=np.float64)
     dur = model.item_dur_us if item_dur_us is None else np.asarray(item_dur_us, dtype=np.float64)
+    gaps = model.item_gap_us if item_gap_us is None else np.asarray(item_gap_us, dtype=np.float64)
     waits = model.blocking.copy() if wait is None else (np.asarray(wait, dtype=bool) & model.blocking)
     waits &= model.await_items > 0
     S = np.empty(K)
@@ -419,7 +422,7 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
             ce = np.where(c < kb, E[np.minimum(cc, max(kb - 1, 0))], cs) if kb < K else E[cc]
             l = np.where(model.item_after_end[sl], cs + lat * (ce - cs), cs + lat)
             l = np.where(c < 0, lat, l)  # work launched before the trace: its measured start
-            u = model.item_gap_us[sl] + dur[sl]
+            u = gaps[sl] + dur[sl]
             if single:
                 st = int(model.item_stream[pm_done]) if I else 0
                 ie[sl] = _stream_scan(l, u, dur[sl], carry.get(st, -np.inf))

@@ -11,6 +11,10 @@ overlap. :func:`rank_findings` adds to each finding of :func:`.findings.findings
   profiler's own cost, lazy loading, a sync with no Python frame), whose site encloses most of the rounds (the
   loop's own frame: ``saving_note`` says so), or when the model has no rounds;
 - ``one_off_saving_us``: what the sum over the rounds saves beyond rounds × saving_us (a compile paid once);
+- ``saving_with_device_us`` and ``device_items_per_round``: where the cause launches device work inside the rounds
+  (kernels, copies, graph replays from calls inside its site), the saving when that device work goes too
+  (:class:`.whatif.Change` ``with_device``: the upper figure when a fix drops or fuses the work instead of moving
+  it off the host; docs/DESIGN.md "Counterfactuals"); None without such work;
 - ``saving_share``: saving_us / the predicted unprofiled round;
 - ``cause`` (the site removed) and ``fix`` (what that removal means, in words);
 
@@ -30,7 +34,7 @@ from gaptrace.trace import Trace, TraceError
 
 from .findings import ms_text
 from .profiler_cost import Calibration, load_calibration
-from .whatif import Change, Context, site_intervals, whatif
+from .whatif import Change, Context, device_items_launched, site_intervals, whatif
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "saving_headline", "saving_text", "finding_cause",
            "resolve_calibration", "FOLD_SHARE"]
@@ -136,6 +140,7 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         f["cause"] = site
         f["fix"] = finding_fix(f, site)
         f["saving_us"] = f["one_off_saving_us"] = f["saving_share"] = None
+        f["saving_with_device_us"] = f["device_items_per_round"] = None
         if ctx is None or site is None:
             continue
         if site not in memo:
@@ -148,6 +153,11 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
                     memo[site] = "encloses"
                 else:
                     memo[site] = whatif(trace, [Change(site)], context=ctx).data
+                    n_items, _busy = device_items_launched(trace, ctx.model, site, ctx.window)
+                    if n_items:
+                        wd = whatif(trace, [Change(site, with_device=True)], context=ctx).data
+                        memo[site] = dict(memo[site], saving_with_device_us=wd["saving_us"],
+                                          device_items_per_round=n_items / max(len(ctx.starts) - 1, 1))
             except TraceError:
                 memo[site] = None
         w = memo[site]
@@ -161,6 +171,9 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         f["saving_us"] = float(w["saving_us"])
         f["one_off_saving_us"] = float(w["one_off_saving_us"])
         f["saving_share"] = f["saving_us"] / base if base and base > 0 else None
+        if w.get("saving_with_device_us") is not None:
+            f["saving_with_device_us"] = float(w["saving_with_device_us"])
+            f["device_items_per_round"] = float(w["device_items_per_round"])
     order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None,
                                                       -(found[i]["saving_us"] or 0.0), i))
     return [found[i] for i in order]
@@ -191,8 +204,21 @@ def saving_text(f: dict) -> str:
     if s < 0:
         return f"saves nothing (the round predicted {ms_text(-s)} longer: within the model's error){extra}"
     if share < FOLD_SHARE:
-        return f"saves < 1% of a round ({ms_text(s)}){extra}"
-    return f"saves ≈ {ms_text(s)} a round ({share:.0%}){extra}"
+        return f"saves < 1% of a round ({ms_text(s)}){extra}{_with_device(f)}"
+    return f"saves ≈ {ms_text(s)} a round ({share:.0%}){extra}{_with_device(f)}"
+
+
+def _with_device(f: dict) -> str:
+    """"; ≈ 0.94 ms with its device work (185 device ops a round)" when dropping the cause's device work too saves
+    at least FOLD_SHARE of the round more than the host-side removal; "" otherwise."""
+    s, wd, share = f.get("saving_us"), f.get("saving_with_device_us"), f.get("saving_share")
+    if wd is None or s is None or not share or s <= 0:
+        return ""
+    base = s / share
+    if wd - s < FOLD_SHARE * base:
+        return ""
+    n = f.get("device_items_per_round") or 0.0
+    return f"; ≈ {ms_text(wd)} with its device work too ({n:,.0f} device ops a round)"
 
 
 def saving_headline(found: list[dict], block: dict) -> str | None:

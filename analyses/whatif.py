@@ -9,6 +9,9 @@ for o_k µs:
 
 - remove: work''_k = work'_k · (1 − o_k / work_k); calls that start inside U cost nothing, and a blocking call
   inside U no longer waits (what it read arrives a round late, as the overlap scheduler does);
+- remove with its device work: as remove, and every device item launched by a call inside U takes no device time
+  (the site's work is not needed at all, rather than moved off the host: an upper bound where a fix keeps some of
+  that device work, e.g. folds eager glue into one kernel);
 - speedup F: work''_k = work'_k · (1 − (o_k / work_k)(1 − 1/F)); calls inside U cost cost'_k / F, waits stay.
 
 Several changes compose (applied in turn). The predicted round is the median of the replayed round periods; the
@@ -32,16 +35,19 @@ from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
                      round_starts)
 
-__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes",
+__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes", "device_items_launched",
            "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Change:
-    """One counterfactual: ``site`` removed (``factor`` None) or made ``factor`` times faster."""
+    """One counterfactual: ``site`` removed (``factor`` None) or made ``factor`` times faster. ``with_device``
+    (removal only): the device work launched from inside the site goes too (its kernels, copies and graph replays
+    take no device time), as when the site's work is not needed at all rather than moved off the host."""
 
     site: str
     factor: float | None = None
+    with_device: bool = False
 
 
 def parse_speedup(text: str) -> Change:
@@ -83,10 +89,13 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
 
 def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,
                   changes: Iterable[Change], window: tuple[float, float] | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(work, cost, wait) for :func:`.replay.replay` after ``changes`` (module docstring) on top of the given
-    (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds."""
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(work, cost, wait, dropped) for :func:`.replay.replay` after ``changes`` (module docstring) on top of the
+    given (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds.
+    ``dropped`` ((I,) bool): the device items a removal ``with_device`` takes away (launched by a call inside the
+    site): replay them with no duration and no queue gap."""
     work, cost = work_us.astype(np.float64).copy(), cost_us.astype(np.float64).copy()
+    dropped = np.zeros(len(model.item_call), dtype=bool)
     wait = model.blocking.copy()
     s, e = model.call_start_us, model.call_end_us
     a = np.concatenate(([s[0]], e[:-1]))  # the host work interval before call k: [e_{k-1}, s_k]
@@ -101,10 +110,24 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
             work *= 1.0 - frac
             cost[inside] = 0.0
             wait[inside] = False
+            if ch.with_device and len(dropped):
+                dropped |= (model.item_call >= 0) & inside[np.maximum(model.item_call, 0)]
         else:
             work *= 1.0 - frac * (1.0 - 1.0 / ch.factor)
             cost[inside] /= ch.factor
-    return work, cost, wait
+    return work, cost, wait, dropped
+
+
+def device_items_launched(trace: Trace, model: ReplayModel, site: str, window: tuple[float, float] | None = None
+                          ) -> tuple[int, float]:
+    """(device items, their profiled device busy µs) launched by calls that start inside ``site``'s host intervals
+    (:func:`site_intervals`, clipped to ``window``): what a removal ``with_device`` takes away."""
+    us, ue = site_intervals(trace, model, site, window)
+    s = model.call_start_us
+    i = np.searchsorted(us, s, side="right") - 1
+    inside = (i >= 0) & (s < ue[np.maximum(i, 0)])
+    launched = (model.item_call >= 0) & inside[np.maximum(model.item_call, 0)]
+    return int(launched.sum()), float(model.item_busy_us[launched].sum())
 
 
 @dataclasses.dataclass
@@ -260,9 +283,11 @@ class Context:
 
     def run(self, changes: Iterable[Change]) -> ReplayResult:
         changes = list(changes)
-        w, c, wait = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                                   changes, self.window)
-        return replay(self.model, w, c, wait, item_dur_us=self.unprof["item_dur_us"])
+        w, c, wait, dropped = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
+                                            changes, self.window)
+        dur = np.where(dropped, 0.0, self.unprof["item_dur_us"])
+        gap = np.where(dropped, 0.0, self.model.item_gap_us)
+        return replay(self.model, w, c, wait, item_dur_us=dur, item_gap_us=gap)
 
 
 def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = None,
@@ -287,7 +312,9 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     unp = ctx.target_us
     data = {
         "trace": trace.path,
-        "changes": [{"site": c.site, "factor": c.factor, "action": "remove" if c.factor is None else "speedup"}
+        "changes": [{"site": c.site, "factor": c.factor,
+                     "action": ("speedup" if c.factor is not None else
+                                "remove_with_device" if c.with_device else "remove")}
                     for c in changes],
         "calibration": ctx.calibration.to_dict(),
         "rounds": int(len(p_meas)),

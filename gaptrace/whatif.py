@@ -1,4 +1,5 @@
-"""``gaptrace whatif TRACE --remove SITE_OR_RANGE [...] [--speedup SITE=FACTOR] [--calibration FILE] [--json]``:
+"""``gaptrace whatif TRACE --remove SITE_OR_RANGE [...] [--remove-with-device SITE_OR_RANGE] [--speedup SITE=FACTOR]
+[--calibration FILE] [--json]``:
 the unprofiled round predicted by the replay, before and after removing or speeding up host sites or NVTX ranges
 (docs/DESIGN.md "The replay model"; :mod:`gaptrace.analyses.whatif`)."""
 from __future__ import annotations
@@ -20,8 +21,12 @@ def _us(v) -> str:
 def render_whatif(d: dict) -> str:
     """Text form of :class:`gaptrace.analyses.whatif.WhatIf` data, trace strings escaped."""
     d = escape_strings(d)
-    ch = ", ".join((f"remove {c['site']}" if c["factor"] is None else f"{c['site']} {c['factor']:g}x faster")
-                   for c in d["changes"]) or "no change"
+    def said(c: dict) -> str:
+        if c["factor"] is not None:
+            return f"{c['site']} {c['factor']:g}x faster"
+        return f"remove {c['site']}" + (" and its device work" if c.get("action") == "remove_with_device" else "")
+
+    ch = ", ".join(said(c) for c in d["changes"]) or "no change"
     lines = [f"{d['trace']}: {d['rounds']} rounds; {ch}",
              f"  profiled round (measured, median)  {_us(d['profiled_round_us'])}",
              f"  replayed unchanged                 {_us(d['replayed_round_us'])} (error {d['replay_error']:.1%})",
@@ -48,6 +53,9 @@ def render_whatif(d: dict) -> str:
 @click.argument("trace")
 @click.option("--remove", "removes", multiple=True, metavar="SITE_OR_RANGE",
               help="Host frame or NVTX range whose host work (and waits) to take out of every round; repeatable.")
+@click.option("--remove-with-device", "removes_all", multiple=True, metavar="SITE_OR_RANGE",
+              help="As --remove, and the device work launched from inside it goes too (the site's work is not "
+                   "needed at all); repeatable.")
 @click.option("--speedup", "speedups", multiple=True, metavar="SITE=FACTOR",
               help="Make a host frame or NVTX range FACTOR times faster; repeatable.")
 @click.option("--calibration", default=None, metavar="FILE",
@@ -60,7 +68,8 @@ def render_whatif(d: dict) -> str:
                    "prediction matches the sidecar's measured unprofiled round, when it has one).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @memory_limit_option
-def whatif(trace: str, removes: tuple[str, ...], speedups: tuple[str, ...], calibration: str | None,
+def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], speedups: tuple[str, ...],
+           calibration: str | None,
            round_name: str, no_fit: bool, as_json: bool, memory_limit_gb: float | None) -> None:
     """Predict the unprofiled verify round of TRACE, and the round without (or with faster) host sites."""
     from gaptrace import load_trace
@@ -71,7 +80,8 @@ def whatif(trace: str, removes: tuple[str, ...], speedups: tuple[str, ...], cali
     from gaptrace.cli import fail, memory_limit_bytes
 
     try:
-        changes = [Change(r) for r in removes] + [parse_speedup(s) for s in speedups]
+        changes = ([Change(r) for r in removes] + [Change(r, with_device=True) for r in removes_all]
+                   + [parse_speedup(s) for s in speedups])
         cal = load_calibration(calibration)
         tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         side, why = read_sidecar_checked(trace)
