@@ -11,14 +11,15 @@ overlap. :func:`rank_findings` adds to each finding of :func:`.findings.findings
   profiler's own cost, lazy loading, a sync with no Python frame), whose site encloses most of the rounds (the
   loop's own frame: ``saving_note`` says so), or when the model has no rounds;
 - ``one_off_saving_us``: what the sum over the rounds saves beyond rounds × saving_us (a compile paid once);
-- ``saving_with_device_us`` and ``device_items_per_round``: where the cause launches device work inside the rounds
+- ``saving_with_device_us``, ``saving_with_device_share`` and ``device_items_per_round``: where the cause launches device work inside the rounds
   (kernels, copies, graph replays from calls inside its site), the saving when that device work goes too
   (:class:`.whatif.Change` ``with_device``: the upper figure when a fix drops or fuses the work instead of moving
   it off the host; docs/DESIGN.md "Counterfactuals"); None without such work;
 - ``saving_share``: saving_us / the predicted unprofiled round;
 - ``cause`` (the site removed) and ``fix`` (what that removal means, in words);
 
-and sorts them by saving_us (descending; None after, in their idle-share order). :func:`whatif_block` is the
+and sorts them by :func:`rank_saving_us` (the larger of saving_us and saving_with_device_us, descending; None
+after, in their idle-share order). :func:`whatif_block` is the
 ``whatif`` object of ``analyze --json``; :func:`saving_headline` the headline sentence.
 
 The baseline replay (:class:`.whatif.Context`) is built once; each cause is one more replay on it.
@@ -36,7 +37,8 @@ from .findings import ms_text
 from .profiler_cost import Calibration, load_calibration
 from .whatif import Change, Context, device_items_launched, site_intervals, whatif
 
-__all__ = ["build_context", "whatif_block", "rank_findings", "saving_headline", "saving_text", "finding_cause",
+__all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
+           "finding_cause",
            "resolve_calibration", "FOLD_SHARE"]
 
 # A fix that saves less than this share of the predicted unprofiled round is not stated in the headline.
@@ -140,7 +142,7 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         f["cause"] = site
         f["fix"] = finding_fix(f, site)
         f["saving_us"] = f["one_off_saving_us"] = f["saving_share"] = None
-        f["saving_with_device_us"] = f["device_items_per_round"] = None
+        f["saving_with_device_us"] = f["device_items_per_round"] = f["saving_with_device_share"] = None
         if ctx is None or site is None:
             continue
         if site not in memo:
@@ -174,9 +176,15 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         if w.get("saving_with_device_us") is not None:
             f["saving_with_device_us"] = float(w["saving_with_device_us"])
             f["device_items_per_round"] = float(w["device_items_per_round"])
-    order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None,
-                                                      -(found[i]["saving_us"] or 0.0), i))
+            f["saving_with_device_share"] = f["saving_with_device_us"] / base if base and base > 0 else None
+    order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None, -rank_saving_us(found[i]), i))
     return [found[i] for i in order]
+
+
+def rank_saving_us(f: dict) -> float:
+    """The figure findings are ranked by: the larger of ``saving_us`` and ``saving_with_device_us`` (what removing
+    the cause can buy: its host work alone, or with the eager device work it launches); 0 without a saving."""
+    return max(f.get("saving_us") or 0.0, f.get("saving_with_device_us") or 0.0)
 
 
 def _what(f: dict) -> str:
@@ -211,14 +219,12 @@ def saving_text(f: dict) -> str:
 def _with_device(f: dict) -> str:
     """"; ≈ 0.94 ms with its device work (185 device ops a round)" when dropping the cause's device work too saves
     at least FOLD_SHARE of the round more than the host-side removal; "" otherwise."""
-    s, wd, share = f.get("saving_us"), f.get("saving_with_device_us"), f.get("saving_share")
-    if wd is None or s is None or not share or s <= 0:
-        return ""
-    base = s / share
-    if wd - s < FOLD_SHARE * base:
+    share, wshare = f.get("saving_share"), f.get("saving_with_device_share")
+    if share is None or wshare is None or wshare - share < FOLD_SHARE:
         return ""
     n = f.get("device_items_per_round") or 0.0
-    return f"; ≈ {ms_text(wd)} with its device work too ({n:,.0f} device ops a round)"
+    return (f"; ≈ {ms_text(f['saving_with_device_us'])} ({wshare:.0%}) with the {n:,.0f} eager device ops a round "
+            "it launches")
 
 
 def saving_headline(found: list[dict], block: dict) -> str | None:
@@ -238,10 +244,16 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
         round_text = (f"the predicted unprofiled round, {ms_text(pred)}"
                       + (f"; measured {ms_text(meas)}" if meas is not None else ""))
     top = next((f for f in found if f.get("saving_us") is not None), None)
-    if top is None or (top.get("saving_share") or 0.0) < FOLD_SHARE:
+    base = pred if pred else None
+    if top is None or (base and rank_saving_us(top) < FOLD_SHARE * base) or (not base and not top.get("saving_share")):
         return (f"no finding's fix is predicted to save 1% of a round ({round_text}): the round is set by the "
                 "device work or by causes the findings do not name")
     one = top.get("one_off_saving_us")
     once = f", and {ms_text(one)} once" if one is not None and one >= 1000 else ""
+    extra = ""
+    wd = top.get("saving_with_device_us")
+    if wd is not None and base and wd - top["saving_us"] >= FOLD_SHARE * base:
+        extra = (f"; ≈ {ms_text(wd)} ({wd / base:.0%}) with the {top.get('device_items_per_round') or 0:,.0f} eager "
+                 "device ops a round it launches")
     return (f"removing {_what(top)} saves ≈ {ms_text(top['saving_us'])} a round "
-            f"({top['saving_share']:.0%} of {round_text}){once}")
+            f"({top['saving_share']:.0%} of {round_text}){extra}{once}")

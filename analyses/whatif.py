@@ -9,7 +9,8 @@ for o_k µs:
 
 - remove: work''_k = work'_k · (1 − o_k / work_k); calls that start inside U cost nothing, and a blocking call
   inside U no longer waits (what it read arrives a round late, as the overlap scheduler does);
-- remove with its device work: as remove, and every device item launched by a call inside U takes no device time
+- remove with its device work: as remove, and every eager device item (kernel, copy, memset; not a graph replay)
+  launched by a call inside U takes no device time
   (the site's work is not needed at all, rather than moved off the host: an upper bound where a fix keeps some of
   that device work, e.g. folds eager glue into one kernel);
 - speedup F: work''_k = work'_k · (1 − (o_k / work_k)(1 − 1/F)); calls inside U cost cost'_k / F, waits stay.
@@ -111,22 +112,28 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
             cost[inside] = 0.0
             wait[inside] = False
             if ch.with_device and len(dropped):
-                dropped |= (model.item_call >= 0) & inside[np.maximum(model.item_call, 0)]
+                dropped |= _eager_items_of(model, inside)
         else:
             work *= 1.0 - frac * (1.0 - 1.0 / ch.factor)
             cost[inside] /= ch.factor
     return work, cost, wait, dropped
 
 
+def _eager_items_of(model: ReplayModel, inside: np.ndarray) -> np.ndarray:
+    """(I,) bool: the eager device items (not graph replays) launched by the calls marked ``inside`` ((K,) bool)."""
+    c = np.maximum(model.item_call, 0)
+    return (model.item_call >= 0) & inside[c] & (model.graph_nodes[c] == 0)
+
+
 def device_items_launched(trace: Trace, model: ReplayModel, site: str, window: tuple[float, float] | None = None
                           ) -> tuple[int, float]:
-    """(device items, their profiled device busy µs) launched by calls that start inside ``site``'s host intervals
-    (:func:`site_intervals`, clipped to ``window``): what a removal ``with_device`` takes away."""
+    """(eager device items, their profiled device busy µs) launched by calls that start inside ``site``'s host
+    intervals (:func:`site_intervals`, clipped to ``window``): what a removal ``with_device`` takes away."""
     us, ue = site_intervals(trace, model, site, window)
     s = model.call_start_us
     i = np.searchsorted(us, s, side="right") - 1
     inside = (i >= 0) & (s < ue[np.maximum(i, 0)])
-    launched = (model.item_call >= 0) & inside[np.maximum(model.item_call, 0)]
+    launched = _eager_items_of(model, inside)
     return int(launched.sum()), float(model.item_busy_us[launched].sum())
 
 

@@ -44,7 +44,6 @@ PAIRS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_pairs")
 LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_loops")
 H200_CAL = os.path.join(PAIRS_DIR, "calibration_h200.json")  # the same figures as the shipped default
 CPU_CAL = os.path.join(ROOT, "analyses", "data", "calibration_cpu_epyc.json")
-SYNC_SITE = "device_lengths_to_host"
 PERIOD_GOAL = 0.10
 SAVING_GOAL = 0.35
 SAVING_FLOOR_US = 60.0
@@ -76,7 +75,7 @@ def runtime_pairs() -> list[dict]:
         d = json.load(f)
     out = []
     for p in d["pairs"]:
-        site = SYNC_SITE if "sync" in p["cause"] else p["cause"]
+        site = list(p["cause"]) if isinstance(p["cause"], list) else [p["cause"]]
         traces = [os.path.join(PAIRS_DIR, n + ".json.gz") for n in p["with_cause"]]
         fixed = [sidecar_period_ms(os.path.join(PAIRS_DIR, n + ".json.gz"), "unprofiled_round_ms") for n in p["fixed"]]
         meas = [sidecar_period_ms(t, "unprofiled_round_ms") for t in traces]
@@ -123,18 +122,18 @@ def predict(pair: dict, calibration, traces_cache: dict) -> dict:
         if t not in traces_cache:
             traces_cache[t] = load_trace(t)
         tr = traces_cache[t]
-        site = pair["site"] or planted_site(tr)
-        pair["site_used"] = site
+        sites = pair["site"] or [planted_site(tr)]
+        pair["site_used"] = "`, `".join(sites)
         side, _ = read_sidecar_checked(t)
         ctx = Context(tr, side, calibration, round_name=pair["round_name"])
-        w = whatif(tr, [Change(site)], context=ctx).data
-        with_dev.append(whatif(tr, [Change(site, with_device=True)], context=ctx).data["saving_us"] / 1e3)
+        w = whatif(tr, [Change(x) for x in sites], context=ctx).data
+        with_dev.append(whatif(tr, [Change(x, with_device=True) for x in sites], context=ctx).data["saving_us"] / 1e3)
         periods.append(w["unfitted_round_us"] / 1e3)
         savings.append(w["saving_us"] / 1e3)
         scales.append(w["profiler_cost_scale"] if w["fitted_to_unprofiled"] else None)
         if w["fitted_to_unprofiled"]:
             ctx0 = Context(tr, side, calibration, round_name=pair["round_name"], fit=False)
-            raw.append(whatif(tr, [Change(site)], context=ctx0).data["saving_us"] / 1e3)
+            raw.append(whatif(tr, [Change(x) for x in sites], context=ctx0).data["saving_us"] / 1e3)
         else:
             raw.append(w["saving_us"] / 1e3)
         rule = "range" if w["round_rule"] == "round" else w["round_rule"]

@@ -10,6 +10,8 @@ import re
 import sys
 
 import numpy as np
+
+from gaptrace.analyses.savings import rank_saving_us
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -168,10 +170,11 @@ def _pairs():
         for name in p["with_cause"]:
             if p["cause"] in ("lengths_copy", "dd_gather", "eager_commit_glue", "cpu_tree_build"):
                 marks = ()
-                if name == "tiny_overlap_bs1_B12_eager-commit-glue_b":
+                if name == "tiny_overlap_bs1_B12_eager-commit-glue_a":
                     marks = pytest.mark.xfail(strict=True, reason=(
-                        "the model predicts no saving from the glue on this process (measured 0.15 ms against the "
-                        "clean twins here, 0.56 ms on the _a process): the first finding is another host frame"))
+                        "the profiler cost scale fitted to this capture (2.55) deflates the glue's heavily recorded "
+                        "host work: its removal is predicted at 0.09 ms (with its eager device ops) against 0.31 ms "
+                        "measured, a hair under model_runner.py's to_device (0.09 ms)"))
                 out.append(pytest.param(name, p["cause"], marks=marks, id=name))
     return out
 
@@ -185,7 +188,7 @@ def test_first_finding_names_the_fault_on_h200_pairs(name, cause):
     side, why = read_sidecar_checked(p)
     res = summarize(tr, sidecar=side, calibration=H200_CAL).to_json()
     first = res["findings"][0]
-    assert first["saving_us"] is not None and first["saving_us"] > 0
+    assert first["saving_us"] is not None and rank_saving_us(first) > 0
     if first["cause"] == cause:
         return
     ctx = Context(tr, side, load_calibration(H200_CAL))
