@@ -138,3 +138,21 @@ def test_bench_bubble_trigger_smoke(tmp_path):
                         "nap"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and "unknown stage 'nap'" in r.stderr
+
+
+def test_profiler_cost_depth_cpu_smoke(tmp_path):
+    """The per-event profiler cost probe on the CPU: one row per op kind and depth, the event counts read from its own
+    trace, and the extra µs per event = (profiled − plain) / events of that row."""
+    pytest.importorskip("torch")
+    import json
+
+    out = run("-m", "benchmarks.probes.profiler_cost_depth", "--device", "cpu", "--ops", "50", "--repeats", "1",
+              "--depths", "1,8", "--out", str(tmp_path))
+    assert "extra µs per event" in out
+    rows = json.loads((tmp_path / "profiler_cost_depth.json").read_text())
+    assert [(r["kind"], r["depth"]) for r in rows] == [(k, d) for k in ("inplace_add", "eager_mul", "strided_copy")
+                                                         for d in (1, 8)]
+    for r in rows:
+        assert r["events"]["cpu_op"] >= r["ops"]  # at least one recorded ATen op per op
+        extra = (r["profiled_us_per_op"] - r["plain_us_per_op"]) * r["ops"]
+        assert r["extra_us_per_event"] * sum(r["events"].values()) == pytest.approx(extra, rel=1e-9, abs=1e-9)
