@@ -128,3 +128,30 @@ def late_rank_rank(tp, delay_ms: float) -> dict:
         reqs, stats = Engine(shard_target(target, tp), draft, rc).generate(random_prompts(LENGTHS[:3]), 16)
     return {"rank": tp.rank, "range_s": dict(ranges.total_s), "count": dict(ranges.count), "rounds": stats.rounds,
             "tokens": [r.output for r in reqs]}
+
+
+def gpu_tiny_rank(tp, configs: list[dict], texts: list[str], max_new: int) -> list[dict]:
+    """A rank of the GPU test: the shipped tiny pair in float32 on GPU ``tp.rank``, this rank's slice of the target,
+    CUDA graphs (their NCCL all-reduces captured), every config; per config {tokens, round_tau, rounds, graph
+    node counts}."""
+    return tiny_decode(configs, texts, max_new, tp)
+
+
+def tiny_decode(configs: list[dict], texts: list[str], max_new: int, tp=None) -> list[dict]:
+    """The tiny pair on CUDA (one process when ``tp`` is None), each config decoded; see gpu_tiny_rank."""
+    from gaptrace.runtime.engine import Engine
+    from gaptrace.runtime.session import build_setup, encode_prompts
+
+    out = []
+    for kw in configs:
+        setup = build_setup("tiny", device="cuda", dtype="float32", batch_size=8, tp=tp,
+                            tensor_parallel=1 if tp is None else tp.world, **kw)
+        ids = encode_prompts(setup, texts, max_new)
+        engine = Engine(setup.target, setup.draft, setup.rcfg, setup.eos_token_id)
+        reqs, stats = engine.generate(ids, max_new)
+        out.append({"tokens": [r.output for r in reqs], "round_tau": stats.round_tau, "rounds": stats.rounds,
+                    "graph_nodes": {k: dict(v) for k, v in engine.graph_nodes.items()}})
+        del engine, setup
+        import gc
+        gc.collect()
+    return out

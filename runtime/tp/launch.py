@@ -8,6 +8,7 @@ rank raised as a ValueError (ConfigError, a bad prompt, an unwritable output) re
 """
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import pickle
@@ -32,19 +33,21 @@ class _DropTermination(logging.Filter):
 
 
 class RankError(ValueError):
-    """A rank ended with a one-line error (a ValueError inside it), or died; the message names the rank."""
+    """A rank ended with a one-line error (a ValueError inside it: its message, as one process would say it), or
+    died (the message names the rank and the last line of what it raised)."""
 
 
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = path + ".tmp"
-    with open(path + ".tmp", "wb") as f:
+    with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
 
 
 def _rank_main(rank: int, fn: Callable, world: int, device: str, work: str, args: tuple) -> None:
     """One rank (the spawned process's entry): environment, process group, ``fn(tp, *args)``, its result written to
-    ``work``/result.rank<r>.pkl, the group left. A ValueError is written to ``work``/error.rank<r>.txt (exit 2)."""
+    ``work``/result.rank<r>.pkl, garbage collected (CUDA graphs before their communicator), the group left. A
+    ValueError is written to ``work``/error.rank<r>.txt (exit 2)."""
     set_rank_environment()  # before anything in this process could read it or start a process
     if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # the ranks share the host's cores; decode steps are tiny
@@ -56,6 +59,9 @@ def _rank_main(rank: int, fn: Callable, world: int, device: str, work: str, args
         raise SystemExit(2) from None
     _write_atomic(os.path.join(work, f"result.rank{rank}.pkl"), pickle.dumps(result))
     del result
+    gc.collect()  # the engines' CUDA graphs (held in reference cycles) go before the communicator they captured
+    if tp.device.type == "cuda":
+        torch.cuda.synchronize()  # SYNC (deliberate, at exit)
     close_rank()
 
 
