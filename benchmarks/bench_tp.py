@@ -7,13 +7,15 @@ CPU), each holding its slice of the target and the whole draft. Per cell (TP, sc
 ``bench_runtime.run_cell``, the runtime benchmark's measurement: ``--warmup-rounds`` rounds, then ``--timed-rounds``
 unprofiled rounds timed with the host clock (Tround = median period between round starts, no sync added; τ, TPOT =
 Tround / τ, tokens/s = bs·τ / Tround), then with ``--profiled-rounds`` R > 0 a capture of R rounds per rank,
-analysed by gaptrace (occupancy per rank on CUDA; a CPU trace has no device activity). The table shows rank 0's
-figures, every rank's Tround, and tokens/s against TP 1.
+analysed by gaptrace (occupancy per rank on CUDA; a CPU trace has no device activity). With ``--repeats R`` the
+TP values run R times, interleaved (TP 1, TP 2, TP 1, ...), each time in fresh processes, so a slow spell of a shared
+machine falls on both; each row is the repeat of median Tround, with the range over repeats beside it. The table
+shows rank 0's figures, every rank's Tround, and tokens/s against TP 1.
 
     python benchmarks/bench_tp.py --device cuda --preset bench --tp 1,2 --schedulers overlap --batch-sizes 8 \\
         --blocks 12 --profiled-rounds 8 --out benchmarks/results --name DATE_h200x2_tp           # the GPU figure
     python benchmarks/bench_tp.py --device cpu --preset tiny --tp 1,2 --batch-sizes 4 --blocks 8 \\
-        --warmup-rounds 3 --timed-rounds 12                                                     # CPU / gloo
+        --warmup-rounds 3 --timed-rounds 12 --repeats 3                                         # CPU / gloo
 """
 from __future__ import annotations
 
@@ -93,22 +95,30 @@ def render(data: dict) -> str:
     for c in sorted(data["cells"], key=lambda c: (c["batch_size"], c["block_size"], c["scheduler"], c["tp"])):
         ref = base.get((c["scheduler"], c["batch_size"], c["block_size"]))
         occ = [r.get("occupancy") for r in c["ranks_capture"]]
-        rows.append([c["tp"], c["scheduler"], c["batch_size"], c["block_size"], fmt(c["tround_ms"]), fmt(c["tau"]),
+        reps = c.get("repeats_tround_ms") or [c["tround_ms"]]
+        rows.append([c["tp"], c["scheduler"], c["batch_size"], c["block_size"], fmt(c["tround_ms"]),
+                     f"{fmt(min(reps))}–{fmt(max(reps))}" if len(reps) > 1 else "–", fmt(c["tau"]),
                      fmt(c["tpot_ms"], 3), fmt(c["tokens_per_s"], 1),
                      " / ".join(fmt(t) for t in c["ranks_tround_ms"]),
                      " / ".join(pct(o) for o in occ) if any(o is not None for o in occ) else "–",
                      fmt(c["tokens_per_s"] / ref["tokens_per_s"]) + "×" if ref else "–"])
     where = m.get("gpu") or f"CPU ({m.get('cpus')} cores), gloo"
-    parts = [f"# Tensor parallelism: TP {cfg['tp']} side by side ({cfg['preset']} preset, {cfg['dtype'] or 'its dtype'}, "
-             f"{where})", "",
-             f"{m['date']}, torch {m.get('torch')}; each TP value in a fresh process, TP N > 1 as N rank processes "
+    parts = [f"# Tensor parallelism: TP {cfg['tp']} side by side ({cfg['preset']} preset, "
+             f"{cfg['dtype'] or 'its dtype'}, {where})", "",
+             f"{m['date']}, torch {m.get('torch')}; each TP value in a fresh process ({cfg.get('repeats', 1)} "
+             "interleaved repeat(s); the row is the repeat of median Tround), TP N > 1 as N rank processes "
              f"({'NCCL, one GPU each' if cfg['device'] == 'cuda' else 'gloo on the host CPU: not a GPU figure'}). "
              f"Tround = median host period between rounds over {cfg['timed_rounds']} unprofiled rounds after "
              f"{cfg['warmup_rounds']} warm-up rounds (no added sync), rank 0's; τ, TPOT = Tround / τ, tokens/s = "
              "bs·τ / Tround." + (f" {cfg['simulated']}." if cfg.get("simulated") else "")
              + (f" Occupancy from {cfg['profiled_rounds']} profiled rounds per rank." if cfg["profiled_rounds"]
-                else ""), "",
-             md_table(["TP", "scheduler", "bs", "B", "Tround ms", "τ", "TPOT ms", "tok/s", "Tround ms per rank",
+                else "")
+             + (f" Host load average (1 min) {m['load_avg_1min_start']:.1f} at the start, "
+                f"{m.get('load_avg_1min_end', float('nan')):.1f} at the end, on {m.get('cpus')} cores: other work "
+                "shared them; the range over repeats shows how much that moved the figures." if "load_avg_1min_start"
+                in m else ""), "",
+             md_table(["TP", "scheduler", "bs", "B", "Tround ms", "Tround ms over repeats", "τ", "TPOT ms", "tok/s",
+                       "Tround ms per rank",
                        "occupancy per rank", "tok/s vs TP 1"], rows), "",
              f"Command: `{cfg['command']}`"]
     return "\n".join(parts)
@@ -128,6 +138,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-rounds", type=int, default=5)
     p.add_argument("--timed-rounds", type=int, default=30)
     p.add_argument("--profiled-rounds", type=int, default=0, help="per-rank capture for occupancy (0: none)")
+    p.add_argument("--repeats", type=int, default=1, help="fresh processes per TP value, interleaved; the table "
+                                                              "shows the repeat of median Tround")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep-traces", action="store_true")
     p.add_argument("--work", default=None, help="where traces go (default: a temporary directory)")
@@ -136,8 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.warmup_rounds < 1 or a.timed_rounds < 1 or a.profiled_rounds < 0:
-        p.error("--warmup-rounds and --timed-rounds must be >= 1, --profiled-rounds >= 0")
+    if a.warmup_rounds < 1 or a.timed_rounds < 1 or a.profiled_rounds < 0 or a.repeats < 1:
+        p.error("--warmup-rounds, --timed-rounds and --repeats must be >= 1, --profiled-rounds >= 0")
     if a.device is None:
         import torch
 
@@ -145,31 +157,39 @@ def main(argv=None) -> int:
     a.work = a.work or tempfile.mkdtemp(prefix="gaptrace_bench_tp_")
     if a.child is not None:
         return child(a)
-    data = {"machine": machine(), "cells": [], "errors": {},
-            "config": {"preset": a.preset, "dtype": a.dtype, "device": a.device, "tp": a.tp,
+    data = {"machine": {**machine(), "load_avg_1min_start": os.getloadavg()[0]}, "cells": [], "errors": {},
+            "config": {"preset": a.preset, "dtype": a.dtype, "device": a.device, "tp": a.tp, "repeats": a.repeats,
                        "warmup_rounds": a.warmup_rounds, "timed_rounds": a.timed_rounds,
                        "profiled_rounds": a.profiled_rounds,
                        "command": "python benchmarks/bench_tp.py " + " ".join(sys.argv[1:] if argv is None else argv)}}
     argv_child = [x for x in (sys.argv[1:] if argv is None else argv)]
-    for n in ints(a.tp):
-        t0 = time.perf_counter()
-        print(f"TP {n} ...", file=sys.stderr, flush=True)
-        with tempfile.TemporaryDirectory() as d:
-            res = os.path.join(d, "result.json")
-            r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv_child, "--device", a.device,
-                                "--work", a.work, "--child", str(n), "--result", res])
-            if r.returncode != 0 or not os.path.exists(res):
-                data["errors"][str(n)] = f"the TP {n} process exited {r.returncode} without a result"
-                continue
-            with open(res, encoding="utf-8") as f:
-                per_rank = json.load(f)
-        for k, rec in enumerate(per_rank[0]):  # rank 0's cells; every rank's Tround and capture beside them
+    runs: dict[int, list] = {}  # TP -> one list of per-rank records per repeat
+    for rep in range(a.repeats):  # TP 1, TP 2, TP 1, TP 2, ...: interleaved, so a slow spell hits both
+        for n in ints(a.tp):
+            t0 = time.perf_counter()
+            print(f"TP {n}, repeat {rep + 1}/{a.repeats} ...", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory() as d:
+                res = os.path.join(d, "result.json")
+                r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv_child, "--device", a.device,
+                                    "--work", a.work, "--child", str(n), "--result", res])
+                if r.returncode != 0 or not os.path.exists(res):
+                    data["errors"][f"{n}/{rep + 1}"] = f"the TP {n} process exited {r.returncode} without a result"
+                    continue
+                with open(res, encoding="utf-8") as f:
+                    runs.setdefault(n, []).append(json.load(f))
+            print(f"TP {n}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    for n, reps in runs.items():
+        for k in range(len(reps[0][0])):  # cell k: the repeat of median Tround (rank 0's), every rank beside it
+            by_tround = sorted(reps, key=lambda per_rank: per_rank[0][k]["tround_ms"])
+            per_rank = by_tround[(len(by_tround) - 1) // 2]
+            rec = dict(per_rank[0][k])
             data["config"]["simulated"] = rec.pop("simulated", None)
             data["config"]["dtype"] = rec["dtype"]
+            rec["repeats_tround_ms"] = [x[0][k]["tround_ms"] for x in reps]
             rec["ranks_tround_ms"] = [rank_recs[k]["tround_ms"] for rank_recs in per_rank]
             rec["ranks_capture"] = [rank_recs[k].get("capture") or {} for rank_recs in per_rank]
             data["cells"].append(rec)
-        print(f"TP {n}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    data["machine"]["load_avg_1min_end"] = os.getloadavg()[0]
     md = render(data) + ("".join(f"\n\nTP {n}: {e}" for n, e in data["errors"].items()))
     print(md)
     if a.out:

@@ -144,8 +144,6 @@ def setup_from_options(o: dict, tp=None):
 
 
 def _threads(device: str) -> None:
-    import os
-
     import torch
 
     if device == "cpu" and "OMP_NUM_THREADS" not in os.environ:

@@ -52,7 +52,8 @@ from .cache.window import compact_len
 from .config import FAULT_NAMES, ConfigError
 
 __all__ = ["FAULT_NAMES", "Faults", "lengths_copy", "dd_gather", "eager_commit_glue", "jit_new_shape",
-           "token_list_rebuild", "cpu_tree_build", "late_rank", "window_lengths", "prewarm_window_lengths", "function_name"]
+           "token_list_rebuild", "cpu_tree_build", "late_rank", "window_lengths", "prewarm_window_lengths",
+           "function_name"]
 
 
 def function_name(fault: str) -> str:

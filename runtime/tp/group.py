@@ -17,7 +17,8 @@ import torch.distributed as dist
 
 from ..config import ConfigError
 
-# NVLink multicast (NVLS) off, in the ranks and whatever they spawn (the GPU machines' NCCL cannot use it)
+# NVLink multicast (NVLS) off, in the ranks and whatever they spawn: on a shared multi-GPU host a program that
+# uses it can take the host's GPUs out of service
 RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 

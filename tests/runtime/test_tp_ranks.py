@@ -155,6 +155,15 @@ def test_capture_tp2_late_rank_writes_a_trace_per_rank(tmp_path):
     assert wait[0] - wait[1] > 0.6 * rounds * delay_ms * 1e3
     long0 = [e for e in evs[0] if e["name"] == "gloo:all_reduce" and e["dur"] >= 0.5 * delay_ms * 1e3]
     assert len(long0) >= rounds
+    # a round's collectives are the verify's 2 x 8 all-reduces of the tiny target (after each layer's attention or
+    # linear attention and after its MLP; none in the replicated draft), on both ranks; and the overlap round reads
+    # nothing back from the device (no .item(), no data-dependent shape): the host plan stays sync-free
+    for ev in evs:
+        spans = [(e["ts"], e["ts"] + e["dur"]) for e in ev
+                 if e.get("cat") == "user_annotation" and e["name"] == "round"]
+        ops = [e["name"] for e in ev if e.get("cat") == "cpu_op" and any(a <= e["ts"] <= b for a, b in spans)]
+        assert ops.count("c10d::allreduce_") == 2 * 8 * rounds
+        assert not {"aten::item", "aten::_local_scalar_dense", "aten::masked_select", "aten::nonzero"} & set(ops)
     # gaptrace's loader reads the directory as one trace of two ranks; its rows are the raw files' events
     trace = load_trace(str(out))
     host = trace.host
