@@ -11,6 +11,7 @@ launch cost. The driver observes the engine only through its hook API (:class:`C
 from __future__ import annotations
 
 import os
+import re
 import statistics
 from typing import Callable
 
@@ -68,6 +69,50 @@ def capture_inputs(prompts_file: str | None = None, model_dirs: tuple[str | None
         if d and os.path.isdir(d):
             out += [os.path.join(d, n) for n in sorted(os.listdir(d))]
     return tuple(out)
+
+
+RANK_NAME = re.compile(r"rank[_-]?\d")  # what gaptrace.loader.trace_files ranks a directory's files by
+
+
+def rank_trace_paths(directory: str, world: int) -> list[str]:
+    """The traces of a ``--tp N`` capture, one per rank, in ``directory``: ``DIR/NAME.rank<r>.json.gz`` with NAME the
+    directory's own name (so a copied file still says which capture and rank it is), each with its sidecar
+    ``NAME.rank<r>.gaptrace.json`` beside it: the names gaptrace's loader reads a directory of per-rank files by
+    (``gaptrace.loader.trace_files``). Checks only; the directory may not exist yet (:func:`make_rank_directory`).
+
+    ValueError (one line) when ``directory`` is an existing non-directory, its parent is missing, NAME itself holds
+    ``rank<digits>`` (the loader would take that for the rank), or the directory already holds a trace file that is
+    not one of these (the loader would read it as another rank)."""
+    d = directory.rstrip(os.sep) or directory
+    name = os.path.basename(d)
+    if not name or name in (".", ".."):
+        raise ValueError(f"{directory!r}: a --tp capture writes into a directory: give it a name (-o DIR)")
+    if RANK_NAME.search(name):
+        raise ValueError(f"{directory}: the directory's name holds 'rank<N>', which gaptrace's loader would read as "
+                         "every file's rank; rename it")
+    if os.path.lexists(d) and not os.path.isdir(d):
+        raise ValueError(f"{directory}: a --tp capture writes one trace per rank into a directory, and this is a file")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(d))):
+        raise ValueError(f"{directory}: its parent directory does not exist")
+    paths = [os.path.join(d, f"{name}.rank{r}.json.gz") for r in range(world)]
+    if os.path.isdir(d):
+        ours = {os.path.basename(p) for p in paths}
+        foreign = sorted(n for n in os.listdir(d) if n.endswith((".json", ".json.gz"))
+                         and not n.endswith(".gaptrace.json") and n not in ours)
+        if foreign:
+            raise ValueError(f"{directory}: holds {foreign[0]}, not a trace of this {world}-rank capture: a trace "
+                             "directory must hold one trace per rank (remove it or give another directory)")
+    return paths
+
+
+def make_rank_directory(paths: list[str]) -> bool:
+    """Create the directory of :func:`rank_trace_paths`' ``paths`` when it does not exist; True when it was made
+    here (the caller removes it again if the capture fails before writing anything)."""
+    d = os.path.dirname(paths[0])
+    if os.path.isdir(d):
+        return False
+    os.mkdir(d)
+    return True
 
 
 def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
@@ -188,7 +233,9 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                        "unprofiled_device_replays": len(dev)})
     periods = unprofiled_block(cap.unprofiled_step_ms)
     side = cap.sidecar()
+    tp = setup.target.tp
     side.update({
+        "rank": 0 if tp is None else tp.rank, "world_size": 1 if tp is None else tp.world,  # of a --tp N capture
         "rounds": [{"round": warmup_rounds + 1 + k, "tau": (sum(t) / len(t)) if t else None, "accepted": list(t)}
                    for k, t in enumerate(profiled)],
         "graphs": graphs,

@@ -15,10 +15,12 @@ from dataclasses import InitVar, dataclass, field
 FULL, LINEAR = "full_attention", "linear_attention"
 # the switchable pathologies of runtime/faults.py (one function each, named with "_" for "-")
 FAULT_NAMES = ("lengths-copy", "dd-gather", "eager-commit-glue", "jit-new-shape", "token-list-rebuild",
-               "cpu-tree-build")
+               "cpu-tree-build", "late-rank")
 TREE_FAULTS = ("cpu-tree-build",)  # faults of the draft-tree round only (they need tree mode: tree_budget > 0)
+TP_FAULTS = ("late-rank",)  # faults of a tensor-parallel decode only (they need tensor_parallel >= 2)
 TREE_BUILDERS = ("gpu", "cpu-heapq")
 KERNELS = ("auto", "fused", "eager")
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")  # float64: CPU only (the exactness tests' dtype)
 
 
 class ConfigError(ValueError):
@@ -171,7 +173,11 @@ class RuntimeConfig:
 
     ``kernels``: ``fused`` runs the cached forward's RMSNorms, q/k norm + RoPE and gated-delta-rule chain as the
     Triton kernels of runtime/models/fused.py (CUDA + Triton only: fewer, larger CUDA-graph nodes);
-    ``eager`` as chains of PyTorch ops; ``auto`` (default) = fused where it can run, eager otherwise."""
+    ``eager`` as chains of PyTorch ops; ``auto`` (default) = fused where it can run, eager otherwise.
+
+    ``tensor_parallel`` N (DESIGN.md "Tensor parallelism"): the target split over N ranks, one process each
+    (runtime/tp/: ``spawn_ranks``, ``shard_target``); 1 = one process, no process group. ``late_rank_ms``: the host
+    delay the fault ``late-rank`` adds to the last rank's planning each round (runtime/faults.py)."""
 
     block_size: int = 8
     page_size: int = 16
@@ -195,6 +201,8 @@ class RuntimeConfig:
     tree_topk: int = 4
     tree_builder: str = "gpu"
     kernels: str = "auto"
+    tensor_parallel: int = 1
+    late_rank_ms: float = 20.0
 
     def __post_init__(self):
         self.faults = tuple(dict.fromkeys(self.faults))  # repeated names switch a fault on once
@@ -223,7 +231,13 @@ class RuntimeConfig:
              "fault 'jit-new-shape' (a round in a new batch bucket) needs --graph-buckets pow2, not max")
         need(self.scheduler in ("sync", "overlap"), f"unknown scheduler {self.scheduler!r} (sync | overlap)")
         need(self.device in ("cpu", "cuda"), f"unknown device {self.device!r} (cpu | cuda)")
-        need(self.dtype in ("float32", "bfloat16", "float16"), f"unknown dtype {self.dtype!r}")
+        need(self.dtype in DTYPE_NAMES, f"unknown dtype {self.dtype!r} ({' | '.join(DTYPE_NAMES)})")
+        need(self.dtype != "float64" or self.device == "cpu", "--dtype float64 runs on the CPU only")
+        need(isinstance(self.tensor_parallel, int) and not isinstance(self.tensor_parallel, bool)
+             and self.tensor_parallel >= 1, f"--tp must be an integer >= 1, got {self.tensor_parallel!r}")
+        need(isinstance(self.late_rank_ms, (int, float)) and not isinstance(self.late_rank_ms, bool)
+             and math.isfinite(self.late_rank_ms)
+             and self.late_rank_ms > 0, f"late-rank delay must be a number of ms > 0, got {self.late_rank_ms!r}")
         need(self.sim_accept_rate is None or 0.0 <= self.sim_accept_rate <= 1.0,
              f"sim_accept_rate {self.sim_accept_rate} outside [0, 1]")
         need(isinstance(self.tree_budget, int) and self.tree_budget >= 0,
@@ -243,6 +257,8 @@ class RuntimeConfig:
                  f"fault {f!r} needs --scheduler overlap (the sync scheduler already does it)")
             need(self.tree_budget > 0 or f not in TREE_FAULTS,
                  f"fault {f!r} (--tree-builder cpu-heapq) needs tree mode (--tree-budget N): a chain builds no tree")
+            need(self.tensor_parallel >= 2 or f not in TP_FAULTS,
+                 f"fault {f!r} delays one rank of several: it needs --tp 2 or more")
 
     @property
     def graph_bucket_mode(self) -> str:

@@ -28,13 +28,19 @@ token).
 |                      |                      | on the host: top-k copied to the host, Python  | rows at once on the device,  |
 |                      |                      | heapq per request, arrays uploaded (seeds      | fixed shapes, no sync        |
 |                      |                      | 003/004); same as ``--tree-builder cpu-heapq`` | (``--tree-builder gpu``)     |
+| ``late-rank``        | ``late_rank``        | (``--tp`` >= 2) the last rank's host sleeps    | every rank plans on time     |
+|                      |                      | ``late_rank_ms`` at the start of its ``plan``  |                              |
+|                      |                      | every round: the other ranks wait in their     |                              |
+|                      |                      | first all-reduce of the round for it           |                              |
 
 The host syncs of ``lengths_copy``, ``dd_gather`` and ``cpu_tree_build`` are deliberate (marked SYNC).
-``cpu-tree-build`` needs tree mode (``--tree-budget N``); the others work in both modes.
+``cpu-tree-build`` needs tree mode (``--tree-budget N``); ``late-rank`` a tensor-parallel decode (``--tp N``, N >= 2);
+the others work in both modes.
 """
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -46,7 +52,8 @@ from .cache.window import compact_len
 from .config import FAULT_NAMES, ConfigError
 
 __all__ = ["FAULT_NAMES", "Faults", "lengths_copy", "dd_gather", "eager_commit_glue", "jit_new_shape",
-           "token_list_rebuild", "cpu_tree_build", "window_lengths", "prewarm_window_lengths", "function_name"]
+           "token_list_rebuild", "cpu_tree_build", "late_rank", "window_lengths", "prewarm_window_lengths",
+           "function_name"]
 
 
 def function_name(fault: str) -> str:
@@ -69,6 +76,7 @@ class Faults:
     | ``commit_on_host``    | graph capture (no commit in a graph)             | eager-commit-glue         |
     | ``eager_commit_glue`` | ChainRound.commit, TreeRound's commit            | eager-commit-glue         |
     | ``cpu_tree_build``    | TreeRound.build and its graph capture            | cpu-tree-build            |
+    | ``before_plan``       | Engine.plan_round (``plan`` range)               | late-rank                 |
     """
 
     lengths_copy: bool = False
@@ -77,6 +85,7 @@ class Faults:
     jit_new_shape: bool = False
     token_list_rebuild: bool = False
     cpu_tree_build: bool = False
+    late_rank: bool = False
 
     @classmethod
     def from_names(cls, names) -> "Faults":
@@ -129,6 +138,12 @@ class Faults:
         if not self.token_list_rebuild:
             return None
         return lambda a, b: token_list_rebuild(runner, request, a, b)
+
+    def before_plan(self, tp, delay_ms: float) -> None:
+        """At the start of each round's plan: late-rank delays the last rank of ``tp`` (a
+        :class:`~.tp.group.TPGroup`, None in one process) by ``delay_ms``."""
+        if self.late_rank and tp is not None:
+            late_rank(tp, delay_ms)
 
     def replace(self, **kw) -> "Faults":
         """A copy with some switches changed."""
@@ -266,3 +281,19 @@ def cpu_tree_build(runner, out, logp: torch.Tensor, ids: torch.Tensor, budget: i
         trees = [build_tree_heapq(lp[i], ii[i], budget) for i in range(lp.shape[0])]  # per request, Python heapq
         for f in Tree.FIELDS:
             getattr(out, f).copy_(runner.to_device(np.stack([t[f] for t in trees])), non_blocking=True)
+
+
+def late_rank(tp, delay_ms: float) -> bool:
+    """Fault ``late-rank`` (DESIGN.md "Known-answer faults", "Tensor parallelism"): the last rank of ``tp`` (rank
+    N - 1 of a ``--tp N`` decode) sleeps ``delay_ms`` on the host at the start of every round's planning, as a rank
+    whose host thread was descheduled, paging or collecting garbage would; the other ranks do nothing here. Every
+    rank runs the same collectives in the same order, so the others reach the round's first all-reduce (the first
+    target layer's, in the verify) that much earlier and wait there for the late one: on CUDA the others' NCCL
+    kernel spins on the device while their host runs ahead, on the CPU their host waits inside gloo. A delay longer
+    than the round's host slack (the time the host is ahead of the device, < one round) shows as waiting on every
+    other rank every round; no token changes. Returns whether this rank slept."""
+    if not tp.last:
+        return False
+    with annotate("late_rank"):
+        time.sleep(delay_ms / 1e3)
+    return True

@@ -18,7 +18,7 @@ from .spec.reference import greedy_reference
 from .spec.state import DecodeState
 from .tokenizer import load_tokenizer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 @dataclass
@@ -44,12 +44,16 @@ def _has_weights(d: Path | None) -> bool:
 
 
 def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: str | None = None,
-                seed: int = 0, preset_dir: str | None = None, **runtime) -> DecodeSetup:
+                seed: int = 0, preset_dir: str | None = None, tp=None, **runtime) -> DecodeSetup:
     """Resolve a preset plus overrides (RuntimeConfig fields; None = the preset's) into models and config.
     ``preset_dir``: where the preset's shipped pair is (presets.get_preset; default the repository's
-    fixtures/models), needed unless ``model_dir`` is given.
+    fixtures/models), needed unless ``model_dir`` is given. ``tp``: this rank's :class:`~.tp.group.TPGroup` when
+    ``tensor_parallel`` N > 1 (a process :func:`~.tp.launch.spawn_ranks` started): every rank loads (or draws, from
+    the same seed) the whole pair, then keeps its slice of the target (:func:`~.tp.shard.shard_target`) and the
+    whole draft (replicated).
 
-    Raises ConfigError / CheckpointError (ValueErrors, one line) on bad input.
+    Raises ConfigError / CheckpointError (ValueErrors, one line) on bad input, and ConfigError when
+    ``tensor_parallel`` > 1 outside a rank of that many, or the target's heads do not split into them.
     """
     p = get_preset(preset, preset_dir)
     if draft_dir is not None and model_dir is None:
@@ -70,7 +74,18 @@ def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: s
         cfgs = (read_config(p.target_dir), read_config(p.draft_dir))
     else:
         cfgs = (p.target, p.draft)
-    check_memory(cfgs[0], cfgs[1] or cfgs[0], rcfg)
+    ranks = rcfg.tensor_parallel
+    if ranks > 1:
+        from .tp.shard import shard_config, shard_target
+        if tp is None or tp.world != ranks:
+            raise ConfigError(f"--tp {ranks} runs one process per rank (runtime.tp.spawn_ranks); this process is "
+                              f"{'not a rank' if tp is None else f'a rank of {tp.world}'}")
+        # a rank holds its slice of the target (refused here, before loading, when the heads do not split); on the
+        # CPU the ranks share the host's memory
+        check_memory(shard_config(cfgs[0], ranks), cfgs[1] or cfgs[0], rcfg,
+                     None if rcfg.device == "cuda" else available_bytes("cpu") // ranks)
+    else:
+        check_memory(cfgs[0], cfgs[1] or cfgs[0], rcfg)
     if model_dir is not None:
         target = load_checkpoint(model_dir, device, dtype).eval()
         draft = load_checkpoint(draft_dir, device, dtype).eval() if draft_dir else target
@@ -91,6 +106,8 @@ def build_setup(preset: str = "tiny", model_dir: str | None = None, draft_dir: s
         raise CheckpointError(f"draft vocabulary {draft.config.vocab_size} != target {target.config.vocab_size}")
     if rcfg.tree and rcfg.tree_topk > draft.config.vocab_size:
         raise ConfigError(f"tree top-k {rcfg.tree_topk} exceeds the vocabulary ({draft.config.vocab_size})")
+    if ranks > 1:  # the draft stays whole on every rank (with --model-dir alone it is the whole target)
+        target = shard_target(target, tp)
     tokenizer = load_tokenizer(*tok_dirs, vocab_size=target.config.vocab_size)
     return DecodeSetup(p, target, draft, tokenizer, rcfg, weights, simulated)
 
@@ -138,8 +155,9 @@ def run_config(setup: DecodeSetup, cuda_graphs: bool, **extra) -> dict:
     """The decode's configuration as one flat dictionary, the same keys for ``gaptrace decode --json`` and the
     capture sidecar's ``config``: preset, weights, scheduler, device, dtype, batch_size, block_size (B), page_size
     (P), window (W), max_seq_len, cuda_graphs (whether the engine captured graphs), graph_buckets, kernels (fused |
-    eager, as resolved), tree_budget (N), tree_topk, tree_builder (None for a chain), verify_width, faults; then
-    ``extra`` (the caller's own keys: capture's rounds, prompts, ...)."""
+    eager, as resolved), tree_budget (N), tree_topk, tree_builder (None for a chain), verify_width, faults,
+    tensor_parallel (ranks; late_rank_ms with the fault late-rank); then ``extra`` (the caller's own keys:
+    capture's rounds, prompts, ...)."""
     rc = setup.rcfg
     return {
         "preset": setup.preset.name, "weights": setup.weights, "scheduler": rc.scheduler, "device": rc.device,
@@ -148,7 +166,8 @@ def run_config(setup: DecodeSetup, cuda_graphs: bool, **extra) -> dict:
         "graph_buckets": rc.graph_bucket_mode, "kernels": "fused" if rc.fused_kernels else "eager",
         "tree_budget": rc.tree_budget, "tree_topk": rc.tree_topk if rc.tree else None,
         "tree_builder": ("cpu-heapq" if rc.cpu_tree_build else "gpu") if rc.tree else None,
-        "verify_width": rc.verify_width, "faults": list(rc.faults), **extra,
+        "verify_width": rc.verify_width, "faults": list(rc.faults), "tensor_parallel": rc.tensor_parallel,
+        **({"late_rank_ms": rc.late_rank_ms} if "late-rank" in rc.faults else {}), **extra,
     }
 
 

@@ -40,6 +40,7 @@ SLOW_MODULES = frozenset({
     "runtime/test_runtime_recompute.py",
     "runtime/test_runtime_tree.py",
     "runtime/test_tiny_pair.py",
+    "runtime/test_tp_ranks.py",
 })
 
 

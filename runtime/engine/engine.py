@@ -185,6 +185,7 @@ class Engine:
     def plan_round(self, index: int, running: dict[int, Request]) -> RoundPlan:
         """The scheduler's host-only plan for round ``index``, uploaded by the runner, the strategy's inputs
         prepared (the draft window rectangle)."""
+        self.faults.before_plan(self.runner.tp, self.rcfg.late_rank_ms)  # late-rank (tensor parallel only)
         plan = self.scheduler.plan(index, running)
         buf = self.runner.upload_plan(plan)
         self.strategy.prepare(plan, buf)

@@ -12,7 +12,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..config import RuntimeConfig
+from ..config import ConfigError, RuntimeConfig
 from ..faults import Faults
 from ..models.model import Transformer
 from ..spec.accept import acceptance_draws
@@ -69,11 +69,18 @@ class Readback:
 class ModelRunner:
     """Owns target + draft, the DecodeState, and per-bucket buffers and graphs; reads the page table of the
     scheduler's block manager ``blocks`` (made here when none is given) to upload it. ``faults``: the parsed
-    pathologies (:meth:`Faults.from_names` of ``rcfg.faults`` when None)."""
+    pathologies (:meth:`Faults.from_names` of ``rcfg.faults`` when None). ``target`` may be one rank's slice
+    (``target.tp`` set, runtime/tp/shard.py): its KV cache and linear states then hold that rank's heads, and
+    ``rcfg.tensor_parallel`` must equal its world size (ConfigError otherwise)."""
 
     def __init__(self, target: Transformer, draft: Transformer, rcfg: RuntimeConfig, faults: Faults | None = None,
                  blocks: BlockManager | None = None):
         self.target, self.draft, self.rcfg = target, draft, rcfg
+        self.tp = target.tp  # a rank's slice of the target (runtime/tp): its group; None in one process
+        ranks = 1 if self.tp is None else self.tp.world
+        if ranks != rcfg.tensor_parallel:
+            raise ConfigError(f"tensor_parallel {rcfg.tensor_parallel}, but the target is split over {ranks} "
+                              "rank(s) (runtime/tp: shard_target)")
         self.faults = faults if faults is not None else Faults.from_names(rcfg.faults)
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype

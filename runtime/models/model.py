@@ -99,7 +99,11 @@ class Backbone(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The decoder. ``Transformer(cfg)`` initialises random weights (normal, std 0.02; seeded by the caller)."""
+    """The decoder. ``Transformer(cfg)`` initialises random weights (normal, std 0.02; seeded by the caller).
+    ``tp``: the tensor-parallel group of a rank's slice (runtime/tp/shard.py ``shard_target``); None: the whole
+    model, in one process."""
+
+    tp = None
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

@@ -156,3 +156,21 @@ def test_profiler_cost_depth_cpu_smoke(tmp_path):
         assert r["events"]["cpu_op"] >= r["ops"]  # at least one recorded ATen op per op
         extra = (r["profiled_us_per_op"] - r["plain_us_per_op"]) * r["ops"]
         assert r["extra_us_per_event"] * sum(r["events"].values()) == pytest.approx(extra, rel=1e-9, abs=1e-9)
+
+
+def test_bench_tp_cpu_smoke(tmp_path):
+    """TP 1 and TP 2 (two gloo rank processes) side by side: both rows, the same τ and timed rounds (the ranks emit
+    the one-process tokens), every rank's Tround, tokens/s = bs·τ / Tround."""
+    pytest.importorskip("torch")
+    import json
+
+    out = run("benchmarks/bench_tp.py", "--device", "cpu", "--preset", "tiny", "--tp", "1,2", "--batch-sizes", "2",
+              "--blocks", "4", "--warmup-rounds", "2", "--timed-rounds", "3", "--out", str(tmp_path), "--name", "tp",
+              timeout=600)
+    assert "gloo on the host CPU: not a GPU figure" in out
+    cells = {c["tp"]: c for c in json.loads((tmp_path / "tp.json").read_text())["cells"]}
+    assert set(cells) == {1, 2}
+    assert cells[1]["tau"] == cells[2]["tau"] and cells[1]["timed_rounds"] == cells[2]["timed_rounds"] == 3
+    assert len(cells[2]["ranks_tround_ms"]) == 2 and len(cells[1]["ranks_tround_ms"]) == 1
+    for c in cells.values():
+        assert c["tokens_per_s"] == pytest.approx(2 * c["tau"] / c["tround_ms"] * 1e3)

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gaptrace.runtime.config import FAULT_NAMES, TREE_FAULTS, ConfigError, RuntimeConfig  # noqa: E402
+from gaptrace.runtime.config import FAULT_NAMES, TP_FAULTS, TREE_FAULTS, ConfigError, RuntimeConfig  # noqa: E402
 from gaptrace.runtime.engine import Engine  # noqa: E402
 from gaptrace.runtime.faults import function_name  # noqa: E402
 
@@ -21,7 +21,8 @@ from _runtime_models import hybrid_target, near_copy, random_prompts  # noqa: E4
 torch.set_num_threads(1)
 LENGTHS = (5, 23, 40, 1, 31, 17, 9)
 SYNC_OPS = {"lengths-copy": {"aten::to"}, "dd-gather": {"aten::item", "aten::masked_select"}}
-CHAIN_FAULTS = tuple(f for f in FAULT_NAMES if f not in TREE_FAULTS)  # cpu-tree-build: test_runtime_tree.py
+# cpu-tree-build: test_runtime_tree.py; late-rank (tensor parallel): test_tp_ranks.py
+CHAIN_FAULTS = tuple(f for f in FAULT_NAMES if f not in TREE_FAULTS + TP_FAULTS)
 
 
 @pytest.fixture(scope="module")
