@@ -83,7 +83,7 @@ def test_eager_commit_glue_costs_host_time_and_appears_in_the_diff(clean_bench):
 
 def test_eager_commit_glue_on_a_host_bound_round_is_the_first_finding():
     """Tiny preset, bs 1 (the current runtime's capture a of h200_pairs and its clean twin a): the glue adds host time
-    every round (over the shipped rounds Thost +205%, Tround +186% against the clean capture's) and the rounds stay
+    every round (over the shipped rounds Thost +232%, Tround +204% against the clean capture's) and the rounds stay
     host-bound even without the profiler's launch inflation, so the first finding is host_bound: the host-wait idle is
     the host being late, and the NVTX range holding most of its own time is eager_commit_glue. The next finding is the
     glue's own frame in its range (half the idle: the GPU, ahead of the late host, waits through the glue); in the
