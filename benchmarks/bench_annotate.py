@@ -19,7 +19,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_SOURCE = os.path.join(HERE, "..", "fixtures", "traces", "h200_runtime", "h200_bench_sync_bs8_B12.json.gz")
+DEFAULT_SOURCE = os.path.join(HERE, "..", "fixtures", "traces", "h200_pairs", "bench_sync_bs8_B12.json.gz")
 
 
 def timed(cmd: list[str]) -> tuple[float, float, str]:

@@ -2,10 +2,13 @@
 
     python maintainer/trim_trace.py IN.json.gz OUT.json.gz --rounds 0:2
     python maintainer/trim_trace.py IN.json.gz OUT.json.gz --end-at 'runtime/cache/window.py(12): window_start:6'
+    python maintainer/trim_trace.py IN.trace.json.gz OUT.trace.json.gz --rounds 0:2 --round-name step
 
 ``--rounds A:B`` keeps the profiled rounds A..B (0-based, both included, in time order of the host's ``round``
 annotations): the window runs from the start of the profiler step holding round A to the end of the step holding
-round B. Every event that overlaps the window is kept as it is (a kernel that started inside and ends after it, a
+round B. ``--round-name NAME`` takes another host annotation as the round (a training or decode loop's ``step``
+range); ``--round-name ProfilerStep`` takes the profiler's own steps (``ProfilerStep#N``), for a loop that marks no
+range of its own: a name matches when it equals NAME or is NAME followed by ``#`` and a number. Every event that overlaps the window is kept as it is (a kernel that started inside and ends after it, a
 host frame that opened before it), and so is the other end of each kept launch (the kernel of a launch in the window,
 the launch of a kernel in it: matched by ``args.correlation``) and the flow arrows between them, so no kept launch
 loses its device work and no kept kernel its launch. Metadata (every top-level key, ``ph: M`` events, the device
@@ -25,7 +28,7 @@ names OUT. Unprofiled measurements, graph node counts and the capture config sta
 Numbers are re-serialised by Python's json (the shortest text that reads back as the same double, so every value the
 loader sees is unchanged), without whitespace. Outputs are written to temporary files, then renamed.
 
-Bad input (no ``round`` annotations, a range outside them, NAME absent): one line on stderr, exit 2.
+Bad input (no round annotations, a range outside them, NAME absent): one line on stderr, exit 2.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import sys
 import tempfile
 
@@ -53,12 +57,20 @@ def _end(e: dict) -> float:
     return e["ts"] + e.get("dur", 0)
 
 
-def _window_of_rounds(events: list[dict], first: int, last: int) -> tuple[float, float, list[int]]:
-    """(t0, t1, kept profiler-step indexes) for rounds first..last."""
-    rounds = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
-                     and e.get("name") == "round"), key=lambda e: e["ts"])
+def is_round(e: dict, round_name: str) -> bool:
+    """Whether host event ``e`` is a round annotation: a user_annotation named ``round_name``, or ``round_name#N``."""
+    if e.get("ph") != "X" or e.get("cat") != "user_annotation":
+        return False
+    name = str(e.get("name", ""))
+    return name == round_name or re.fullmatch(re.escape(round_name) + r"#\d+", name) is not None
+
+
+def _window_of_rounds(events: list[dict], first: int, last: int, round_name: str = "round"
+                      ) -> tuple[float, float, list[int]]:
+    """(t0, t1, kept profiler-step indexes) for rounds first..last (rounds: the annotations ``round_name``)."""
+    rounds = sorted((e for e in events if is_round(e, round_name)), key=lambda e: e["ts"])
     if not rounds:
-        raise TrimError("no 'round' annotations in the trace")
+        raise TrimError(f"no {round_name!r} annotations in the trace")
     if not 0 <= first <= last < len(rounds):
         raise TrimError(f"rounds {first}:{last} outside the trace's {len(rounds)} rounds (0:{len(rounds) - 1})")
     steps = sorted((e for e in events if e.get("ph") == "X" and e.get("cat") == "user_annotation"
@@ -111,8 +123,8 @@ def trim_events(events: list[dict], t0: float, t1: float, clip_at_t0: bool, clip
 
 
 def trim(trace: dict, side: dict | None, rounds: tuple[int, int] | None, start_at: tuple[str, int] | None,
-         end_at: tuple[str, int] | None = None):
-    """(trimmed trace, trimmed sidecar or None); TrimError on bad input."""
+         end_at: tuple[str, int] | None = None, round_name: str = "round"):
+    """(trimmed trace, trimmed sidecar or None); TrimError on bad input. ``round_name``: see ``--round-name``."""
     events = trace.get("traceEvents")
     if not isinstance(events, list):
         raise TrimError("no traceEvents list")
@@ -120,7 +132,7 @@ def trim(trace: dict, side: dict | None, rounds: tuple[int, int] | None, start_a
                     and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
     clip_end = False
     if rounds is not None:
-        t0, t1, kept_steps = _window_of_rounds(events, *rounds)
+        t0, t1, kept_steps = _window_of_rounds(events, *rounds, round_name)
         kept_rounds = list(range(rounds[0], rounds[1] + 1))
         clip = False
     elif end_at is not None:
@@ -198,6 +210,9 @@ def main(argv=None) -> int:
     g.add_argument("--rounds", help="A:B, profiled rounds A..B (0-based, inclusive)")
     g.add_argument("--start-at", help="NAME:INDEX, the window starts at that event (the last profiler step ends it)")
     g.add_argument("--end-at", help="NAME:INDEX, the window ends at that event (the first profiler step starts it)")
+    ap.add_argument("--round-name", default="round",
+                    help="with --rounds: the host annotation marking a round (default: round; ProfilerStep: the "
+                         "profiler's steps)")
     a = ap.parse_args(argv)
     try:
         rounds = start_at = end_at = None
@@ -223,7 +238,7 @@ def main(argv=None) -> int:
             raise TrimError(f"{a.input}: not a readable Kineto trace ({str(e).splitlines()[0][:80]})") from None
         side_in = sidecar_path(a.input)
         side = json.load(open(side_in)) if os.path.exists(side_in) else None
-        out, side_out = trim(trace, side, rounds, start_at, end_at)
+        out, side_out = trim(trace, side, rounds, start_at, end_at, a.round_name)
     except TrimError as e:
         print(f"trim_trace: {e}", file=sys.stderr)
         return 2

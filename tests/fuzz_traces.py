@@ -58,7 +58,7 @@ TRACES = os.path.join(ROOT, "fixtures", "traces")
 BASE_SOURCES = [
     ("h200_graph_launch_probe.json.gz", 0.5),
     ("h200_runtime/h200_tiny_sync_bs1_B12.json.gz", "round"),
-    ("h200_runtime/h200_bench_overlap_bs8_B12.json.gz", "round"),
+    ("h200_runtime/h200_tiny_overlap_bs8_B12.json.gz", "round"),
     ("tracelens_mi300x_sglang_qwen3_8b_decode.json.gz", 0.0),
     ("kineto_v100_resnet50.json.gz", 0.5),
     ("tracelens_b200_eager.json.gz", 0.3),

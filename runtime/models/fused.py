@@ -1,7 +1,7 @@
 """Fused Triton kernels of the cached forward (``RuntimeConfig.kernels = "fused"``): fewer, larger CUDA-graph nodes.
 
-A graph replays its nodes back to back, but the H200 still leaves ~0.42 µs between two nodes (measured on
-fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12: 56,762 same-launch gaps, median 0.42 µs); with the eager
+A graph replays its nodes back to back, but the H200 still leaves ~0.42 µs between two nodes (measured on the
+eager-era bench overlap bs-8 capture, 8 rounds: 56,762 same-launch gaps, median 0.42 µs); with the eager
 building blocks of layers.py / gdn.py a bs-8 B-12 round was 6,616 nodes, 92% of its idle time those bubbles
 (DESIGN.md "Graph-node bubbles"). With these kernels and the merged GEMMs (layers.py) it is 617 nodes and 0.148x the
 eager round time (H200, 2026-11-30; 1,066 nodes and 0.27x before attention was read from the pools).

@@ -9,8 +9,8 @@ from gaptrace.analyses.occupancy import busy_timeline, device_side_gaps
 from gaptrace.analyze import run_analysis
 from gaptrace.capture import read_sidecar
 
-OVERLAP = "fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12.json.gz"
-SYNC = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
+OVERLAP = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
+SYNC = "fixtures/traces/h200_fused/h200_bench_sync_bs8_B12_fused.json.gz"
 FUSED_OVERLAP = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
 FUSED_SYNC = "fixtures/traces/h200_fused/h200_bench_sync_bs8_B12_fused.json.gz"
 
@@ -124,7 +124,7 @@ def test_kernel_gaps_script_adds_up_to_the_idle():
     idle = sum(float(x[-3]) for x in rows)
     assert idle == pytest.approx(busy_timeline(gaptrace.load_trace(FUSED_OVERLAP)).idle_us, abs=0.1 * len(rows))
     attn = [x for x in rows if x[1] == "_paged_attention_kernel"]
-    assert attn and int(attn[0][2]) == 240  # 30 attention calls a round (24 draft steps x layers + 6) x 8 rounds
+    assert attn and int(attn[0][2]) == 180  # 30 attention calls a round (24 draft steps x layers + 6) x 6 rounds
 
 
 def plain_node_bubbles_by_pair(path):

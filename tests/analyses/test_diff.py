@@ -77,7 +77,7 @@ def test_diff_of_a_trace_against_itself_says_no_change(tmp_path):
     """Identical traces: every rel is 0 (0 -> 0 included, so a rel gate does not trip on 'undefined'), neither side
     wins the accept-length inequality, and the frame, sync and bubble sections say "(no change)" instead of empty
     headings."""
-    f = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
+    f = "fixtures/traces/h200_pairs/bench_sync_bs8_B12.json.gz"
     r = _cli("diff", f, f, "--fail-if", "rel_idle_after_us > 0", "--fail-if", "rel_occupancy != 0")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "so neither wins: the same TPOT" in r.stdout and "so B loses" not in r.stdout
@@ -91,7 +91,7 @@ def test_diff_and_analyze_warn_when_the_sidecar_window_is_not_in_the_trace(tmp_p
     warning line, as report does, instead of silently analysing the whole trace against the other side's rounds."""
     import shutil
 
-    src = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12"
+    src = "fixtures/traces/h200_pairs/bench_sync_bs8_B12"
     dst = tmp_path / "t.json.gz"
     shutil.copy(src + ".json.gz", dst)
     side = json.loads(open(src + ".gaptrace.json").read())
@@ -131,7 +131,7 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     in one warning line and go on (the fields are still skipped; the rest of the sidecar is used)."""
     import shutil
 
-    src = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12"
+    src = "fixtures/traces/h200_pairs/bench_sync_bs8_B12"
     dst = tmp_path / "t.json.gz"
     shutil.copy(src + ".json.gz", dst)
     side = json.loads(open(src + ".gaptrace.json").read())
@@ -172,9 +172,10 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
 
 
 def test_diff_bubbles_by_kernel_pair():
-    """The eager overlap capture against the fused one: the elementwise-kernel boundaries vanish, the fused kernels'
-    appear, each with B's (or A's) idle for that pair exactly; a trace against itself changes no pair."""
-    a = "fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12.json.gz"
+    """An eager-era overlap capture (the tiny preset) against the fused bench one: the elementwise-kernel boundaries
+    vanish, the fused kernels' appear, each with B's (or A's) idle for that pair exactly; a trace against itself
+    changes no pair."""
+    a = "fixtures/traces/h200_runtime/h200_tiny_overlap_bs8_B12.json.gz"
     b = "fixtures/traces/h200_fused/h200_bench_overlap_bs8_B12_fused.json.gz"
     d = json.loads(_cli("diff", a, b, "--json").stdout)
     rb = json.loads(_cli("analyze", b, "--json").stdout)
@@ -204,8 +205,8 @@ def test_diff_rows_do_not_depend_on_the_hash_seed():
     import subprocess
     import sys
 
-    sync = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
-    over = "fixtures/traces/h200_runtime/h200_bench_overlap_bs8_B12.json.gz"
+    sync = "fixtures/traces/h200_pairs/bench_sync_bs8_B12.json.gz"
+    over = "fixtures/traces/h200_pairs/bench_overlap_bs8_B12_clean_a.json.gz"
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     outs = [subprocess.run([sys.executable, "-m", "gaptrace.cli", "diff", sync, over, "--json"], cwd=root,
                            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout

@@ -228,7 +228,7 @@ def _plain_interval(points, n_boot=400, seed=0):
     (PROBE, False),
     (os.path.join(FUSED, "h200_bench_overlap_bs8_B12_fused_3graphs.json.gz"), False),  # N 19, 275, 294
     (os.path.join(FUSED, "h200_bench_sync_bs8_B12_fused_3graphs.json.gz"), True),  # N 275, 294 only
-    (os.path.join(TRACES, "h200_runtime", "h200_bench_sync_bs8_B12.json.gz"), True),  # N 2717, 3899, 8 launches each
+    (os.path.join(TRACES, "h200_pairs", "bench_sync_bs8_B12.json.gz"), True),  # N 2717, 3899, 8 launches each
 ])
 def test_kappa_interval_bootstrap(path, wide):
     """The 95% interval of κ from the stratified bootstrap, against the same resamples written out plainly; it holds

@@ -63,7 +63,7 @@ def test_host_by_range_against_the_raw_events():
     from gaptrace.analyze import run_analysis
     from gaptrace.capture import read_sidecar
 
-    path = "fixtures/traces/h200_faults/h200_tiny_overlap_bs1_B12_eager-commit-glue.json.gz"
+    path = "fixtures/traces/h200_pairs/tiny_overlap_bs1_B12_eager-commit-glue_a.json.gz"
     trace = gaptrace.load_trace(path)
     res = run_analysis(trace, sidecar=read_sidecar(path))
     got = {r["range"]: r["host_us_per_round"] for r in res["rounds"]["host_ranges"]}
@@ -99,7 +99,7 @@ def test_host_by_range_against_the_raw_events():
 
 def test_exposed_inflation_is_the_waited_part_of_the_launch_inflation():
     """exposed_inflation_us (the κ·N the device waited through) is at most the round's launch inflation; under the
-    overlap scheduler the inflation hides behind queued device work (shipped bench bs 8 captures: < 5% of it is
+    overlap scheduler the inflation hides behind queued device work (shipped fused bench bs 8 captures: < 5% of it is
     exposed, and the profiled round is less than 6% slower than the unprofiled one), under sync most of it is on the
     critical path (> 25%)."""
     from gaptrace.analyze import run_analysis
@@ -107,14 +107,14 @@ def test_exposed_inflation_is_the_waited_part_of_the_launch_inflation():
 
     got = {}
     for sched in ("overlap", "sync"):
-        path = f"fixtures/traces/h200_runtime/h200_bench_{sched}_bs8_B12.json.gz"
+        path = f"fixtures/traces/h200_fused/h200_bench_{sched}_bs8_B12_fused.json.gz"
         res = run_analysis(gaptrace.load_trace(path), sidecar=read_sidecar(path))
         rows = res["rounds"]["rounds"]
         assert all(0 <= r["exposed_inflation_us"] <= r["launch_inflation_us"] + 1e-6 for r in rows)
         got[sched] = res["rounds"]["summary"]
     ov, sy = got["overlap"], got["sync"]
     # the overlapped round still pays the profiler's device-side cost per node (CUPTI: ~0.2 µs a node, measured by
-    # benchmarks/probes/bench_graph_span.py; ~6,600 nodes a round in this eager-era capture), not the launch inflation
+    # benchmarks/probes/bench_graph_span.py; ~600 nodes a round in this capture), not the launch inflation
     assert ov["kappa_exposed_us"] < 0.05 * ov["kappa_explained_us"]
     assert 0 < ov["profiler_excess_us"] < 0.06 * ov["unprofiled_round_us"]
     assert sy["kappa_exposed_us"] > 0.25 * sy["kappa_explained_us"]

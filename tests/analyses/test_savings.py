@@ -24,7 +24,7 @@ from gaptrace.analyses.whatif import Change, Context, site_intervals, whatif
 from gaptrace.sidecar import read_sidecar_checked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SYNC = os.path.join(ROOT, "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz")
+SYNC = os.path.join(ROOT, "fixtures/traces/h200_fused/h200_bench_sync_bs8_B12_fused.json.gz")
 PAIRS = os.path.join(ROOT, "fixtures/traces/h200_pairs")
 H200_CAL = os.path.join(PAIRS, "calibration_h200.json")
 

@@ -39,8 +39,8 @@ CASES = [
     ("tracelens_h100_owlv2", "profiler_step", 0, "sync_bound"),
     ("hta_a100_trace_diff_control", "profiler_step", 3, "launch_bound"),
     ("hta_v100_trace_diff_test", "profiler_step", 1, "gpu_bound"),
-    ("h200_runtime/h200_bench_sync_bs8_B12", "round", 0, "sync_bound"),
-    ("h200_runtime/h200_bench_overlap_bs8_B12", "round", 0, "gpu_bound"),
+    ("h200_pairs/bench_sync_bs8_B12", "round", 0, "sync_bound"),
+    ("h200_pairs/bench_overlap_bs8_B12_clean_a", "round", 0, "gpu_bound"),
 ]
 
 
@@ -151,7 +151,7 @@ def test_hta_a100_gpu_bound_by_queued_work():
 
 
 def test_runtime_sync_rounds_name_the_lengths_copy():
-    tr, st, v, ev = analysed("h200_runtime/h200_bench_sync_bs8_B12")
+    tr, st, v, ev = analysed("h200_pairs/bench_sync_bs8_B12")
     assert set(v.table["verdict"]) == {"sync_bound"}
     assert "device_lengths_to_host" in v.overall["top_sync"]
     assert st.holds_request is False and st.summary["outliers"] == 0

@@ -16,7 +16,7 @@ from gaptrace.loader import load_trace
 from gaptrace.trace import TraceError
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces")
-SYNC = os.path.join(ROOT, "h200_runtime", "h200_bench_sync_bs8_B12.json.gz")
+SYNC = os.path.join(ROOT, "h200_pairs", "bench_sync_bs8_B12.json.gz")
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +56,9 @@ def test_speedups_are_monotone_and_remove_is_the_limit(sync_ctx):
 def test_removing_the_blocking_copy_stops_the_wait(sync_ctx):
     tr = sync_ctx.trace
     w = W.whatif(tr, [W.Change("device_lengths_to_host")], context=sync_ctx).data
-    # the sync scheduler's per-round readback: removing it turns the round into (nearly) the overlapped one
-    assert w["saving_us"] > 1500.0
+    # the sync scheduler's per-round readback: removing it turns the round toward the overlapped one (predicted 594 µs
+    # a round on this capture of the current runtime; the sync -> overlap pair measured 875 µs, pairs.json)
+    assert w["saving_us"] > 400.0
     assert w["occupancy_after"] > w["occupancy_before"]
     assert w["tpot_after_us"] == pytest.approx(w["after_round_us"] / w["tau"])
     side = read_sidecar_checked(SYNC)[0]

@@ -5,7 +5,8 @@ the with-cause capture (the shipped calibration alone) and the predicted saving 
 shipped: profiler cost scale fitted to the capture's own unprofiled rounds) against the measured figures, which are
 recomputed here from the raw files (sidecar ``unprofiled_round_ms`` / ``unprofiled_step_ms``, ``LOOP.VARIANT.mK.json``
 ``step_periods_ms``). The bounds are the errors the model achieves today, slightly rounded up: they say how far it
-is from the goal (period within 10%, saving within 35% or 60 µs), not that it meets it."""
+is from the goal (period within 10%, saving within 35% or 60 µs), not that it meets it. The traces are the shipped
+cut to 6 of the 8 profiled rounds / steps (their MANIFEST.md): the figures are those of the cut traces."""
 from __future__ import annotations
 
 import glob
@@ -40,11 +41,11 @@ LOOPS = {
     "graph_readback": (0.22, 55),
     "helper_thread": (0.56, 335),
     "hf_generate": (6.3, 10400),
-    "host_detokenize": (1.05, 690),
+    "host_detokenize": (1.10, 690),
     "launch_bound": (0.80, 330),
-    "pageable_htod": (0.50, 215),
-    "per_request_readback": (0.10, 50),
-    "train_step_logging": (0.80, 320),
+    "pageable_htod": (0.62, 300),
+    "per_request_readback": (0.15, 50),
+    "train_step_logging": (0.82, 320),
 }
 
 
@@ -160,7 +161,7 @@ def test_loop_pair_prediction(loop):
     lo, hi = d["saving_range_ms"]
     if not lo <= 0 <= hi:
         assert (w["saving_us"] > 0) == (meas_us > 0)
-    assert w["rounds"] >= 6  # 8 profiled steps: at least 7 periods (the first may start before a launch)
+    assert w["rounds"] >= 4  # 6 profiled steps (the shipped cut): at least 5 periods (the first may start before a launch)
 
 
 def test_steps_without_a_round_range_replay_the_steps_thread():
@@ -170,7 +171,7 @@ def test_steps_without_a_round_range_replay_the_steps_thread():
     tr = load_trace(t)
     h = tr.host
     ps = h[h["name"].astype(str).str.match(r"ProfilerStep#\d+$")]
-    assert len(ps) == 8 and w["rounds"] == 7
+    assert len(ps) == 6 and w["rounds"] == 5
     assert np.diff(np.sort(ps["ts_us"].to_numpy())) == pytest.approx(w["periods_profiled_us"], abs=1e-6)
     assert not w["fitted_to_unprofiled"]  # this loop's capture writes no sidecar
 

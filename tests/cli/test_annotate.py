@@ -25,7 +25,7 @@ from gaptrace.annotate import annotate_trace  # noqa: E402
 from gaptrace.loader import load_trace  # noqa: E402
 from gaptrace.trace import clean_text  # noqa: E402
 
-SYNC = "h200_runtime/h200_bench_sync_bs8_B12"
+SYNC = "h200_pairs/bench_sync_bs8_B12"
 GAPTRACE = [sys.executable, "-m", "gaptrace.cli"]
 
 
@@ -85,7 +85,7 @@ def test_gap_slices_are_the_idle_gaps_recomputed_from_the_raw_json(annotated):
     assert all(0.0 <= e["args"]["site_share"] <= 1.0 for e in idle)
     # the idle sites the analysis names appear as gap sites, the largest first among them
     top = max({e["args"]["site"] for e in idle}, key=lambda s: sum(e["dur"] for e in idle if e["args"]["site"] == s))
-    assert top == "runtime/graphs.py(72): __call__"  # the idle site analyze names second (idle_sites), largest here
+    assert top == "runtime/spec/plan.py(28): rect_packed"  # the idle site analyze names first (idle_sites), largest here
 
 
 def test_occupancy_counter_integrates_to_the_busy_time(annotated):

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHIPPED = os.path.join(REPO, "fixtures", "traces", "h200_runtime", "h200_bench_overlap_bs8_B12.json.gz")
+SHIPPED = os.path.join(REPO, "fixtures", "traces", "h200_pairs", "bench_overlap_bs8_B12_clean_a.json.gz")
 RT_SMOKE = ["--preset", "tiny", "--device", "cpu", "--warmup-rounds", "2", "--timed-rounds", "3",
             "--profiled-rounds", "2"]
 

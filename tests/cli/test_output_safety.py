@@ -391,7 +391,7 @@ def test_extreme_sidecar_numbers_are_skipped_not_overflowed(tmp_path):
     among the skipped fields; the other rounds' τ is still used, and no numpy warning reaches stderr."""
     from gaptrace.capture import positive_number, usable_tau
 
-    src = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12"
+    src = "fixtures/traces/h200_pairs/bench_sync_bs8_B12"
     dst = tmp_path / "t.json.gz"
     shutil.copy(os.path.join(HERE, "..", "..", src + ".json.gz"), dst)
     side = json.loads(open(os.path.join(HERE, "..", "..", src + ".gaptrace.json")).read())

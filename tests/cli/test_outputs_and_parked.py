@@ -13,7 +13,7 @@ from gaptrace.capture import read_sidecar
 from gaptrace.outputs import resolve_output
 
 SMALL = "fixtures/traces/tracelens_mi300x_sglang_qwen3_8b_decode.json.gz"
-SYNC = "fixtures/traces/h200_runtime/h200_bench_sync_bs8_B12.json.gz"
+SYNC = "fixtures/traces/h200_pairs/bench_sync_bs8_B12.json.gz"
 
 
 def test_resolve_output(tmp_path):

@@ -27,8 +27,8 @@ NB_DIR = os.path.join(ROOT, "notebooks")
 SLOW = os.path.join(NB_DIR, "why_is_my_decode_slow.ipynb")
 FIX = os.path.join(NB_DIR, "did_my_fix_work.ipynb")
 LYING = os.path.join(NB_DIR, "is_the_profiler_lying.ipynb")
-SYNC = "h200_runtime/h200_bench_sync_bs8_B12"
-OVERLAP = "h200_runtime/h200_bench_overlap_bs8_B12"
+SYNC = "h200_pairs/bench_sync_bs8_B12"
+OVERLAP = "h200_pairs/bench_overlap_bs8_B12_clean_a"
 PAIR_FAULT = "h200_pairs/bench_overlap_bs8_B12_lengths-copy"
 PAIR_CLEAN = "h200_pairs/bench_overlap_bs8_B12_clean_a"
 TRACES = os.path.join(ROOT, "fixtures", "traces")
@@ -188,7 +188,7 @@ def test_slow_top_sync_is_the_lengths_copy(slow, sync_events):
              and e["name"] == top["site"] and busy.t0 <= e["ts"] < busy.t1]
     copies = [e for e in sync_events if e.get("cat") == "cuda_runtime" and e["name"] == "cudaMemcpyAsync"
               and any(s <= e["ts"] and e["ts"] + e["dur"] <= t for s, t in outer)]
-    assert top["count"] == len(copies) == len(outer) == 8  # one per profiled round
+    assert top["count"] == len(copies) == len(outer) == 6  # one per profiled round (6 in the shipped cut)
     assert 0.5 < top["idle_share"] <= 1
 
 
@@ -196,7 +196,7 @@ def test_slow_rounds_and_whatif_against_the_measured_round(slow, sync_events):
     _, fig = slow
     p = periods(sync_events)
     rr = fig["rounds"]
-    assert rr["rounds"] == len(p) == 7
+    assert rr["rounds"] == len(p) == 5
     assert rr["t_round_ms"] == pytest.approx(steady_mean(p) / 1e3, rel=1e-9)
     assert rr["tpot_ms"] == pytest.approx(rr["t_round_ms"] / rr["tau"], rel=1e-9)
     w = fig["whatif"]
@@ -214,9 +214,13 @@ def test_slow_rounds_and_whatif_against_the_measured_round(slow, sync_events):
         whatif(load_trace(path), sidecar=read_sidecar(path)).data["before_round_us"] / 1e3, rel=1e-9)
     sav = {r["site"]: r["saving_ms"] for r in fig["savings"]}
     assert list(sav.values()) == sorted(sav.values(), reverse=True)
-    # the frame with the most idle under it buys least; the blocking copy is among the best fixes
-    assert sav[fig["top_site"]["site"]] < 0.2 * sav[fig["top_sync"]["site"]]
-    assert fig["top_sync"]["site"] in list(sav)[:3] and sav[fig["top_sync"]["site"]] > 1.0
+    # the blocking copy is among the best fixes (at least half the largest saving: here the plan's host work, which
+    # overlaps it); the draft graph's launch frame, with a sixth of the idle under it, buys almost nothing (its launch
+    # is the profiler's cost)
+    assert sav[fig["top_sync"]["site"]] >= 0.5 * max(sav.values())
+    launch = [k for k in sav if "graphs.py(" in k and k.endswith(": __call__")]
+    assert launch and sav[launch[0]] < 0.2 * sav[fig["top_sync"]["site"]], sav
+    assert fig["top_sync"]["site"] in list(sav)[:3] and sav[fig["top_sync"]["site"]] > 0.1 * meas  # 13% of the round
 
 
 def test_html_export_escapes_hostile_names(tmp_path, monkeypatch):
@@ -298,7 +302,8 @@ def test_fix_the_copy_vanished(fix, sync_events, overlap_events):
     assert "cudaStreamSynchronize" in names(sync_events, "cuda_runtime")
     assert "cudaStreamSynchronize" not in names(overlap_events, "cuda_runtime")
     # appeared: B's raw trace has the frame (line numbers aside) under host-wait idle; in A it is absent or holds
-    # under 0.1% of the host-wait idle (the analysis keeps frames from that share up)
+    # under 0.1% of the window's idle (summary.FRAME_MIN_SHARE: the analysis keeps frames from that share of the whole
+    # idle, device-side gaps included, up)
     strip = lambda n: re.sub(r"\(\d+\)(?=: )", "", frame_key(n))  # noqa: E731
     busy_a = window_busy(SYNC, sync_events)
     busy_a = Busy(device_intervals(sync_events, device=0) + device_side_gaps(sync_events, busy_a), busy_a.t0,
@@ -308,7 +313,7 @@ def test_fix_the_copy_vanished(fix, sync_events, overlap_events):
         assert f in b_frames
         occ = [(e["ts"], e["ts"] + e["dur"]) for e in sync_events
                if e.get("ph") == "X" and e.get("cat") in HOST_CATS and strip(e["name"]) == f]
-        assert busy_a.idle_under_union(occ) < 0.001 * busy_a.idle, f
+        assert busy_a.idle_under_union(occ) < 0.001 * window_busy(SYNC, sync_events).idle, f
 
 
 def test_fix_prediction_against_the_measured_saving(fix):
@@ -396,7 +401,7 @@ def _launches(events):
 def test_lying_kappa_is_theil_sen_on_the_raw_launches(lying):
     _, fig, events = lying
     pts = _launches(events)
-    assert fig["launches"] == len(pts) == 24
+    assert fig["launches"] == len(pts) == 18
     sizes = sorted({n for n, _, _ in pts})
     med = {n: _median([d for m, d, _ in pts if m == n]) for n in sizes}
     cnt = {n: sum(m == n for m, _, _ in pts) for n in sizes}

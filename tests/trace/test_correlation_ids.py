@@ -66,7 +66,7 @@ def test_clean_trace_links_and_does_not_warn(clean):
     n, no_id, no_launch, shared = by_hand(path)
     split = res["idle_split"]
     assert shared == 0  # the shipped capture: one launch call per id
-    assert split["gpu_events"] == n > 5000
+    assert split["gpu_events"] == n > 3000  # the fused overlap capture's six rounds
     assert split["unlinked_gpu_events"] == no_launch and no_id == 0  # launches made before the capture began
     assert split["unlinked_by_cause"] == {"no_id": 0, "shared_id": 0, "no_launch": no_launch}
     assert split["device_side_us"] == pytest.approx(plain_device_side_idle(path)[0], rel=1e-9)
