@@ -18,8 +18,9 @@ overlap. :func:`rank_findings` adds to each finding of :func:`.findings.findings
 - ``saving_share``: saving_us / the predicted unprofiled round;
 - ``cause`` (the site removed) and ``fix`` (what that removal means, in words);
 
-and sorts them by :func:`rank_saving_us` (the larger of saving_us and saving_with_device_us, descending; None
-after, in their idle-share order). :func:`whatif_block` is the
+and sorts them by :func:`rank_saving_us` (the larger of saving_us and saving_with_device_us, descending, in steps
+of FOLD_SHARE of the round: savings closer than that keep their idle-share order; None after, in their idle-share
+order). :func:`whatif_block` is the
 ``whatif`` object of ``analyze --json``; :func:`saving_headline` the headline sentence.
 
 The baseline replay (:class:`.whatif.Context`) is built once; each cause is one more replay on it.
@@ -177,7 +178,11 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["saving_with_device_us"] = float(w["saving_with_device_us"])
             f["device_items_per_round"] = float(w["device_items_per_round"])
             f["saving_with_device_share"] = f["saving_with_device_us"] / base if base and base > 0 else None
-    order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None, -rank_saving_us(found[i]), i))
+    # savings within FOLD_SHARE of the round of each other are one rank: they keep their idle-share order (two frames
+    # of one cause, e.g. a blocking read and the function around it, save the same within the model's error)
+    step = FOLD_SHARE * base if base and base > 0 else 1.0
+    order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None,
+                                                      -round(rank_saving_us(found[i]) / step), i))
     return [found[i] for i in order]
 
 

@@ -170,11 +170,6 @@ def _pairs():
         for name in p["with_cause"]:
             if p["cause"] in ("lengths_copy", "dd_gather", "eager_commit_glue", "cpu_tree_build"):
                 marks = ()
-                if name == "tiny_overlap_bs1_B12_eager-commit-glue_a":
-                    marks = pytest.mark.xfail(strict=True, reason=(
-                        "the profiler cost scale fitted to this capture (2.55) deflates the glue's heavily recorded "
-                        "host work: its removal is predicted at 0.09 ms (with its eager device ops) against 0.31 ms "
-                        "measured, a hair under model_runner.py's to_device (0.09 ms)"))
                 out.append(pytest.param(name, p["cause"], marks=marks, id=name))
     return out
 

@@ -56,9 +56,10 @@ def test_speedups_are_monotone_and_remove_is_the_limit(sync_ctx):
 def test_removing_the_blocking_copy_stops_the_wait(sync_ctx):
     tr = sync_ctx.trace
     w = W.whatif(tr, [W.Change("device_lengths_to_host")], context=sync_ctx).data
-    # the sync scheduler's per-round readback: removing it turns the round toward the overlapped one (predicted 594 µs
-    # a round on this capture of the current runtime; the sync -> overlap pair measured 875 µs, pairs.json)
-    assert w["saving_us"] > 400.0
+    # the sync scheduler's per-round readback: removing it turns the round toward the overlapped one (predicted 381 µs
+    # a round on this capture; with the plan's reads in rect_packed too 786 µs, against the sync -> overlap pair's
+    # measured 793 µs, pairs.json)
+    assert w["saving_us"] > 300.0
     assert w["occupancy_after"] > w["occupancy_before"]
     assert w["tpot_after_us"] == pytest.approx(w["after_round_us"] / w["tau"])
     side = read_sidecar_checked(SYNC)[0]

@@ -85,7 +85,8 @@ def test_gap_slices_are_the_idle_gaps_recomputed_from_the_raw_json(annotated):
     assert all(0.0 <= e["args"]["site_share"] <= 1.0 for e in idle)
     # the idle sites the analysis names appear as gap sites, the largest first among them
     top = max({e["args"]["site"] for e in idle}, key=lambda s: sum(e["dur"] for e in idle if e["args"]["site"] == s))
-    assert top == "runtime/spec/plan.py(28): rect_packed"  # the idle site analyze names first (idle_sites), largest here
+    # the idle site analyze names first (idle_sites), largest here
+    assert top.startswith("runtime/spec/plan.py(") and top.endswith("): rect_packed")
 
 
 def test_occupancy_counter_integrates_to_the_busy_time(annotated):
