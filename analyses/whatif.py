@@ -43,8 +43,9 @@ __all__ = ["Change", "WhatIf", "site_intervals", "apply_changes", "device_items_
 @dataclasses.dataclass(frozen=True)
 class Change:
     """One counterfactual: ``site`` removed (``factor`` None) or made ``factor`` times faster. ``with_device``
-    (removal only): the device work launched from inside the site goes too (its kernels, copies and graph replays
-    take no device time), as when the site's work is not needed at all rather than moved off the host."""
+    (removal only): the eager device work launched from inside the site goes too (its kernels, copies and memsets
+    take no device time; CUDA graph replays stay), as when the site's work is not needed at all rather than moved
+    off the host."""
 
     site: str
     factor: float | None = None
@@ -105,8 +106,7 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
         o = _coverage(us, ue, a, s)
         frac = np.divide(o, model.work_us, out=np.zeros_like(o), where=model.work_us > 0)
         frac = np.clip(frac, 0.0, 1.0)
-        i = np.searchsorted(us, s, side="right") - 1
-        inside = (i >= 0) & (s < ue[np.maximum(i, 0)])
+        inside = _calls_inside(model, us, ue)
         if ch.factor is None:
             work *= 1.0 - frac
             cost[inside] = 0.0
@@ -117,6 +117,13 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
             work *= 1.0 - frac * (1.0 - 1.0 / ch.factor)
             cost[inside] /= ch.factor
     return work, cost, wait, dropped
+
+
+def _calls_inside(model: ReplayModel, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
+    """(K,) bool: the chain's calls that start inside the merged intervals [us, ue) (µs from ``model.t0_us``)."""
+    s = model.call_start_us
+    i = np.searchsorted(us, s, side="right") - 1
+    return (i >= 0) & (s < ue[np.maximum(i, 0)])
 
 
 def _eager_items_of(model: ReplayModel, inside: np.ndarray) -> np.ndarray:
@@ -130,10 +137,7 @@ def device_items_launched(trace: Trace, model: ReplayModel, site: str, window: t
     """(eager device items, their profiled device busy µs) launched by calls that start inside ``site``'s host
     intervals (:func:`site_intervals`, clipped to ``window``): what a removal ``with_device`` takes away."""
     us, ue = site_intervals(trace, model, site, window)
-    s = model.call_start_us
-    i = np.searchsorted(us, s, side="right") - 1
-    inside = (i >= 0) & (s < ue[np.maximum(i, 0)])
-    launched = _eager_items_of(model, inside)
+    launched = _eager_items_of(model, _calls_inside(model, us, ue))
     return int(launched.sum()), float(model.item_busy_us[launched].sum())
 
 
