@@ -10,8 +10,10 @@ host chain is the measured one with those costs subtracted:
 - call k's own cost: cost'_k = max(0, cost_k − cost_runtime − Σ_c m_{k,c} · cost_c) over the events nested in it;
   a graph launch of N nodes costs the sidecar's unprofiled launch time for a graph of N nodes where the capture
   measured one, else max(0, cost_k − κN) − cost_runtime (κ: :func:`gaptrace.analyses.launch_fit.launch_fit`);
-- the profiler's own buffer handling (the trace's ``overhead`` events: Buffer Flush, Activity Buffer Request) is
-  taken out of every interval it overlaps.
+- the profiler's own buffer handling (the trace's ``overhead`` events: Buffer Flush, Activity Buffer Request) and
+  torch.profiler's own Python code on the launching thread (``profile.step()``: the frames of
+  torch/profiler/profiler.py, :func:`profiler_frames`; the events inside them are not charged again) are taken out
+  of every interval they overlap.
 
 The per-event costs come from a calibration JSON (``gaptrace calibrate``: the same small benchmark with and without
 the profiler, :mod:`gaptrace.calibrate`), else the shipped default ``data/calibration_default.json``; the result
@@ -113,8 +115,41 @@ THREAD_WAIT_PREFIX = ("<built-in method acquire of _thread.lock", "<built-in met
 THREAD_WAIT_MIN_US = 20.0
 
 
+# torch.profiler's own Python code on the launching thread: ``profile.step()`` (the schedule's transitions, the
+# ProfilerStep#N range) and the rest of torch/profiler/profiler.py. The unprofiled loop runs none of it.
+PROFILER_FRAME_RE = r"(?:^|/)torch/profiler/profiler\.py\(\d+\): "
+
+
+def profiler_frames(trace: Trace, model: ReplayModel) -> tuple[np.ndarray, np.ndarray]:
+    """The merged intervals (starts, ends: µs from ``model.t0_us``, sorted, disjoint) of the launching thread's
+    Python frames in torch.profiler's own module (:data:`PROFILER_FRAME_RE`: ``profile.step()`` and what it calls),
+    host time the unprofiled loop does not spend (docs/DESIGN.md "The profiler taken out"); empty arrays for a
+    trace recorded without stacks. Cached on the model."""
+    cached = getattr(model, "_profiler_frames", None)
+    if cached is not None:
+        return cached
+    h = trace.host
+    sel = ((h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
+           & (h["cat"].to_numpy() == "python_function"))
+    rows = np.flatnonzero(sel)
+    out = (np.zeros(0), np.zeros(0))
+    if len(rows):
+        names = h["name"].to_numpy()[rows].astype(str)
+        uniq, inv = np.unique(names, return_inverse=True)
+        hit = pd.Series(uniq, dtype=object).str.contains(PROFILER_FRAME_RE, regex=True).to_numpy(dtype=bool)[inv]
+        rows = rows[hit]
+        if len(rows):
+            out = _merge(h["ts_us"].to_numpy()[rows] - model.t0_us, h["end_us"].to_numpy()[rows] - model.t0_us)
+    try:
+        model._profiler_frames = out
+    except AttributeError:
+        pass
+    return out
+
+
 def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
-    """Per category of the launching thread's recorded events (not the chain's calls): ``n_work`` / ``n_call``
+    """Per category of the launching thread's recorded events (not the chain's calls, nor events inside
+    torch.profiler's own frames, :func:`profiler_frames`, whose whole time goes): ``n_work`` / ``n_call``
     ((K, C) counts of events starting in the host work before call k / inside call k) and ``cats`` (C,); computed
     once per model (cached on it): the per-event costs only weight them."""
     cached = getattr(model, "_profiler_bins", None)
@@ -128,6 +163,10 @@ def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
     chain = np.zeros(len(h), dtype=bool)
     chain[model.call_row] = True
     not_chain = ~chain[rows]
+    ps, pe = profiler_frames(trace, model)
+    if len(ps):
+        j = np.searchsorted(ps, ts, side="right") - 1
+        not_chain &= ~((j >= 0) & (ts < pe[np.maximum(j, 0)]))
     s, e = model.call_start_us, model.call_end_us
     K = model.calls
     # boundaries s0 e0 s1 e1 ...: an odd position is inside call (pos-1)//2, an even one the work before call pos//2
@@ -164,7 +203,7 @@ def thread_wait_cost(trace: Trace, model: ReplayModel, calibration: Calibration,
     :data:`THREAD_WAIT_MIN_US` long: Condition.wait, Queue.get, Thread.join end there), Σ cost_c × scale over the
     recorded events of the same rank's other threads that start inside it, at most the wait's length. The waited-for
     thread's work is inflated by its own recorded events; the waiter's wait shrinks by as much
-    (docs/replay_model.md "The profiler taken out")."""
+    (docs/DESIGN.md "The profiler taken out")."""
     K = model.calls
     out = np.zeros(K)
     w = _thread_waits(trace, model)
@@ -244,9 +283,13 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     ov = ov[ov["rank"].to_numpy() == model.key[0]] if "rank" in ov else ov
     ov_work = np.zeros(K)
     ov_call = np.zeros(K)
-    if len(ov):
-        us, ue = _merge(ov["ts_us"].to_numpy() - model.t0_us, ov["end_us"].to_numpy() - model.t0_us)
-        a = np.concatenate(([s[0]], e[:-1]))
+    a = np.concatenate(([s[0]], e[:-1]))
+    ps, pe = profiler_frames(trace, model)
+    pf_work = _coverage(ps, pe, a, s) if len(ps) else np.zeros(K)
+    if len(ov) or len(ps):
+        # Kineto's overhead events and torch.profiler's own frames, as one union (an overlap counted once)
+        us, ue = _merge(np.concatenate((ov["ts_us"].to_numpy() - model.t0_us, ps)),
+                        np.concatenate((ov["end_us"].to_numpy() - model.t0_us, pe)))
         ov_work = _coverage(us, ue, a, s)
         ov_call = _coverage(us, ue, s, e)
     waited = thread_wait_cost(trace, model, calibration, scale)
@@ -277,7 +320,8 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     removed["graph_launches"] = float((cost - new_cost)[launch].sum())
     removed["runtime_calls"] = float((cost - new_cost)[other].sum())
     removed["host_work"] = float((model.work_us - work).sum())
-    removed["profiler_overhead_events"] = float(ov_work.sum() + ov_call[other].sum())
+    removed["profiler_overhead_events"] = float(ov_work.sum() - pf_work.sum() + ov_call[other].sum())
+    removed["profiler_step_frames"] = float(pf_work.sum())
     removed["other_threads_waited"] = float(waited.sum())
     # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
     # less that cost); a graph replay whose unprofiled device span the capture timed takes that span instead (never

@@ -1,0 +1,80 @@
+"""torch.profiler's own Python code (``profile.step()``: frames of torch/profiler/profiler.py) is host time the
+unprofiled loop does not spend: the replay's unprofiled inputs take it out whole, and the events recorded inside it
+are not charged a per-event cost again (docs/DESIGN.md "The profiler taken out"). Checked against the frames' union
+recomputed from the raw JSON (stdlib json and plain loops)."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from gaptrace import load_trace
+from gaptrace.analyses.profiler_cost import load_calibration, profiler_frames, unprofiled_inputs
+from gaptrace.analyses.replay import build_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOOPS = os.path.join(ROOT, "fixtures", "traces", "h200_loops")
+FRAME = re.compile(r"(?:^|/)torch/profiler/profiler\.py\(\d+\): ")
+
+
+def _union(iv):
+    out = []
+    for s, e in sorted(iv):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+@pytest.mark.parametrize("loop", ["graph_readback.fixed", "launch_bound.planted", "host_detokenize.planted"])
+def test_profiler_step_frames_are_taken_out_whole(loop):
+    path = os.path.join(LOOPS, f"{loop}.trace.json.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and e["name"] in ("cudaLaunchKernel",
+                                                                                        "cudaGraphLaunch")]
+    tids = {}
+    for e in launches:
+        tids[e["tid"]] = tids.get(e["tid"], 0) + 1
+    tid = max(tids, key=tids.get)
+    frames = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "python_function"
+                     and e["tid"] == tid and FRAME.search(e["name"])])
+    assert len(frames) >= 5  # one profile.step() a step at least
+
+    trace = load_trace(path)
+    model = build_model(trace)
+    ps, pe = profiler_frames(trace, model)
+    t0 = model.t0_us
+    assert len(ps) == len(frames)
+    assert np.allclose(ps + t0, [s for s, _ in frames], atol=1e-3) and np.allclose(pe + t0, [e for _, e in frames],
+                                                                                  atol=1e-3)
+    # what the unprofiled inputs take out: the frames' time inside the host work between the first and the last
+    # device-facing call (the chain), none of it inside a call
+    s, e = model.call_start_us + t0, model.call_end_us + t0
+    want = 0.0
+    for a, b in frames:
+        a, b = max(a, s[0]), min(b, e[-1])
+        if b <= a:
+            continue
+        inside_calls = sum(max(0.0, min(b, ce) - max(a, cs)) for cs, ce in zip(s, e))
+        want += (b - a) - inside_calls
+    u = unprofiled_inputs(trace, model, load_calibration(None))
+    assert u["removed_us"]["profiler_step_frames"] == pytest.approx(want, rel=1e-9, abs=1e-6)
+    assert want > 5 * 20  # tens of µs a step: not a rounding
+
+
+def test_no_frames_without_stacks():
+    """A trace recorded without Python stacks has no profiler frames: nothing is taken out for them."""
+    path = os.path.join(ROOT, "fixtures", "traces", "kineto_v100_resnet50.json.gz")
+    trace = load_trace(path)
+    model = build_model(trace)
+    ps, pe = profiler_frames(trace, model)
+    names = trace.host.loc[trace.host["cat"] == "python_function", "name"].astype(str)
+    assert not names.str.contains(FRAME.pattern, regex=True).any()  # the precondition: no profiler frames
+    assert len(ps) == len(pe) == 0
+    assert unprofiled_inputs(trace, model, load_calibration(None))["removed_us"]["profiler_step_frames"] == 0.0
