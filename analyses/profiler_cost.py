@@ -9,7 +9,8 @@ host chain is the measured one with those costs subtracted:
   start inside that interval on the launching thread;
 - call k's own cost: cost'_k = max(0, cost_k − cost_runtime − Σ_c m_{k,c} · cost_c) over the events nested in it;
   a graph launch of N nodes costs the sidecar's unprofiled launch time for a graph of N nodes where the capture
-  measured one, else max(0, cost_k − κN) − cost_runtime (κ: :func:`gaptrace.analyses.launch_fit.launch_fit`);
+  measured one, else max(0, cost_k − κN) − cost_runtime (κ: :func:`gaptrace.analyses.launch_fit.launch_fit`; where
+  the trace gives none, one graph size, the calibration's ``graph_node_us``);
 - the profiler's own buffer handling (the trace's ``overhead`` events: Buffer Flush, Activity Buffer Request) and
   torch.profiler's own Python code on the launching thread (``profile.step()``: the frames of
   torch/profiler/profiler.py, :func:`profiler_frames`; the events inside them are not charged again) are taken out
@@ -51,7 +52,9 @@ class Calibration:
     """Per-event host costs of the profiler, µs: ``aten_op_us`` (one recorded ATen op or user annotation),
     ``python_frame_us`` (one recorded Python frame), ``runtime_call_us`` (one CUPTI-traced runtime call),
     ``device_op_us`` (extra device time per traced device op; optional in the file, 0 when absent);
-    ``source`` (the file), ``measured_on`` (what machine and torch measured it)."""
+    ``graph_node_us`` (host cost per CUDA graph node of a launch under the profiler, κ measured by
+    ``gaptrace calibrate``; optional, 0 when absent); ``source`` (the file), ``measured_on`` (what machine and
+    torch measured it)."""
 
     aten_op_us: float
     python_frame_us: float
@@ -59,6 +62,7 @@ class Calibration:
     source: str
     measured_on: str
     device_op_us: float = 0.0
+    graph_node_us: float = 0.0
 
     def cost_of(self, cat: str) -> float:
         return float(getattr(self, COST_KEYS[cat])) if cat in COST_KEYS else 0.0
@@ -84,10 +88,11 @@ def load_calibration(path: str | None = None) -> Calibration:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {v!r})")
         vals[k] = float(v)
-    d = obj.get("device_op_us", 0.0)
-    if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
-        raise ValueError(f"{p}: calibration field device_op_us must be a finite number >= 0 (got {d!r})")
-    vals["device_op_us"] = float(d)
+    for k in ("device_op_us", "graph_node_us"):  # optional: older files have neither
+        d = obj.get(k, 0.0)
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
+            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {d!r})")
+        vals[k] = float(d)
     on = obj.get("measured_on")
     if not isinstance(on, str):
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"
@@ -268,7 +273,7 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     min(its profiled span, the sidecar's ``unprofiled_device_us``): ``device_source`` says which) with the profiler's
     host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
     trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
-    none) for each graph launch size. κ is fitted on ``trace`` when not given. ``scale`` multiplies every
+    calibration | none) for each graph launch size. κ is fitted on ``trace`` when not given. ``scale`` multiplies every
     per-event cost of the calibration (host and device; not the sidecar's measured launch costs nor κ): the factor
     fitted to the capture's own unprofiled rounds (:func:`gaptrace.analyses.whatif.fit_profiler_scale`)."""
     s, e = model.call_start_us, model.call_end_us
@@ -304,6 +309,9 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
         fit = launch_fit(trace)
         kappa_us_per_node = fit.kappa_us_per_node if fit is not None else None
     kappa = float(kappa_us_per_node) if kappa_us_per_node is not None and kappa_us_per_node > 0 else 0.0
+    # no κ from the trace (one graph size, or a flat fit): the calibration's κ, measured directly on its machine
+    kappa_source = "kappa" if kappa else ("calibration" if calibration.graph_node_us > 0 else "none")
+    kappa_used = kappa or calibration.graph_node_us
     sources = {}
     new_launch = np.zeros(K)
     for k in np.flatnonzero(launch):
@@ -312,8 +320,8 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
             new_launch[k] = by_size[n]
             sources[n] = "sidecar"
         else:
-            new_launch[k] = max(0.0, cost[k] - kappa * n - calibration.runtime_call_us * scale)
-            sources.setdefault(n, "kappa" if kappa else "none")
+            new_launch[k] = max(0.0, cost[k] - kappa_used * n - calibration.runtime_call_us * scale)
+            sources.setdefault(n, kappa_source)
     other = ~launch
     new_cost = np.where(other, np.maximum(cost - calibration.runtime_call_us * scale - call_cost - ov_call, 0.0),
                         new_launch)

@@ -78,3 +78,33 @@ def test_no_frames_without_stacks():
     assert not names.str.contains(FRAME.pattern, regex=True).any()  # the precondition: no profiler frames
     assert len(ps) == len(pe) == 0
     assert unprofiled_inputs(trace, model, load_calibration(None))["removed_us"]["profiler_step_frames"] == 0.0
+
+
+def test_single_size_graph_launch_takes_the_calibrations_kappa(tmp_path):
+    """A trace whose graphs all have one size gives no launch fit (κ undefined): a calibration's ``graph_node_us``
+    (κ measured by ``gaptrace calibrate``) stands in, cost'_k = max(0, cost_k − κ·N − runtime_call_us), checked on
+    the raw cudaGraphLaunch durations; without it the launches keep their profiled cost less one runtime call."""
+    import dataclasses
+
+    path = os.path.join(LOOPS, "graph_readback.fixed.trace.json.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        raw = sorted(e["dur"] for e in json.load(f)["traceEvents"]
+                     if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
+    trace = load_trace(path)
+    model = build_model(trace)
+    launch = model.graph_nodes > 0
+    assert sorted(model.cost_us[launch].tolist()) == pytest.approx(raw, abs=1e-3) and set(model.graph_nodes[launch]) == {31}
+    cal = load_calibration(None)
+    assert cal.graph_node_us == 0.0  # the shipped default has none (docs/DESIGN.md "The profiler taken out")
+    with_k = dataclasses.replace(cal, graph_node_us=1.2)
+    u0 = unprofiled_inputs(trace, model, cal)
+    u1 = unprofiled_inputs(trace, model, with_k)
+    assert u0["launch_source"] == {"31": "none"} and u1["launch_source"] == {"31": "calibration"}
+    want = np.maximum(model.cost_us[launch] - 1.2 * 31 - cal.runtime_call_us, 0.0)
+    assert u1["cost_us"][launch] == pytest.approx(want, abs=1e-9)
+    assert u0["cost_us"][launch] == pytest.approx(np.maximum(model.cost_us[launch] - cal.runtime_call_us, 0), abs=1e-9)
+    # the file form: a negative κ is refused in one line naming the field
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({"aten_op_us": 1, "python_frame_us": 1, "runtime_call_us": 1, "graph_node_us": -1}))
+    with pytest.raises(ValueError, match="graph_node_us"):
+        load_calibration(str(bad))

@@ -174,3 +174,16 @@ def test_bench_tp_cpu_smoke(tmp_path):
     assert len(cells[2]["ranks_tround_ms"]) == 2 and len(cells[1]["ranks_tround_ms"]) == 1
     for c in cells.values():
         assert c["tokens_per_s"] == pytest.approx(2 * c["tau"] / c["tround_ms"] * 1e3)
+
+
+def test_graph_launch_cost_probe_without_cuda(tmp_path):
+    """The graph-launch cost probe on a machine without CUDA: one line saying so, exit 0, nothing written; a bad
+    ``--nodes`` is exit 2 with one line naming the option."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA machine runs the probe itself")
+    out = run("-m", "benchmarks.probes.graph_launch_cost", "--out", str(tmp_path / "o"))
+    assert out.strip() == "no CUDA device: nothing to measure" and not (tmp_path / "o").exists()
+    r = subprocess.run([sys.executable, "-m", "benchmarks.probes.graph_launch_cost", "--nodes", "ten", "--out",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--nodes must be integers" in r.stderr

@@ -37,6 +37,8 @@ def test_calibrate_writes_a_usable_calibration(tmp_path):
     assert rows[1]["events"]["cpu_op"] >= 2000               # one aten::add an iteration
     c = load_calibration(str(out))
     assert c.measured_on == d["measured_on"] and c.source == str(out)
+    # no CUDA here: the graph launch's per-node cost is not measured, 0, and said so
+    assert d["graph_node_measured"] is False and d["graph_node_us"] == 0.0 and c.graph_node_us == 0.0
 
 
 def test_calibrate_bad_output_dir(tmp_path):
