@@ -88,53 +88,59 @@ def _count(path: str) -> dict[str, int]:
     return counts
 
 
-def _node_graph(torch, nodes: int):
-    """A CUDA graph of ``nodes`` tiny kernels (``x.add_(1.0)`` on a one-element tensor), captured after a
-    side-stream warm-up as the CUDA graphs documentation prescribes."""
-    x = torch.zeros(1, device="cuda")
+def node_graph(torch, nodes: int, op: Callable[[], Any] | None = None):
+    """A CUDA graph of ``nodes`` calls of ``op`` (default: ``x.add_(1.0)`` on a one-element tensor, one tiny kernel),
+    captured after a side-stream warm-up as the CUDA graphs documentation prescribes."""
+    if op is None:
+        x = torch.zeros(1, device="cuda")
+
+        def op():
+            return x.add_(1.0)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):
-            x.add_(1.0)
+            op()
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(nodes):
-            x.add_(1.0)
+            op()
     return g
+
+
+def launch_host_us(torch, g, replays: int) -> float:
+    """Median host µs of ``g.replay()`` (one ``cudaGraphLaunch``) over ``replays`` launches, each timed with
+    ``time.perf_counter`` after the device drained (so no launch waits on a full queue)."""
+    out = []
+    for _ in range(replays):
+        torch.cuda.synchronize()  # SYNC (deliberate): each launch starts on a drained device
+        t = time.perf_counter()
+        g.replay()
+        out.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return float(np.median(out)) * 1e6
 
 
 def graph_node_host_us(torch, graph=None, nodes: int = 1000, replays: int = 30) -> float | None:
     """The profiler's host cost per CUDA graph node at launch (κ of docs/DESIGN.md "Launch fit", measured
     directly), µs: the host time of ``g.replay()`` (``cudaGraphLaunch``) for ``graph`` (else a new
-    :func:`_node_graph` of ``nodes`` tiny kernels), each launch timed with ``time.perf_counter`` after the device
+    :func:`node_graph` of ``nodes`` tiny kernels), each launch timed with ``time.perf_counter`` after the device
     drained, with and without the profiler; (median_prof − median_plain) / nodes. The difference also holds the
     profiler's cost of the launch's one runtime call and Python frame (a few µs against 1000 nodes). It reads low
-    against decode traces: 0.41–0.50 µs on the H200 host here, 0.83–1.26 µs for the same graphs made twelve to a
-    process (benchmarks/probes/graph_launch_cost.py), 0.66–1.6 µs in the runtime's own captures' launch fits; why
-    is not known (docs/DESIGN.md "The profiler taken out"). None without CUDA."""
+    against decode traces and moves between machines of one type: 0.41–0.87 µs on H200 machines, 0.83–1.53 µs for
+    graphs made twelve to a process (benchmarks/probes/graph_launch_cost.py), 0.66–1.6 µs in the runtime's own
+    captures' launch fits (docs/DESIGN.md "The profiler taken out"). None without CUDA."""
     if not torch.cuda.is_available():
         return None
     import torch.profiler as tp
 
-    g = graph if graph is not None else _node_graph(torch, nodes)
-
-    def launches() -> float:
-        out = []
-        for _ in range(replays):
-            torch.cuda.synchronize()  # SYNC (deliberate): each launch starts on a drained device
-            t = time.perf_counter()
-            g.replay()
-            out.append(time.perf_counter() - t)
-        torch.cuda.synchronize()
-        return float(np.median(out)) * 1e6
-
-    launches()
-    plain = min(launches() for _ in range(3))
+    g = graph if graph is not None else node_graph(torch, nodes)
+    launch_host_us(torch, g, replays)
+    plain = min(launch_host_us(torch, g, replays) for _ in range(3))
     with tp.profile(**profiler_kwargs(True)):
-        launches()
-        prof = min(launches() for _ in range(3))
+        launch_host_us(torch, g, replays)
+        prof = min(launch_host_us(torch, g, replays) for _ in range(3))
     return max(0.0, (prof - plain) / nodes)
 
 
@@ -146,7 +152,7 @@ def device_node_us(torch, nodes: int = 1000, replays: int = 20) -> float | None:
         return None
     import torch.profiler as tp
 
-    g = _node_graph(torch, nodes)
+    g = node_graph(torch, nodes)
 
     def run() -> float:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -173,7 +179,7 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
 
     benches = _benchmarks(torch, n)
     # the launch-cost graph is captured before any profiler session, as a decode loop's are
-    node_graph = _node_graph(torch, 1000) if torch.cuda.is_available() else None
+    launch_graph = node_graph(torch, 1000) if torch.cuda.is_available() else None
     rows = []
     tmp = tempfile.mkdtemp(prefix="gaptrace-calibrate-")
     try:
@@ -203,7 +209,7 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     x = _nnls(A, y)
     cost = dict(zip(cats, x))
     dev = device_node_us(torch)
-    node = graph_node_host_us(torch, node_graph)
+    node = graph_node_host_us(torch, launch_graph)
     return {
         "gaptrace_calibration": 1,
         "device_op_us": float(dev or 0.0),

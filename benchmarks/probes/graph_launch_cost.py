@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
 
 KINDS = ("add_", "matmul", "softmax", "layer_norm", "index_select", "mix")
 
@@ -46,31 +44,6 @@ def _ops(torch):
     return ops
 
 
-def _graph(torch, op, nodes: int):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            op()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(nodes):
-            op()
-    return g
-
-
-def _launch_us(torch, g, replays: int) -> float:
-    out = []
-    for _ in range(replays):
-        torch.cuda.synchronize()  # SYNC (deliberate): each launch starts on a drained device
-        t = time.perf_counter()
-        g.replay()
-        out.append(time.perf_counter() - t)
-    torch.cuda.synchronize()
-    return statistics.median(out) * 1e6
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", default="200,1000", help="graph sizes, comma-separated")
@@ -86,22 +59,23 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.profiler as tp
 
+    from gaptrace.calibrate import launch_host_us, node_graph
     from gaptrace.capture import profiler_kwargs
 
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to measure")
         return 0
     ops = _ops(torch)
-    graphs = {(k, n): _graph(torch, ops[k], n) for k in KINDS for n in sizes}
+    graphs = {(k, n): node_graph(torch, n, ops[k]) for k in KINDS for n in sizes}
     rows = []
     for (k, n), g in graphs.items():
-        _launch_us(torch, g, 3)
-        rows.append({"kind": k, "nodes": n, "plain_us": min(_launch_us(torch, g, a.replays) for _ in range(3))})
+        launch_host_us(torch, g, 3)
+        rows.append({"kind": k, "nodes": n, "plain_us": min(launch_host_us(torch, g, a.replays) for _ in range(3))})
     with tp.profile(**profiler_kwargs(True)):
         for r in rows:
             g = graphs[(r["kind"], r["nodes"])]
-            _launch_us(torch, g, 3)
-            r["profiled_us"] = min(_launch_us(torch, g, a.replays) for _ in range(3))
+            launch_host_us(torch, g, 3)
+            r["profiled_us"] = min(launch_host_us(torch, g, a.replays) for _ in range(3))
     for r in rows:
         r["profiler_us_per_node"] = (r["profiled_us"] - r["plain_us"]) / r["nodes"]
     lines = [f"# graph launch host cost ({torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
