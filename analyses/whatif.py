@@ -70,13 +70,19 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
     ``window`` (trace clock) when given. An NVTX range name matches exactly; otherwise any python_function /
     cpu_op whose name equals or contains ``site``. TraceError (one line) when nothing matches."""
     h = trace.host
-    on = (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
-    names = h["name"].astype(str).to_numpy()
+    on = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
+        (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)))
+    # names matched once per distinct name (a trace has thousands of names over millions of events)
+    def _names():
+        u, i = np.unique(h["name"].astype(str).to_numpy(), return_inverse=True)
+        return u.astype(str), i
+    uniq, inv = trace.memo("whatif_names", h, _names)
     cat = h["cat"].to_numpy()
-    m = on & (cat == "user_annotation") & (names == site)
+    exact = uniq == site
+    m = on & (cat == "user_annotation") & exact[inv]
     if not m.any():
         fr = on & np.isin(cat, ("python_function", "cpu_op"))
-        m = fr & ((names == site) | np.char.find(names.astype(str), site) >= 0)
+        m = fr & (exact | (np.char.find(uniq, site) >= 0))[inv]
     if not m.any():
         raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
     s = h["ts_us"].to_numpy()[m]
