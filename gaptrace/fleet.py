@@ -192,7 +192,11 @@ def run_fleet(files: list[tuple[int, str]], *, workers: int | None = None, sched
 def _run_dask(files, n, scheduler, memory_limit_bytes, window, round_name, calibration, progress):
     import logging
 
-    from dask.distributed import Client, LocalCluster, as_completed
+    try:
+        from dask.distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise TraceError("a fleet of rank files runs on Dask, which is not installed: pip install 'gaptrace[fleet]' "
+                         "(or --workers 0: one rank after the other, without it)") from None
 
     from gaptrace.analyses import fleet_summary
     from gaptrace.loader import default_memory_limit_bytes

@@ -53,14 +53,14 @@ def _open_at(events: list[dict], h: float, delay: float) -> None:
 
 def build_fleet(out_dir: str, n_ranks: int = 4, late_rank: int = 3, delay_us: float = 600.0,
                 args_on: str = "kernel", source: str = SOURCE, gzip_out: bool = False,
-                rounds: int | None = None) -> dict:
+                rounds: int | None = None, planted: str = PLANTED) -> dict:
     """Write ``out_dir/fleet.rank<r>.json`` (or ``.json.gz``) for r < n_ranks; return what was planted:
     {late_rank, delay_us, points_us (h_k on the capture's clock), files}.
 
     ``args_on``: where the collective's args go: "kernel" (Kineto >= 2.2: Collective name, Process Group Name,
     Group size, Seq on the kernel), "launch" (on a ``record_param_comms`` cpu_op around the launch, sharing the
     kernel's External id; no Seq), "none" (a graph-replayed collective: only the kernel name). ``rounds``: plant
-    before the first this many rounds only (default all).
+    before the first this many rounds only (default all). ``planted``: the late rank's frame name.
     """
     assert 0 <= late_rank < n_ranks and delay_us > 20
     doc = _load(source)
@@ -84,7 +84,7 @@ def build_fleet(out_dir: str, n_ranks: int = 4, late_rank: int = 3, delay_us: fl
         for k, h in enumerate(shifted):
             if r == late_rank:
                 launch = h + delay_us - 5.0
-                events.append({"ph": "X", "cat": "python_function", "name": PLANTED, "pid": pid, "tid": tid,
+                events.append({"ph": "X", "cat": "python_function", "name": planted, "pid": pid, "tid": tid,
                                "ts": h, "dur": delay_us - 6.0, "args": {"Python id": 10_000_000 + k}})
                 events.append({"ph": "X", "cat": "python_function", "name": PLANTED_CALL, "pid": pid, "tid": tid,
                                "ts": h + 1.0, "dur": delay_us - 8.0, "args": {"Python id": 20_000_000 + k,
