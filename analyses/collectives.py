@@ -152,8 +152,9 @@ def match_collectives(kernels: Iterable[pd.DataFrame], offsets_us: dict[int, flo
     (aligned µs), and the key kind: "seq" (process group + Seq on every kernel) or "order" (k-th kernel of one
     name in one process group per rank). Instances seen on fewer than two ranks are dropped.
     """
-    t = pd.concat([k for k in kernels if len(k)], ignore_index=True) if kernels else pd.DataFrame()
+    parts = [k for k in kernels if len(k)]
     cols = ["instance", "key", "label", "rank", "start_us", "end_us", "dur_us"]
+    t = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if t.empty:
         return pd.DataFrame({c: [] for c in cols}), "order"
     t = t.sort_values(["rank", "ts_us"], kind="stable").reset_index(drop=True)

@@ -9,7 +9,7 @@ JSON keys of :func:`merge_fleet` (``gaptrace analyze DIR --json`` with two or mo
   caused_us, verdict (the step verdict: gpu_bound, sync_bound, ...; None without steps), step_figure, bound and
   round_verdict (the round model's, None without rounds), first_cause (the first finding's summary, None when
   none), headline, steps, clock_offset_us, clock_residual_us, collectives: [{label, count, total_us, mean_us}],
-  warnings}], by rank;
+  strip ({t0_us, t1_us: the window on the rank's own clock, busy: STRIP_BINS busy fractions}), warnings}], by rank;
 - ``collectives``: {key_kind ("seq" | "order"), instances, by_label: [{label, instances, ranks, mean_dur_us,
   total_wait_us, mean_wait_us}]};
 - ``stragglers``: [{late_rank, label, instances, caused_us, waiters, mean_wait_us, per_step_us, sites: [{site,
@@ -134,7 +134,7 @@ def merge_fleet(results: list[dict[str, Any]], frames: dict[int, list[dict]] | N
             "round_verdict": r["round_verdict"], "first_cause": r["first_cause"], "headline": r["headline"],
             "steps": r["steps"], "clock_offset_us": offsets.get(r["rank"], 0.0),
             "clock_residual_us": resid.get(r["rank"]), "collectives": _per_label(r["kernels"]),
-            "warnings": r["warnings"]})
+            "strip": r["strip"], "warnings": r["warnings"]})
     by_label = []
     if not waits.empty:
         for lab, g in waits.groupby("label", sort=True):

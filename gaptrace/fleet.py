@@ -28,12 +28,12 @@ import glob
 import os
 import re
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from gaptrace.trace import TraceError
 
 __all__ = ["fleet_files", "rank_need_bytes", "check_fleet_memory", "run_fleet", "render_fleet_text",
-           "default_workers"]
+           "default_workers", "analyse_rank_file", "charge_rank_file", "peak_rss_bytes"]
 
 
 def _has_glob(p: str) -> bool:
@@ -112,6 +112,9 @@ def analyse_rank_file(path: str, rank: int, window: str | None = None, round_nam
     from gaptrace.loader import load_trace
     from gaptrace.sidecar import as_sidecar, check_sidecar, read_sidecar_checked, sidecar_path
 
+    import time
+
+    t_start = time.perf_counter()
     trace = load_trace(path, memory_limit_bytes=memory_limit_bytes)
     notes = []
     side, why = read_sidecar_checked(path)
@@ -126,7 +129,22 @@ def analyse_rank_file(path: str, rank: int, window: str | None = None, round_nam
     if not summary["devices"]:
         raise TraceError(no_gpu_message(path, trace.warnings))
     summary["warnings"] = notes + summary["warnings"]
-    return fleet_summary.rank_result(trace, summary, rank, path)
+    out = fleet_summary.rank_result(trace, summary, rank, path)
+    out["task_s"] = time.perf_counter() - t_start  # load + analysis of this rank (reported under cluster)
+    return out
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set so far (bytes; ru_maxrss is KiB on Linux)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _cluster_info(kind: str, workers: int, limit: int, results: list[dict], peaks: dict | None) -> dict:
+    return {"kind": kind, "workers": workers, "memory_limit_bytes": limit,
+            "task_s": {str(r["rank"]): r.get("task_s") for r in sorted(results, key=lambda r: r["rank"])},
+            "worker_peak_rss_bytes": peaks}
 
 
 def charge_rank_file(path: str, rank: int, starts_us: list[float], ends_us: list[float], caused_us: float,
@@ -155,11 +173,11 @@ def _progress(total: int, desc: str, enabled: bool):
 
 def run_fleet(files: list[tuple[int, str]], *, workers: int | None = None, scheduler: str | None = None,
               memory_limit_bytes: int | None = None, window: str | None = None, round_name: str = "round",
-              calibration: Any = None, progress: bool = True, on_worker_info: Callable | None = None
-              ) -> dict[str, Any]:
+              calibration: Any = None, progress: bool = True) -> dict[str, Any]:
     """Analyse every rank of ``files`` ((rank, path) pairs) and merge: the fleet summary of
     :func:`gaptrace.analyses.fleet_summary.merge_fleet`, plus ``cluster`` ({kind: serial | local | address,
-    workers, memory_limit_bytes}).
+    workers, memory_limit_bytes, task_s: {rank: seconds of its load + analysis}, worker_peak_rss_bytes: {worker:
+    peak RSS} or None}).
 
     ``workers``: LocalCluster processes (default :func:`default_workers`; 0 runs the tasks one after the other in
     this process, without Dask). ``scheduler``: an existing cluster's address (then ``workers`` is ignored).
@@ -184,7 +202,7 @@ def run_fleet(files: list[tuple[int, str]], *, workers: int | None = None, sched
         frames = {r: charge_rank_file(dict(files)[r], r, q["starts_us"], q["ends_us"], q["caused_us"], limit)
                   for r, q in fleet_summary.late_requests(results).items()}
         out = fleet_summary.merge_fleet(results, frames)
-        out["cluster"] = {"kind": "serial", "workers": 0, "memory_limit_bytes": limit}
+        out["cluster"] = _cluster_info("serial", 0, limit, results, {"this process": peak_rss_bytes()})
         return out
     return _run_dask(files, n, scheduler, memory_limit_bytes, window, round_name, calibration, progress)
 
@@ -238,12 +256,16 @@ def _run_dask(files, n, scheduler, memory_limit_bytes, window, round_name, calib
         ffuts = {r: client.submit(charge_rank_file, paths[r], r, q["starts_us"], q["ends_us"], q["caused_us"], limit,
                                   key=f"gaptrace-frames-{r}", pure=False) for r, q in late.items()}
         frames = {r: f.result() for r, f in ffuts.items()}
+        try:
+            peaks = client.run(peak_rss_bytes)
+        except Exception:  # noqa: BLE001 (a remote cluster may refuse run(); the figure is optional)
+            peaks = None
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
     out = fleet_summary.merge_fleet(results, frames)
-    out["cluster"] = {"kind": kind, "workers": n, "memory_limit_bytes": limit}
+    out["cluster"] = _cluster_info(kind, n, limit, results, peaks)
     return out
 
 

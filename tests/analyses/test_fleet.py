@@ -196,3 +196,38 @@ def test_single_trace_path_imports_no_dask():
     path = os.path.join(ROOT, "fixtures", "traces", "h200_fused", "h200_bench_overlap_bs8_B12_fused.json.gz")
     r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, cwd=ROOT)
     assert "DASK=False" in r.stderr and json.loads(r.stdout)["devices"]
+
+
+def test_ranks_without_collectives_merge(tmp_path):
+    """Two ranks with no collective kernel: no instance, no straggler, busy without waiting = occupancy; the worst
+    rank is the one with the lowest occupancy."""
+    src = os.path.join(ROOT, "fixtures", "traces", "h200_fused")
+    import shutil
+    shutil.copyfile(os.path.join(src, "h200_bench_overlap_bs8_B12_fused.json.gz"), tmp_path / "a.rank0.json.gz")
+    shutil.copyfile(os.path.join(src, "h200_bench_sync_bs8_B12_fused.json.gz"), tmp_path / "a.rank1.json.gz")
+    res = run_fleet(fleet_files([str(tmp_path)]), workers=0, progress=False)
+    assert res["collectives"]["instances"] == 0 and res["stragglers"] == []
+    occ = [r["occupancy"] for r in res["ranks"]]
+    assert [r["busy_without_waiting"] for r in res["ranks"]] == pytest.approx(occ, abs=1e-12)
+    assert res["worst_rank"]["rank"] == int(np.argmin(occ))
+    assert res["ranks"][0]["verdict"] != res["ranks"][1]["verdict"] and res["shared"]["verdict"] is None
+
+
+def test_fleet_report_page(tmp_path):
+    d = tmp_path / "ranks"
+    planted = build_fleet(str(d), n_ranks=3, late_rank=2, delay_us=300.0, rounds=3,
+                          planted="evil.py(1): <script>alert(1)</script>\x1b[31m")
+    out = tmp_path / "fleet.html"
+    r = _cli("report", str(d), "--workers", "0", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    page = out.read_text()
+    body = page[page.index("<body>"):page.index("<script>")]
+    assert "<script>alert" not in body and "\x1b" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\x1b[31m" in body
+    for section in ('id="strip"', 'id="stragglers"', 'id="wait-matrix"', "<svg"):
+        assert section in body
+    truth = raw_collectives(planted["files"])
+    assert f"{truth['matrix'][(0, 2)] / 1000:,.3f}" in body  # rank 0's wait for rank 2, in ms
+    # the output may not be one of the fleet's files
+    r = _cli("report", str(d), "--workers", "0", "-o", planted["files"][0])
+    assert r.returncode == 2 and "input" in r.stderr and json.load(open(planted["files"][0]))["traceEvents"]
