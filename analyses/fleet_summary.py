@@ -220,3 +220,72 @@ def late_requests(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
             s, e = stragglers.late_intervals(waits, r, offsets.get(r, 0.0))
             out[r] = {"starts_us": s.tolist(), "ends_us": e.tolist(), "caused_us": p["caused_us"]}
     return out
+
+
+# Fleet-level metrics of :func:`diff_fleets` (the gates of ``gaptrace diff A B`` on two fleets)
+FLEET_METRICS = ("occupancy", "busy_without_waiting", "waited_us", "caused_us")
+
+
+def _fleet_metrics(f: dict[str, Any]) -> dict[str, float | None]:
+    """occupancy and busy_without_waiting: the lowest over ranks (a fleet is as fast as its slowest rank);
+    waited_us: the ranks' waits summed; caused_us: the most one rank caused."""
+    def vals(k):
+        return [r[k] for r in f["ranks"] if r.get(k) is not None]
+
+    occ, bww = vals("occupancy"), vals("busy_without_waiting")
+    return {"occupancy": min(occ) if occ else None, "busy_without_waiting": min(bww) if bww else None,
+            "waited_us": float(sum(vals("waited_us"))), "caused_us": max(vals("caused_us"), default=0.0)}
+
+
+def diff_fleets(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Two fleet summaries (:func:`merge_fleet`; A baseline, B candidate) compared.
+
+    Keys: metrics {name: {a, b, delta (b − a), rel (delta / |a|, None when a is 0 or absent)}} over
+    ``FLEET_METRICS`` (:func:`_fleet_metrics`); ranks [{rank, occupancy_a, occupancy_b, busy_without_waiting_a,
+    busy_without_waiting_b, waited_us_a, waited_us_b, caused_us_a, caused_us_b}] over the ranks in both;
+    stragglers {a: [line], b: [line]}; worst_rank {a, b}; warnings (ranks in one fleet only)."""
+    ma, mb = _fleet_metrics(a), _fleet_metrics(b)
+    metrics = {}
+    for k in FLEET_METRICS:
+        x, y = ma[k], mb[k]
+        d = None if x is None or y is None else y - x
+        metrics[k] = {"a": x, "b": y, "delta": d, "rel": d / abs(x) if d is not None and x else None}
+    ra, rb = {r["rank"]: r for r in a["ranks"]}, {r["rank"]: r for r in b["ranks"]}
+    ranks = []
+    for r in sorted(set(ra) & set(rb)):
+        row = {"rank": r}
+        for k in ("occupancy", "busy_without_waiting", "waited_us", "caused_us"):
+            row[f"{k}_a"], row[f"{k}_b"] = ra[r].get(k), rb[r].get(k)
+        ranks.append(row)
+    warnings = []
+    only = sorted(set(ra) ^ set(rb))
+    if only:
+        warnings.append(f"ranks {', '.join(map(str, only))} are in one fleet only: left out of the per-rank rows")
+    return to_jsonable({"metrics": metrics, "ranks": ranks,
+                        "stragglers": {"a": [s["line"] for s in a["stragglers"]],
+                                       "b": [s["line"] for s in b["stragglers"]]},
+                        "worst_rank": {"a": a["worst_rank"], "b": b["worst_rank"]}, "warnings": warnings})
+
+
+def check_fleet_gates(d: dict[str, Any], exprs: list[str]) -> list[dict]:
+    """``--fail-if`` on a fleet diff: METRIC OP NUMBER over ``FLEET_METRICS`` (B's value) or delta_/rel_ of one;
+    [{gate, value, tripped}], a missing value trips. GateError (one line) for anything else."""
+    import math
+    import re
+
+    from .diff import _GATE_RE, _OPS, MAX_GATE_CHARS, GateError
+
+    out = []
+    for expr in exprs:
+        m = _GATE_RE.fullmatch(expr) if len(expr) <= MAX_GATE_CHARS else None
+        if not m or not math.isfinite(float(m.group(3))):
+            raise GateError(f"cannot parse gate {expr[:60]!r}: expected METRIC OP NUMBER, e.g. 'occupancy < 0.9'")
+        name, op, num = m.group(1), m.group(2), float(m.group(3))
+        base = re.sub(r"^(delta|rel)_", "", name)
+        if base not in FLEET_METRICS:
+            raise GateError(f"unknown fleet metric {name!r} in gate {expr!r}; metrics: {', '.join(FLEET_METRICS)} "
+                            "(or delta_NAME, rel_NAME)")
+        field = "delta" if name.startswith("delta_") else "rel" if name.startswith("rel_") else "b"
+        v = d["metrics"][base][field]
+        out.append({"gate": expr, "value": v, "tripped": True if v is None else bool(_OPS[op](v, num))})
+    return out

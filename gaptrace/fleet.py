@@ -164,11 +164,27 @@ def charge_rank_file(path: str, rank: int, starts_us: list[float], ends_us: list
 # ------------------------------------------------------------------------------------------- running
 
 
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def _progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar on stderr, drawn only on a terminal (disable=None: a CI log gets no bar lines). Without its monitor
+    thread: a second thread in this process would stop the loader from forking its decoder processes (serial runs).
+    """
+    if not enabled or not sys.stderr.isatty():
+        return _NoBar()
     from tqdm import tqdm
 
-    # disable=None: tqdm draws only on a terminal (a CI log gets no bar lines)
-    return tqdm(total=total, desc=desc, unit="rank", file=sys.stderr, disable=None if enabled else True, leave=False)
+    tqdm.monitor_interval = 0
+    return tqdm(total=total, desc=desc, unit="rank", file=sys.stderr, leave=False)
 
 
 def run_fleet(files: list[tuple[int, str]], *, workers: int | None = None, scheduler: str | None = None,

@@ -231,3 +231,26 @@ def test_fleet_report_page(tmp_path):
     # the output may not be one of the fleet's files
     r = _cli("report", str(d), "--workers", "0", "-o", planted["files"][0])
     assert r.returncode == 2 and "input" in r.stderr and json.load(open(planted["files"][0]))["traceEvents"]
+
+
+def test_diff_of_two_fleets(tmp_path):
+    """A fleet with a 600 µs late rank against one with 200 µs: B waits less; the per-rank waits and the gate values
+    are the two fleets' own (each against the raw JSON)."""
+    a = build_fleet(str(tmp_path / "a"), n_ranks=2, late_rank=1, delay_us=600.0, rounds=3)
+    b = build_fleet(str(tmp_path / "b"), n_ranks=2, late_rank=1, delay_us=200.0, rounds=3)
+    ta, tb = raw_collectives(a["files"]), raw_collectives(b["files"])
+    r = _cli("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "--fail-if", "delta_waited_us > 0",
+             "--workers", "0")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["metrics"]["waited_us"]["a"] == pytest.approx(sum(ta["waited"].values()), abs=1e-3)
+    assert d["metrics"]["waited_us"]["b"] == pytest.approx(sum(tb["waited"].values()), abs=1e-3)
+    assert d["ranks"][0]["waited_us_a"] == pytest.approx(ta["waited"][0], abs=1e-3)
+    assert d["gates"] == [{"gate": "delta_waited_us > 0", "value": pytest.approx(
+        sum(tb["waited"].values()) - sum(ta["waited"].values()), abs=1e-3), "tripped": False}]
+    r = _cli("diff", str(tmp_path / "b"), str(tmp_path / "a"), "--fail-if", "delta_waited_us > 0", "--workers", "0")
+    assert r.returncode == 1 and "TRIPPED" in r.stdout
+    r = _cli("diff", str(tmp_path / "a"), a["files"][0])
+    assert r.returncode == 2 and "one side is a fleet" in r.stderr
+    r = _cli("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-if", "tau < 3")
+    assert r.returncode == 2 and "unknown fleet metric" in r.stderr
