@@ -160,6 +160,18 @@ def _fleet_paths(paths: tuple[str, ...], merged: bool) -> list[tuple[int, str]] 
     return files if len(files) >= 2 else None
 
 
+def _single_path(paths: tuple[str, ...]) -> str:
+    """The one trace of the single-trace path: the path itself, or the one file a glob matches."""
+    import os
+
+    p = paths[0]
+    if not os.path.exists(p) and any(c in p for c in "*?["):
+        from gaptrace.fleet import fleet_files
+
+        return fleet_files([p])[0][1]
+    return p
+
+
 @click.command()
 @click.argument("trace_paths", metavar="TRACE...", nargs=-1, required=True)
 @click.option("--window", default=None, metavar="NAME",
@@ -215,7 +227,10 @@ def analyze(trace_paths: tuple[str, ...], window: str | None, device: int | None
             fail(str(e))
         click.echo(dumps_json(res) if as_json else render_fleet_text(res))
         return
-    trace_path = trace_paths[0]
+    try:
+        trace_path = _single_path(trace_paths)
+    except TraceError as e:
+        fail(str(e))
     try:
         calibration = resolve_calibration(calibration)  # a bad file fails before the trace is read
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))

@@ -81,7 +81,7 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
     idle time went, blocking syncs, the graph-launch fit and the integrity warnings. Two or more rank files (a
     directory, a glob, several paths) give the fleet's report: per-rank occupancy and busy without waiting, a
     timeline strip per rank, the stragglers and the wait matrix (``--merged``: the one-trace report instead)."""
-    from gaptrace.analyze import _fleet_paths
+    from gaptrace.analyze import _fleet_paths, _single_path
     from gaptrace.cli import fail, memory_limit_bytes
 
     try:
@@ -96,7 +96,10 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
         _fleet_report(traces, output, window, round_name, calibration, workers, dask_scheduler, memory_limit_gb,
                       files)
         return
-    trace = traces[0]
+    try:
+        trace = _single_path(traces)
+    except TraceError as e:
+        fail(str(e))
 
     from . import write_report
 

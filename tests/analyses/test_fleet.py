@@ -254,3 +254,14 @@ def test_diff_of_two_fleets(tmp_path):
     assert r.returncode == 2 and "one side is a fleet" in r.stderr
     r = _cli("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-if", "tau < 3")
     assert r.returncode == 2 and "unknown fleet metric" in r.stderr
+
+
+def test_a_glob_of_one_file_is_the_single_trace_path():
+    pattern = os.path.join(ROOT, "fixtures", "traces", "h200_fused", "h200_bench_overlap_bs8_B12_fused.json.g?")
+    r = _cli("analyze", pattern, "--json")
+    assert r.returncode == 0, r.stderr
+    want = json.loads(_cli("analyze", pattern[:-1] + "z", "--json").stdout)
+    got = json.loads(r.stdout)
+    assert got["devices"] == want["devices"] and "ranks" not in got
+    r = _cli("analyze", os.path.join(ROOT, "fixtures", "nothing-*.json"))
+    assert r.returncode == 2 and "matches no" in r.stderr
