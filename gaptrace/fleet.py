@@ -245,7 +245,7 @@ def _run_dask(files, n, scheduler, memory_limit_bytes, window, round_name, calib
         kind = "local"
     else:
         try:
-            client = Client(scheduler, timeout="10s")
+            client = Client(scheduler, timeout="5s")
         except (OSError, TimeoutError, ValueError) as e:
             raise TraceError(f"{scheduler}: cannot reach the Dask scheduler ({e})") from None
         limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]

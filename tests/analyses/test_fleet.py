@@ -265,3 +265,22 @@ def test_a_glob_of_one_file_is_the_single_trace_path():
     assert got["devices"] == want["devices"] and "ranks" not in got
     r = _cli("analyze", os.path.join(ROOT, "fixtures", "nothing-*.json"))
     assert r.returncode == 2 and "matches no" in r.stderr
+
+
+def test_an_existing_cluster_by_address(fleet):
+    """--dask-scheduler: the tasks run on a cluster started elsewhere (here, by the test); the same summary; its
+    worker's memory limit is the one each rank is checked against. An address with no scheduler: one line, exit 2."""
+    from dask.distributed import LocalCluster
+
+    d, _, serial = fleet
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      memory_limit="3GB") as cluster:
+        r = _cli("analyze", str(d), "--json", "--dask-scheduler", cluster.scheduler_address)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    c = res.pop("cluster")
+    assert c["kind"] == cluster.scheduler_address and c["workers"] == 1 and c["memory_limit_bytes"] == 3_000_000_000
+    serial = {k: v for k, v in serial.items() if k != "cluster"}
+    assert res == json.loads(json.dumps(serial))
+    r = _cli("analyze", str(d), "--dask-scheduler", "tcp://127.0.0.1:9")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot reach" in r.stderr
