@@ -173,7 +173,7 @@ def _single_path(paths: tuple[str, ...]) -> str:
 
 
 @click.command()
-@click.argument("trace_paths", metavar="TRACE...", nargs=-1, required=True)
+@click.argument("trace_paths", metavar="TRACE", nargs=-1, required=True)
 @click.option("--window", default=None, metavar="NAME",
               help="Analyse the span of the annotations (record_function / NVTX ranges) with this name. Default: "
                    "the capture sidecar's analysis_window (the profiled rounds) when TRACE.gaptrace.json names one, "

@@ -49,7 +49,7 @@ def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None
 
 
 @click.command(name="report")
-@click.argument("traces", metavar="TRACE...", nargs=-1, required=True)
+@click.argument("traces", metavar="TRACE", nargs=-1, required=True)
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
               help="HTML file to write (default: TRACE's name with .report.html, in the current directory).")
 @click.option("--window", default=None, metavar="NAME",
