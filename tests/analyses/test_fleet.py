@@ -284,3 +284,14 @@ def test_an_existing_cluster_by_address(fleet):
     assert res == json.loads(json.dumps(serial))
     r = _cli("analyze", str(d), "--dask-scheduler", "tcp://127.0.0.1:9")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "cannot reach" in r.stderr
+
+
+def test_a_bad_rank_file_is_one_line_on_the_cluster_too(tmp_path):
+    planted = build_fleet(str(tmp_path), n_ranks=2, late_rank=1, delay_us=300.0, rounds=2)
+    with open(planted["files"][1], "w") as f:
+        f.write('{"traceEvents": [')
+    for extra in ((), ("--workers", "0")):
+        r = _cli("analyze", str(tmp_path), *extra)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert r.stderr.strip().splitlines() == [f"gaptrace: error: {planted['files'][1]}: JSON ends before the "
+                                                 "document closes at byte 17 (truncated file?)"]
