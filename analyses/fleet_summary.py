@@ -9,7 +9,9 @@ JSON keys of :func:`merge_fleet` (``gaptrace analyze DIR --json`` with two or mo
   caused_us, verdict (the step verdict: gpu_bound, sync_bound, ...; None without steps), step_figure, bound and
   round_verdict (the round model's, None without rounds), first_cause (the first finding's summary, None when
   none), headline, steps, clock_offset_us, clock_residual_us, collectives: [{label, count, total_us, mean_us}],
-  strip ({t0_us, t1_us: the window on the rank's own clock, busy: STRIP_BINS busy fractions}), warnings}], by rank;
+  strip ({t0_us, t1_us: the window on the rank's own clock, busy: STRIP_BINS busy fractions}), wait_spans_us
+  ([[start, end]] on the aligned clock: where it waited inside a collective; the first MAX_WAIT_SPANS), warnings}],
+  by rank;
 - ``collectives``: {key_kind ("seq" | "order"), instances, by_label: [{label, instances, ranks, mean_dur_us,
   total_wait_us, mean_wait_us}]};
 - ``stragglers``: [{late_rank, label, instances, caused_us, waiters, mean_wait_us, per_step_us, sites: [{site,
@@ -35,6 +37,7 @@ from . import collectives, stragglers
 __all__ = ["rank_result", "merge_fleet", "STRIP_BINS", "TOP_SITES_SHARED"]
 
 STRIP_BINS = 200  # bins of the per-rank busy strip the report draws
+MAX_WAIT_SPANS = 2000  # per rank, the waiting intervals kept for the report's strip (the first ones)
 TOP_SITES_SHARED = 5
 
 
@@ -121,6 +124,12 @@ def merge_fleet(results: list[dict[str, Any]], frames: dict[int, list[dict]] | N
         warnings.append("after aligning by baseTimeNanoseconds the collectives' common end is off by "
                         + ", ".join(f"{v:+.0f} µs on rank {r}" for r, v in sorted(bad.items()))
                         + ": the ranks' clocks disagree; waits near that size are uncertain")
+    spans: dict[int, list[list[float]]] = {}
+    if not waits.empty:
+        w = waits[waits["wait_us"] > 0]
+        for rk, g in w.groupby("rank"):
+            s0 = g["start_us"].to_numpy()
+            spans[int(rk)] = [[float(a), float(a + d)] for a, d in zip(s0, g["wait_us"].to_numpy())][:MAX_WAIT_SPANS]
     out_ranks = []
     for r in res:
         p = per.get(r["rank"], {})
@@ -134,7 +143,7 @@ def merge_fleet(results: list[dict[str, Any]], frames: dict[int, list[dict]] | N
             "round_verdict": r["round_verdict"], "first_cause": r["first_cause"], "headline": r["headline"],
             "steps": r["steps"], "clock_offset_us": offsets.get(r["rank"], 0.0),
             "clock_residual_us": resid.get(r["rank"]), "collectives": _per_label(r["kernels"]),
-            "strip": r["strip"], "warnings": r["warnings"]})
+            "strip": r["strip"], "wait_spans_us": spans.get(r["rank"], []), "warnings": r["warnings"]})
     by_label = []
     if not waits.empty:
         for lab, g in waits.groupby("label", sort=True):

@@ -17,7 +17,8 @@ STRIP_W, ROW_H = 900, 16
 
 def strip_svg(res: dict[str, Any]) -> str:
     """Per rank a row of STRIP_BINS cells over its analysis window, placed on the fleet's aligned clock (the rank's
-    window start + its clock offset), each cell's darkness its busy fraction; the stragglers' late rank outlined."""
+    window start + its clock offset), each cell's darkness its busy fraction, its waits inside collectives
+    (``wait_spans_us``) over them in orange; the stragglers' late rank outlined."""
     rows = []
     spans = []
     for r in res["ranks"]:
@@ -31,6 +32,7 @@ def strip_svg(res: dict[str, Any]) -> str:
     t1 = max(b for _, _, b, _ in spans)
     width = max(t1 - t0, 1e-9)
     late = {s["late_rank"] for s in res.get("stragglers") or []}
+    waiting = {r["rank"]: r.get("wait_spans_us") or [] for r in res["ranks"]}
     label_w = 70
     for i, (rank, a, b, busy) in enumerate(spans):
         y = i * (ROW_H + 4)
@@ -40,13 +42,19 @@ def strip_svg(res: dict[str, Any]) -> str:
         for k, f in enumerate(busy):
             rows.append(f'<rect x="{x0 + k * cell:.2f}" y="{y}" width="{cell + 0.05:.2f}" height="{ROW_H}" '
                         f'fill="#1f77b4" fill-opacity="{max(0.0, min(1.0, float(f or 0.0))):.3f}"/>')
+        for ws, we in waiting.get(rank, []):  # the time it spun in a collective waiting for a late rank
+            wx = label_w + (ws - t0) / width * STRIP_W
+            rows.append(f'<rect x="{wx:.2f}" y="{y}" width="{max((we - ws) / width * STRIP_W, 0.5):.2f}" '
+                        f'height="{ROW_H}" fill="#ff7f0e" fill-opacity="0.85"/>')
         stroke = "#d62728" if rank in late else "#999"
         rows.append(f'<rect x="{x0:.2f}" y="{y}" width="{(b - a) / width * STRIP_W:.2f}" height="{ROW_H}" '
                     f'fill="none" stroke="{stroke}" stroke-width="{2 if rank in late else 0.5}"/>')
     hgt = len(spans) * (ROW_H + 4)
+    legend = (f"{width / 1000:,.2f} ms across; blue: busy (darker = busier); orange: waiting inside a collective for "
+              "a late rank (busy on the device, no work); red outline: a late rank")
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{label_w + STRIP_W + 10}" height="{hgt}" '
             f'role="img" aria-label="busy fraction per rank">{"".join(rows)}</svg>'
-            f'<p class="how">{h(f"{width / 1000:,.2f} ms across; darker = busier; red outline: a late rank")}</p>')
+            f'<p class="how">{h(legend)}</p>')
 
 
 def _matrix(res: dict[str, Any]) -> str:
