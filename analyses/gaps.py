@@ -36,7 +36,7 @@ from .occupancy import busy_timeline, resolve_device
 from .stacks import HostTree, host_tree
 from .timeline import BusyTimeline
 
-__all__ = ["EventIdle", "event_idle", "idle_at", "grouped_union", "gap_attribution", "gap_table"]
+__all__ = ["EventIdle", "event_idle", "event_idle_on", "idle_at", "grouped_union", "gap_attribution", "gap_table"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -154,6 +154,14 @@ def event_idle(trace: Trace, device: int | tuple[int, int] | None = None,
     """
     key = resolve_device(trace, device)
     tl = busy_timeline(trace, key, window, host_wait_only=host_wait_only)
+    return event_idle_on(trace, key, tl, exclude_parked=exclude_parked)
+
+
+def event_idle_on(trace: Trace, key: tuple[int, int], tl: BusyTimeline, exclude_parked: bool = False) -> EventIdle:
+    """:func:`event_idle` over a given timeline ``tl``: the host events of rank ``key[0]`` charged the *idle* of
+    ``tl`` (its complement of busy spans) that passed while they were open. With the device's own timeline this is
+    gap attribution; with a timeline whose idle spans are other intervals (the waits a late rank caused,
+    :mod:`.stragglers`) the same machinery charges those to the host frames, clipped to them."""
     tree = host_tree(trace)
     rank_of_thread = tree.threads["rank"].to_numpy()
     in_rank = rank_of_thread[tree.thread] == key[0] if tree.n else np.zeros(0, dtype=bool)

@@ -145,8 +145,35 @@ def render_text(res: dict, top: int = 15) -> str:
 
 
 
+def _fleet_paths(paths: tuple[str, ...], merged: bool) -> list[tuple[int, str]] | None:
+    """The (rank, file) pairs when ``paths`` name a fleet (two or more rank files: a directory of them, a glob, or
+    several paths) and ``--merged`` is not given; None for the single-trace path (one file, or a directory of one
+    rank file, or ``--merged``). Imports nothing of Dask."""
+    import os
+
+    if merged or (len(paths) == 1 and (os.path.isfile(paths[0]) or not os.path.exists(paths[0])
+                                       and not any(c in paths[0] for c in "*?["))):
+        return None
+    from gaptrace.fleet import fleet_files
+
+    files = fleet_files(list(paths))
+    return files if len(files) >= 2 else None
+
+
+def _single_path(paths: tuple[str, ...]) -> str:
+    """The one trace of the single-trace path: the path itself, or the one file a glob matches."""
+    import os
+
+    p = paths[0]
+    if not os.path.exists(p) and any(c in p for c in "*?["):
+        from gaptrace.fleet import fleet_files
+
+        return fleet_files([p])[0][1]
+    return p
+
+
 @click.command()
-@click.argument("trace_path", metavar="TRACE")
+@click.argument("trace_paths", metavar="TRACE", nargs=-1, required=True)
 @click.option("--window", default=None, metavar="NAME",
               help="Analyse the span of the annotations (record_function / NVTX ranges) with this name. Default: "
                    "the capture sidecar's analysis_window (the profiled rounds) when TRACE.gaptrace.json names one, "
@@ -159,17 +186,51 @@ def render_text(res: dict, top: int = 15) -> str:
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the findings' predicted savings "
                    "(default: the shipped one).")
+@click.option("--merged", is_flag=True,
+              help="Read a directory of rank files as one multi-rank trace in this process (no fleet, no Dask).")
+@click.option("--dask-scheduler", default=None, metavar="ADDRESS",
+              help="Fleet: run the per-rank tasks on this existing Dask cluster (default: a LocalCluster).")
+@click.option("--workers", type=click.IntRange(0, 1024), default=None, metavar="N",
+              help="Fleet: LocalCluster worker processes (default: one per core; 0: one rank after the other in "
+                   "this process, without Dask).")
 @memory_limit_option
-def analyze(trace_path: str, window: str | None, device: int | None, as_json: bool, round_name: str,
-            top: int, calibration: str | None, memory_limit_gb: float | None) -> None:
+def analyze(trace_paths: tuple[str, ...], window: str | None, device: int | None, as_json: bool, round_name: str,
+            top: int, calibration: str | None, merged: bool, dask_scheduler: str | None, workers: int | None,
+            memory_limit_gb: float | None) -> None:
     """Occupancy, idle-gap attribution, blocking syncs and graph-launch fit of TRACE (.json, .json.gz or a
-    directory of per-rank files). Bad input, or a trace with no GPU activity: one error line, exit code 2, nothing on
-    stdout (:func:`gaptrace.analyses.summary.summarize` still gives the host-side analyses of such a trace to the API)."""
+    directory of per-rank files). Two or more rank files (a directory of them, a glob, several paths) are a fleet:
+    each rank analysed alone as a Dask task, then merged with the collectives matched across ranks and the ranks
+    that made the others wait (gaptrace.fleet; ``--merged`` reads the directory as one trace instead). Bad input,
+    or a trace with no GPU activity: one error line, exit code 2, nothing on stdout
+    (:func:`gaptrace.analyses.summary.summarize` still gives the host-side analyses of such a trace to the API)."""
     from gaptrace import load_trace
     from gaptrace.cli import fail, memory_limit_bytes
 
     from gaptrace.analyses.savings import resolve_calibration
 
+    try:
+        fleet = _fleet_paths(trace_paths, merged)
+    except TraceError as e:
+        fail(str(e))
+    if fleet is None and len(trace_paths) > 1:
+        fail("several paths name a fleet of rank files: give them without --merged (or one directory with --merged)")
+    if fleet is not None:
+        if device is not None:
+            fail("--device picks one trace's device: a fleet analyses each rank's busiest device")
+        try:
+            calibration = resolve_calibration(calibration)
+            from gaptrace.fleet import render_fleet_text, run_fleet
+            res = run_fleet(fleet, workers=workers, scheduler=dask_scheduler,
+                            memory_limit_bytes=memory_limit_bytes(memory_limit_gb), window=window,
+                            round_name=round_name, calibration=calibration)
+        except (TraceError, ValueError) as e:
+            fail(str(e))
+        click.echo(dumps_json(res) if as_json else render_fleet_text(res))
+        return
+    try:
+        trace_path = _single_path(trace_paths)
+    except TraceError as e:
+        fail(str(e))
     try:
         calibration = resolve_calibration(calibration)  # a bad file fails before the trace is read
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))

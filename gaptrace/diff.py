@@ -62,6 +62,58 @@ def render_diff(d: dict) -> str:
     return "\n".join(lines)  # every string from d was escaped above
 
 
+def render_fleet_diff(d: dict) -> str:
+    """Text form of :func:`gaptrace.analyses.fleet_summary.diff_fleets`, strings escaped."""
+    d = escape_strings(d)
+    lines = [f"A: {d['a']}", f"B: {d['b']}", "", f"  {'metric':<22} {'A':>12} {'B':>12} {'B-A':>12}"]
+    for name, m in d["metrics"].items():
+        pct = name in ("occupancy", "busy_without_waiting")
+        f = (lambda v: "-" if v is None else f"{v:.1%}") if pct else (lambda v: "-" if v is None else f"{v:,.0f}")
+        dl = "-" if m["delta"] is None else (f"{m['delta']:+.1%}" if pct else f"{m['delta']:+,.0f}")
+        lines.append(f"  {name:<22} {f(m['a']):>12} {f(m['b']):>12} {dl:>12}")
+    lines += ["", f"  {'rank':>4} {'occupancy A → B':>20} {'busy w/o waiting A → B':>26} {'waited ms A → B':>20}"]
+    for r in d["ranks"]:
+        occ = f"{r['occupancy_a']:.1%} → {r['occupancy_b']:.1%}" if None not in (r["occupancy_a"], r["occupancy_b"]) else "-"
+        bww = (f"{r['busy_without_waiting_a']:.1%} → {r['busy_without_waiting_b']:.1%}"
+               if None not in (r["busy_without_waiting_a"], r["busy_without_waiting_b"]) else "-")
+        lines.append(f"  {r['rank']:>4} {occ:>20} {bww:>26} "
+                     f"{r['waited_us_a'] / 1000:>8.2f} → {r['waited_us_b'] / 1000:.2f}")
+    for side in ("a", "b"):
+        for line in d["stragglers"][side][:3]:
+            lines.append(f"{side.upper()}: {line}")
+    if d.get("warnings"):
+        lines += ["", "Warnings:"] + [f"  - {w}" for w in d["warnings"]]
+    return "\n".join(lines)
+
+
+def _diff_fleets(trace_a: str, trace_b: str, fa, fb, window, round_name, as_json, gates, cal, limit, workers,
+                 scheduler) -> None:
+    """``diff`` of two fleets: each run as ``analyze`` runs a fleet, then compared per rank and as a whole."""
+    from gaptrace.analyses.diff import GateError
+    from gaptrace.analyses.fleet_summary import FLEET_METRICS, check_fleet_gates, diff_fleets
+    from gaptrace.cli import fail
+    from gaptrace.fleet import run_fleet
+
+    try:
+        check_fleet_gates({"metrics": {k: {"a": None, "b": None, "delta": None, "rel": None}
+                                       for k in FLEET_METRICS}}, list(gates))  # a bad gate fails before any load
+        runs = [run_fleet(f, workers=workers, scheduler=scheduler, memory_limit_bytes=limit, window=window,
+                          round_name=round_name, calibration=cal) for f in (fa, fb)]
+        d = diff_fleets(*runs)
+        d["a"], d["b"] = trace_a, trace_b
+        d["gates"] = check_fleet_gates(d, list(gates))
+    except (TraceError, GateError, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        click.echo(dumps_json(d))
+    else:
+        click.echo(render_fleet_diff(d))
+        for g in d["gates"]:
+            click.echo(f"gate {g['gate']!r}: value {g['value']} -> {'TRIPPED' if g['tripped'] else 'ok'}")
+    if any(g["tripped"] for g in d["gates"]):
+        raise SystemExit(1)
+
+
 @click.command()
 @click.argument("trace_a", metavar="A")
 @click.argument("trace_b", metavar="B")
@@ -75,15 +127,39 @@ def render_diff(d: dict) -> str:
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the predicted unprofiled rounds "
                    "(default: the shipped one).")
+@click.option("--dask-scheduler", default=None, metavar="ADDRESS",
+              help="Two fleets: run the per-rank tasks on this existing Dask cluster (default: a LocalCluster).")
+@click.option("--workers", type=click.IntRange(0, 1024), default=None, metavar="N",
+              help="Two fleets: LocalCluster worker processes (default: one per core; 0: without Dask).")
 @memory_limit_option
 def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_json: bool,
-         gates: tuple[str, ...], calibration: str | None, memory_limit_gb: float | None) -> None:
+         gates: tuple[str, ...], calibration: str | None, dask_scheduler: str | None, workers: int | None,
+         memory_limit_gb: float | None) -> None:
     """Compare trace A (baseline) with trace B (candidate): occupancy, Tround, τ, TPOT, κ, idle by frame and
-    blocking syncs, and the accept-length inequality. Exit 2 on bad input, 1 when a --fail-if gate trips."""
+    blocking syncs, and the accept-length inequality. Two fleets (each a directory of two or more rank files, or a
+    quoted glob) are compared per rank: occupancy, busy without waiting, waits (gates on occupancy,
+    busy_without_waiting, waited_us, caused_us: the fleet's lowest, total and largest). Exit 2 on bad input, 1 when a
+    --fail-if gate trips."""
     from gaptrace import load_trace
     from gaptrace.analyses.diff import GateError, check_gates, diff_analyses, parse_gate
     from gaptrace.analyses.savings import resolve_calibration
+    from gaptrace.analyze import _fleet_paths
     from gaptrace.cli import fail, memory_limit_bytes
+
+    try:
+        fa, fb = _fleet_paths((trace_a,), False), _fleet_paths((trace_b,), False)
+    except TraceError as e:
+        fail(str(e))
+    if (fa is None) != (fb is None):
+        fail("one side is a fleet of rank files and the other one trace: compare two fleets or two traces")
+    if fa is not None:
+        try:
+            cal = resolve_calibration(calibration)
+        except ValueError as e:
+            fail(str(e))
+        _diff_fleets(trace_a, trace_b, fa, fb, window, round_name, as_json, gates, cal,
+                     memory_limit_bytes(memory_limit_gb), workers, dask_scheduler)
+        return
 
     try:
         for g in gates:

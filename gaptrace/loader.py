@@ -15,13 +15,13 @@ import json
 import os
 import re
 import zlib
-from typing import Any
+from typing import Any, Union
 
 from .reference import events_to_raw  # noqa: F401 (public here too: the reference reader's conversion)
 from .trace import RawColumns, Trace, TraceError, build_trace
 
 __all__ = ["load_trace", "load_raw", "load_trace_reference", "events_to_raw", "trace_files", "read_bytes",
-           "json_size_bytes", "estimate_load_bytes", "default_memory_limit_bytes"]
+           "json_size_bytes", "estimate_load_bytes", "default_memory_limit_bytes", "read_comm_args", "comm_args"]
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
@@ -251,3 +251,139 @@ def load_trace(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes:
     raw, metadata = load_raw(path, memory_limit_bytes=memory_limit_bytes, chunk_bytes=chunk_bytes,
                              workers=workers)
     return build_trace(raw, path, metadata)
+
+
+# ---------------------------------------------------------------- collective annotations (a second, narrow pass)
+
+# The args keys Kineto writes on a collective: on the NCCL kernel itself (PyTorch >= 2.2) and on the
+# ``record_param_comms`` cpu_op that launched it (both carry the launch's "External id").
+COMM_ARG_KEYS = {"Collective name": "collective", "Process Group Name": "process_group",
+                 "Process Group Ranks": "process_group_ranks", "Group size": "group_size", "Seq": "seq",
+                 "seq": "seq", "In msg nelems": "in_nelems", "dtype": "dtype"}
+COMM_COLUMNS = ("rank", "cat", "name", "ts_us", "correlation", "external_id", "collective", "process_group",
+                "process_group_ranks", "group_size", "seq", "in_nelems", "dtype")
+
+
+class _CommSink:
+    """A :class:`gaptrace.jsonstream.DocumentReader` sink that keeps only the events carrying collective args
+    (one dict each, few per step); every other event is decoded into an empty struct and dropped."""
+
+    def __init__(self) -> None:
+        import msgspec
+
+        self._keys = list(COMM_ARG_KEYS) + ["correlation", "External id"]
+        args = msgspec.defstruct("CommArgs", [(f"k{i}", Any, msgspec.field(default=None, name=k))
+                                              for i, k in enumerate(self._keys)], gc=False)
+        event = msgspec.defstruct("CommEvent", [("cat", Any, ""), ("name", Any, ""), ("ts", Any, None),
+                                                ("args", Union[args, None], None)],
+                                  tag="X", tag_field="ph", gc=False)
+        others = tuple(msgspec.defstruct(f"CommPhase_{i}", [], tag=ph, tag_field="ph", gc=False)
+                       for i, ph in enumerate(("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O",
+                                               "D", "M", "V", "v", "R", "c", "(", ")")))
+        self._event = event
+        self._typed = msgspec.json.Decoder(list[Union[(event, *others)]])
+        self._untyped = msgspec.json.Decoder(list[Any])
+        self.rows: list[dict] = []
+        self.rank = 0
+        self.elements = 0
+        self._mark = 0
+
+    def start_rank(self, rank: int) -> None:
+        self.rank, self.elements, self._mark = rank, 0, len(self.rows)
+
+    def discard_rank(self) -> None:
+        del self.rows[self._mark:]
+        self.elements = 0
+
+    def _keep(self, cat, name, ts, args: dict) -> None:
+        got = {COMM_ARG_KEYS[k]: args[k] for k in COMM_ARG_KEYS if args.get(k) is not None}
+        if "collective" not in got and "process_group" not in got:
+            return
+        row = {c: None for c in COMM_COLUMNS}
+        row.update(got)
+        row.update(rank=self.rank, cat=str(cat), name=str(name),
+                   ts_us=float(ts) if isinstance(ts, (int, float)) and not isinstance(ts, bool) else float("nan"),
+                   correlation=args.get("correlation"), external_id=args.get("External id"))
+        self.rows.append(row)
+
+    def add_json(self, piece) -> None:
+        import msgspec
+
+        try:
+            events = self._typed.decode(piece)
+        except msgspec.ValidationError:
+            self.add_python(self._untyped.decode(piece))
+            return
+        self.elements += len(events)
+        for e in events:
+            a = getattr(e, "args", None)
+            if a is not None and (a.k0 is not None or a.k1 is not None):  # "Collective name", "Process Group Name"
+                self._keep(e.cat, e.name, e.ts, {k: getattr(a, f"k{i}") for i, k in enumerate(self._keys)})
+
+    def add_python(self, events: list) -> None:
+        self.elements += len(events)
+        for e in events:
+            if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("args"), dict):
+                self._keep(e.get("cat", ""), e.get("name", ""), e.get("ts"), e["args"])
+
+
+def _comm_value(v: Any, kind: type) -> Any:
+    """An args value as ``kind`` (int or str), None when it is neither (a list, a dict, a bool, a float id)."""
+    if kind is int:
+        return v if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 else None
+    return None if isinstance(v, (list, dict, bool)) or v is None else str(v)
+
+
+def read_comm_args(path: str, *, memory_limit_bytes: int | None = None):
+    """The collective annotations of the trace at ``path`` (a file, or a directory of per-rank files): one row per
+    complete event whose ``args`` hold ``"Collective name"`` or ``"Process Group Name"`` (Kineto writes them on
+    NCCL/RCCL kernels and on the ``record_param_comms`` cpu_op that launched them).
+
+    A pandas DataFrame with columns ``COMM_COLUMNS``: rank (the file's, :func:`trace_files`), cat, name, ts_us
+    (µs, the trace's own clock), correlation, external_id, group_size, seq, in_nelems (int64, -1 where absent),
+    collective, process_group, process_group_ranks, dtype (str or None). A second pass over the
+    file with a decoder that skips every other key (about the typed loader's own decode time); values of another
+    JSON type than the column's read as None. Raises TraceError (one line) as :func:`load_raw` does.
+    """
+    import pandas as pd
+
+    from .jsonstream import CHUNK_BYTES, DocumentReader, JsonBudget
+
+    files = trace_files(path)
+    limit = default_memory_limit_bytes() if memory_limit_bytes is None else memory_limit_bytes
+    sink = _CommSink()
+    budget = JsonBudget(json_budget_bytes(limit), limit)
+    for rank, f in files:
+        sink.start_rank(rank)
+        DocumentReader(f, sink, min(CHUNK_BYTES, max(1 << 16, _json_size_hint(f) + 1)), None, budget=budget).read()
+    rows = sink.rows
+    ints = ("correlation", "external_id", "group_size", "seq", "in_nelems")
+    for r in rows:
+        for c in ints:
+            r[c] = _comm_value(r[c], int)
+        for c in ("collective", "process_group", "process_group_ranks", "dtype"):
+            r[c] = _comm_value(r[c], str)
+    import numpy as np
+
+    cols = {c: [r[c] for r in rows] for c in COMM_COLUMNS}
+    for c in ints + ("rank",):  # absent integers are -1, as in every frame of the trace model
+        cols[c] = np.array([-1 if v is None else v for v in cols[c]], dtype=np.int64)
+    cols["ts_us"] = np.array(cols["ts_us"], dtype=np.float64)
+    for c in ("cat", "name", "collective", "process_group", "process_group_ranks", "dtype"):
+        cols[c] = np.array(cols[c], dtype=object)
+    return pd.DataFrame(cols, columns=list(COMM_COLUMNS))
+
+
+def comm_args(trace: Trace):
+    """:func:`read_comm_args` of the file(s) ``trace`` was loaded from, read once per trace (:meth:`Trace.memo`),
+    and only when the trace names a collective at all (a ``record_param_comms`` host event or an NCCL/RCCL kernel):
+    otherwise an empty frame without reading anything. Raises TraceError when the file is gone or changed."""
+    import pandas as pd
+
+    def build():
+        names = trace.symbols.astype(str)
+        if not (names.str.startswith(("nccl", "rccl", "record_param_comms"))).any():
+            return pd.DataFrame({c: [] for c in COMM_COLUMNS})
+        return read_comm_args(trace.path)
+
+    return trace.memo("comm_args", trace.host, build)

@@ -237,7 +237,8 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
 @click.option("-o", "--output", required=True, metavar="TRACE.json.gz",
               help="The Kineto trace to write; the sidecar TRACE.gaptrace.json goes next to it. With --tp N: a "
                    "directory, which gets one trace and sidecar per rank (DIR/DIR.rank<r>.json.gz, "
-                   "DIR.rank<r>.gaptrace.json): gaptrace analyze DIR reads it as one multi-rank trace.")
+                   "DIR.rank<r>.gaptrace.json): gaptrace analyze DIR analyses the ranks as a fleet (--merged: as "
+                   "one multi-rank trace).")
 def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None, queue: bool, output: str,
             **o) -> None:
     """Capture a torch.profiler trace of the runtime's steady decode (Python stacks, CUDA sync events where

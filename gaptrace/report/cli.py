@@ -19,8 +19,37 @@ def default_output(trace_path: str) -> str:
     return (base or "trace") + ".report.html"
 
 
+def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None, round_name: str,
+                  calibration: str | None, workers: int | None, dask_scheduler: str | None,
+                  memory_limit_gb: float | None, files: list) -> None:
+    """The fleet's report page (:mod:`gaptrace.report.fleet`): the output checked against every rank file first,
+    then the fleet run, then one atomic write."""
+    from gaptrace.analyses.savings import resolve_calibration
+    from gaptrace.cli import fail, memory_limit_bytes
+    from gaptrace.fleet import run_fleet
+    from gaptrace.outputs import resolve_output, write_text_atomic
+
+    from .fleet import render_fleet_report
+
+    out = output or default_output(paths[0] if len(paths) == 1 and os.path.isdir(paths[0]) else "fleet")
+    try:
+        real = resolve_output(out, tuple(paths) + tuple(f for _, f in files))
+        calibration = resolve_calibration(calibration)
+        res = run_fleet(files, workers=workers, scheduler=dask_scheduler,
+                        memory_limit_bytes=memory_limit_bytes(memory_limit_gb), window=window, round_name=round_name,
+                        calibration=calibration)
+        text = render_fleet_report(res, " ".join(paths))
+        write_text_atomic(real, text, prefix=".gaptrace-report-")
+    except (TraceError, ValueError) as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{out}: cannot write the report: {e.strerror or e}")
+    click.echo(escape_line(clean_text(f"wrote {out} ({len(text.encode('utf-8')) / 1e6:.1f} MB; a fleet of "
+                                      f"{len(files)} ranks)")))
+
+
 @click.command(name="report")
-@click.argument("trace", metavar="TRACE")
+@click.argument("traces", metavar="TRACE", nargs=-1, required=True)
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
               help="HTML file to write (default: TRACE's name with .report.html, in the current directory).")
 @click.option("--window", default=None, metavar="NAME",
@@ -38,12 +67,39 @@ def default_output(trace_path: str) -> str:
 @click.option("--annotated", "annotated", type=click.Path(dir_okay=False), default=None, metavar="OUT",
               help="Also write TRACE with the findings as a gaptrace track for Perfetto UI (as `gaptrace annotate`; "
                    "over the report's window).")
+@click.option("--merged", is_flag=True,
+              help="Read a directory of rank files as one multi-rank trace (no fleet report, no Dask).")
+@click.option("--dask-scheduler", default=None, metavar="ADDRESS",
+              help="Fleet: run the per-rank tasks on this existing Dask cluster (default: a LocalCluster).")
+@click.option("--workers", type=click.IntRange(0, 1024), default=None, metavar="N",
+              help="Fleet: LocalCluster worker processes (default: one per core; 0: without Dask).")
 @memory_limit_option
-def report(trace: str, output: str | None, window: str | None, sidecar: str | None, device: int | None,
-           round_name: str, calibration: str | None, annotated: str | None, memory_limit_gb: float | None) -> None:
+def report(traces: tuple[str, ...], output: str | None, window: str | None, sidecar: str | None, device: int | None,
+           round_name: str, calibration: str | None, annotated: str | None, merged: bool, dask_scheduler: str | None,
+           workers: int | None, memory_limit_gb: float | None) -> None:
     """Write one self-contained offline HTML report of TRACE: headline findings, occupancy over time, where the
-    idle time went, blocking syncs, the graph-launch fit and the integrity warnings."""
+    idle time went, blocking syncs, the graph-launch fit and the integrity warnings. Two or more rank files (a
+    directory, a glob, several paths) give the fleet's report: per-rank occupancy and busy without waiting, a
+    timeline strip per rank, the stragglers and the wait matrix (``--merged``: the one-trace report instead)."""
+    from gaptrace.analyze import _fleet_paths, _single_path
     from gaptrace.cli import fail, memory_limit_bytes
+
+    try:
+        files = _fleet_paths(traces, merged)
+    except TraceError as e:
+        fail(str(e))
+    if files is None and len(traces) > 1:
+        fail("several paths name a fleet of rank files: give them without --merged (or one directory with --merged)")
+    if files is not None:
+        if device is not None or sidecar is not None or annotated is not None:
+            fail("--device, --sidecar and --annotated are for one trace: a fleet's report reads each rank's own")
+        _fleet_report(traces, output, window, round_name, calibration, workers, dask_scheduler, memory_limit_gb,
+                      files)
+        return
+    try:
+        trace = _single_path(traces)
+    except TraceError as e:
+        fail(str(e))
 
     from . import write_report
 
