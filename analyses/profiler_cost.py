@@ -38,7 +38,7 @@ from gaptrace.trace import Trace
 from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _merge
 
-__all__ = ["Calibration", "load_calibration", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
+__all__ = ["Calibration", "load_calibration", "name_codes", "profiler_frames", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
            "thread_wait_cost", "THREAD_WAIT_PREFIX",
            "COST_KEYS"]
 
@@ -125,6 +125,15 @@ THREAD_WAIT_MIN_US = 20.0
 PROFILER_FRAME_RE = r"(?:^|/)torch/profiler/profiler\.py\(\d+\): "
 
 
+def name_codes(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(names, codes): the distinct host event names (str array, sorted) and, per host row, the index of its name,
+    so a name test runs once per distinct name; memoised on the trace (:meth:`gaptrace.trace.Trace.memo`)."""
+    def build():
+        u, i = np.unique(trace.host["name"].astype(str).to_numpy(), return_inverse=True)
+        return u.astype(str), i
+    return trace.memo("host_name_codes", trace.host, build)
+
+
 def profiler_frames(trace: Trace, model: ReplayModel) -> tuple[np.ndarray, np.ndarray]:
     """The merged intervals (starts, ends: µs from ``model.t0_us``, sorted, disjoint) of the launching thread's
     Python frames in torch.profiler's own module (:data:`PROFILER_FRAME_RE`: ``profile.step()`` and what it calls),
@@ -139,10 +148,9 @@ def profiler_frames(trace: Trace, model: ReplayModel) -> tuple[np.ndarray, np.nd
     rows = np.flatnonzero(sel)
     out = (np.zeros(0), np.zeros(0))
     if len(rows):
-        names = h["name"].to_numpy()[rows].astype(str)
-        uniq, inv = np.unique(names, return_inverse=True)
-        hit = pd.Series(uniq, dtype=object).str.contains(PROFILER_FRAME_RE, regex=True).to_numpy(dtype=bool)[inv]
-        rows = rows[hit]
+        uniq, codes = name_codes(trace)
+        hit = pd.Series(uniq, dtype=object).str.contains(PROFILER_FRAME_RE, regex=True).to_numpy(dtype=bool)
+        rows = rows[hit[codes[rows]]]
         if len(rows):
             out = _merge(h["ts_us"].to_numpy()[rows] - model.t0_us, h["end_us"].to_numpy()[rows] - model.t0_us)
     try:

@@ -31,7 +31,7 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 
 from gaptrace.trace import Trace, TraceError
 
-from .profiler_cost import Calibration, load_calibration, unprofiled_inputs
+from .profiler_cost import Calibration, load_calibration, name_codes, unprofiled_inputs
 from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
                      round_starts)
@@ -73,10 +73,7 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
     on = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
         (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)))
     # names matched once per distinct name (a trace has thousands of names over millions of events)
-    def _names():
-        u, i = np.unique(h["name"].astype(str).to_numpy(), return_inverse=True)
-        return u.astype(str), i
-    uniq, inv = trace.memo("whatif_names", h, _names)
+    uniq, inv = name_codes(trace)
     cat = h["cat"].to_numpy()
     exact = uniq == site
     m = on & (cat == "user_annotation") & exact[inv]
