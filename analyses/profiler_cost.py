@@ -125,12 +125,20 @@ THREAD_WAIT_MIN_US = 20.0
 PROFILER_FRAME_RE = r"(?:^|/)torch/profiler/profiler\.py\(\d+\): "
 
 
+def _factor(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uniques as a str array, codes (n,) int64) of ``values`` by hashing (pandas.factorize, first-seen order):
+    np.unique's sort of millions of strings is the cost it avoids."""
+    if len(values) == 0:
+        return np.array([], dtype=str), np.zeros(0, dtype=np.int64)
+    codes, uniq = pd.factorize(values)
+    return np.asarray(uniq, dtype=str), codes.astype(np.int64)
+
+
 def name_codes(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
-    """(names, codes): the distinct host event names (str array, sorted) and, per host row, the index of its name,
+    """(names, codes): the distinct host event names (str array, first-seen order) and, per host row, the index of its name,
     so a name test runs once per distinct name; memoised on the trace (:meth:`gaptrace.trace.Trace.memo`)."""
     def build():
-        u, i = np.unique(trace.host["name"].astype(str).to_numpy(), return_inverse=True)
-        return u.astype(str), i
+        return _factor(trace.host["name"].astype(str).to_numpy())
     return trace.memo("host_name_codes", trace.host, build)
 
 
@@ -188,7 +196,7 @@ def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
     pos = np.searchsorted(bounds, ts, side="right")
     in_call = (pos % 2 == 1) & not_chain
     in_work = (pos % 2 == 0) & (pos // 2 < K) & not_chain & (pos > 0)
-    uc, ci = np.unique(cats, return_inverse=True) if len(cats) else (np.array([], dtype=str), np.zeros(0, int))
+    uc, ci = _factor(cats)
     n_work = np.zeros((K, len(uc)))
     n_call = np.zeros((K, len(uc)))
     np.add.at(n_work, (pos[in_work] // 2, ci[in_work]), 1.0)
@@ -205,7 +213,7 @@ def _event_costs(cats: np.ndarray, calibration: Calibration) -> np.ndarray:
     """(n,) µs per recorded event of category ``cats[i]`` (:data:`COST_KEYS`; 0 for other categories)."""
     if len(cats) == 0:
         return np.zeros(0)
-    uniq, inv = np.unique(cats, return_inverse=True)
+    uniq, inv = _factor(cats)
     return np.array([calibration.cost_of(c) for c in uniq], dtype=np.float64)[inv]
 
 
@@ -243,7 +251,7 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
     on = rank & (tid == model.tid) & (h["cat"].to_numpy() == "python_function")
     w = np.flatnonzero(on)
     if len(w):
-        uniq, inv = np.unique(names[w], return_inverse=True)
+        uniq, inv = _factor(names[w])
         is_wait = pd.Series(uniq, dtype=object).str.startswith(THREAD_WAIT_PREFIX).to_numpy(dtype=bool)
         w = w[is_wait[inv]]
     if len(w):
@@ -261,8 +269,7 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
             ots = h["ts_us"].to_numpy()[other] - model.t0_us
             j = np.searchsorted(ws, ots, side="right") - 1
             inside = (j >= 0) & (ots < we[np.maximum(j, 0)])
-            uc, ci = np.unique(cats, return_inverse=True) if len(cats) else (np.array([], dtype=str),
-                                                                             np.zeros(0, int))
+            uc, ci = _factor(cats)
             counts = np.zeros((len(ws), len(uc)))
             np.add.at(counts, (j[inside], ci[inside]), 1.0)
             res = {"ws": ws, "we": we, "k": k, "counts": counts, "cats": [str(c) for c in uc]}

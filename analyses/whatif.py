@@ -74,11 +74,13 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
         (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)))
     # names matched once per distinct name (a trace has thousands of names over millions of events)
     uniq, inv = name_codes(trace)
-    cat = h["cat"].to_numpy()
+    ann = trace.memo(("whatif_ann", model.key[0], model.tid), h,
+                     lambda: on & (h["cat"].to_numpy() == "user_annotation"))
     exact = uniq == site
-    m = on & (cat == "user_annotation") & exact[inv]
+    m = ann & exact[inv]
     if not m.any():
-        fr = on & np.isin(cat, ("python_function", "cpu_op"))
+        fr = trace.memo(("whatif_frames", model.key[0], model.tid), h,
+                        lambda: on & np.isin(h["cat"].to_numpy(), ("python_function", "cpu_op")))
         m = fr & (exact | (np.char.find(uniq, site) >= 0))[inv]
     if not m.any():
         raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
