@@ -187,3 +187,17 @@ def test_graph_launch_cost_probe_without_cuda(tmp_path):
     r = subprocess.run([sys.executable, "-m", "benchmarks.probes.graph_launch_cost", "--nodes", "ten", "--out",
                         str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--nodes must be integers" in r.stderr
+
+
+def test_bench_replay_cost_row(tmp_path):
+    """The replay-cost benchmark on a 5 MB replication: one row whose replay seconds are part of the analysis
+    seconds and whose share is replay / (load + analysis) as printed."""
+    out = run("benchmarks/bench_replay_cost.py", "--sizes-gb", "0.005", "--repeat", "1", "--scratch", str(tmp_path))
+    row = [ln for ln in out.splitlines() if ln.startswith("| 0.005 |")]
+    assert len(row) == 1, out
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    load_s, analysis_s, replay_s = float(cells[2]), float(cells[3]), float(cells[4])
+    assert 0 < replay_s <= analysis_s
+    # the cells are rounded to 0.01 s: the share recomputed from them agrees to about a percent on sub-second rows
+    assert float(cells[5].rstrip("%")) == pytest.approx(100 * replay_s / (load_s + analysis_s), abs=2.0)
+    assert not list(tmp_path.iterdir())  # the replicated trace is deleted after its row
