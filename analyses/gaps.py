@@ -237,15 +237,22 @@ def _gap_ranges(tl: BusyTimeline, s: np.ndarray, e: np.ndarray) -> tuple[np.ndar
 
 def gap_attribution(trace: Trace, device: int | tuple[int, int] | None = None,
                     window: str | tuple[float, float] | None = None,
-                    result: EventIdle | None = None) -> pd.DataFrame:
+                    result: EventIdle | None = None, *, host_wait_only: bool = True,
+                    exclude_parked: bool = True) -> pd.DataFrame:
     """Idle time per host frame (normalised name), sorted by inclusive_idle_us desc; frames with no idle omitted.
+
+    The defaults are ``gaptrace analyze``'s: only host-wait idle is charged (``host_wait_only``: gaps before
+    kernels already launched are device-side, nobody's host code) and parked helper threads are left out
+    (``exclude_parked``: a thread that never launches device work and sits in a wait frame; :func:`event_idle`).
+    Both are ignored when ``result`` is given (its own settings hold).
 
     Columns: frame, cat (host category of the frame), self_idle_us, inclusive_idle_us, share (inclusive /
     idle of the window, 0..1), gaps (distinct idle gaps the frame overlapped), events (occurrences of the frame
     that intersect the window). Units µs. See the module docstring for the union semantics.
     Pass ``result`` (from :func:`event_idle`) to reuse a computation.
     """
-    r = result if result is not None else event_idle(trace, device, window)
+    r = result if result is not None else event_idle(trace, device, window, host_wait_only=host_wait_only,
+                                                     exclude_parked=exclude_parked)
     tree, tl = r.tree, r.timeline
     cols = ["frame", "cat", "self_idle_us", "inclusive_idle_us", "share", "gaps", "events"]
     nf = len(tree.frames)

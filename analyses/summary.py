@@ -191,7 +191,7 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
         out["headline"] = ["no GPU activity in the trace: occupancy and idle-gap attribution are absent"]
         return AnalysisSummary(**out)
 
-    occ = occupancy.occupancy(trace, window)
+    occ = occupancy.occupancy(trace, window, sidecar=None)  # the window is settled above
     out["devices"] = _records(occ)
     key = occupancy.resolve_device(trace, device)
     exact = occupancy.busy_timeline(trace, key, window)
