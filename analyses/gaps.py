@@ -25,6 +25,8 @@ threads (for a searchsorted) and rounds of pointer jumping (about the nesting de
 """
 from __future__ import annotations
 
+import re
+
 import dataclasses
 
 import numpy as np
@@ -335,3 +337,22 @@ def gap_table(trace: Trace, device: int | tuple[int, int] | None = None,
         "dur_us": dur, "frame": frame, "frame_idle_us": held,
         "frame_share": np.divide(held, dur, out=np.zeros(ng), where=dur > 0),
     })
+
+
+# Frames that only wrap the program (the interpreter's runpy, click's command dispatch, a thread's bootstrap): with
+# no self idle they say nothing a frame below them does not, so frame tables fold them away (:func:`frame_table`).
+WRAPPER_RE = re.compile(r"<frozen runpy>|(?:^|[/\\])runpy\.py\(|(?:^|[/\\])click[/\\]|threading\.py\(\d+\): "
+                        r"(?:_bootstrap|_bootstrap_inner|run)$|\(\d+\): <module>$")
+
+
+def frame_table(rows: list[dict], by: str = "self") -> tuple[list[dict], int]:
+    """Rows of ``gap_attribution`` (dicts) for a frame table: sorted by self idle (``by`` "self", the default:
+    where the host itself was) or inclusive idle (``by`` "inclusive", the JSON's order), descending; frames that
+    match :data:`WRAPPER_RE` with less than 0.5 µs of self idle folded away. Returns (rows, folded count).
+    ValueError for another ``by``."""
+    if by not in ("self", "inclusive"):
+        raise ValueError(f"frame order {by!r}: expected 'self' or 'inclusive'")
+    keep = [r for r in rows if not ((r.get("self_idle_us") or 0.0) < 0.5 and WRAPPER_RE.search(str(r.get("frame", ""))))]
+    key = "self_idle_us" if by == "self" else "inclusive_idle_us"
+    keep = sorted(keep, key=lambda r: (-(r.get(key) or 0.0), -(r.get("inclusive_idle_us") or 0.0), str(r.get("frame"))))
+    return keep, len(rows) - len(keep)

@@ -436,11 +436,12 @@ def _headline(out: dict, st: Any, vd: Any, window: str | None, key: tuple[int, i
     else:
         n = int(st.summary.get("steps", 0))
         name = st.name_pattern or st.name
-        line = (f"verdict over {n} step{'s' if n != 1 else ''} of '{name}' ({_RULE_TEXT.get(st.rule, st.rule)}): "
+        k = int(st.summary.get("outliers", 0))
+        left = f"; the {k} outlier step{'s' if k != 1 else ''} left out of it" if k else ""
+        line = (f"verdict over {n} step{'s' if n != 1 else ''} of '{name}' ({_RULE_TEXT.get(st.rule, st.rule)}{left}): "
                 f"{vd.overall.get('figure', '')}")
         if st.holds_request:
             line += "; each step holds a whole generate() call, so TPOT is per step, not per token"
-        k = int(st.summary.get("outliers", 0))
         if k:
             line += (f"; mean step {ms_text(st.summary['mean_step_us'])} with the {k} outlier step{'s' if k != 1 else ''}, "
                      f"{ms_text(st.summary['mean_step_us_without_outliers'])} without")
@@ -451,8 +452,17 @@ def _headline(out: dict, st: Any, vd: Any, window: str | None, key: tuple[int, i
         lines.append(f"the GPU was saturated (busy {dev['occupancy']:.1%} of the window): nothing to fix on the host")
     said = savings.saving_headline(found, out["whatif"]) if out["whatif"] else None
     top = next((f for f in found if f.get("saving_us") is not None), None)
+    ov = vd.overall or {}
+    caveat = None
+    if said and not saturated and ov.get("verdict") == "gpu_bound" and top is not None and ov.get("step_us"):
+        room = (ov.get("host_wait_idle_us") or 0.0) / ov["step_us"]
+        if (top.get("saving_share") or 0.0) > room + savings.FOLD_SHARE:
+            caveat = (f"but the steps are GPU-bound, with host-wait idle {room:.0%} of a step: the replay does not "
+                      "model the device's waits on other streams or collectives, so a host fix buys at most that")
     if said and not saturated:
         lines.append(said)
+        if caveat:
+            lines.append(caveat)
         if top is not None and top.get("fix") and not said.startswith("no finding"):
             lines.append(f"fix: {top['fix']}")
     if found and not saturated and (top is None or found[0] is not top or not said):
