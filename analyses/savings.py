@@ -183,7 +183,7 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["saving_with_device_us"] = float(w["saving_with_device_us"])
             f["device_items_per_round"] = float(w["device_items_per_round"])
             f["saving_with_device_share"] = f["saving_with_device_us"] / base if base and base > 0 else None
-    _defer_to_nested(trace, ctx, found)
+    _defer_to_nested(trace, ctx, found, memo, body, base)
     # savings within FOLD_SHARE of the round of each other are one rank: they keep their idle-share order (two frames
     # of one cause, e.g. a blocking read and the function around it, save the same within the model's error)
     step = FOLD_SHARE * base if base and base > 0 else 1.0
@@ -251,11 +251,14 @@ def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) 
     return memo[site]
 
 
-def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict]) -> None:
+def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo: dict | None = None,
+                     body: list | None = None, base: float | None = None) -> None:
     """A cause whose host intervals cover more than ENCLOSING_SHARE of the rounds' window and hold another
     finding's cause (at least 90% of that cause's host time inside them) is the loop body around that cause (a
     ``step()`` that reads a value back inline), not a cause of its own: its saving is dropped (``saving_note``
-    names the nested cause). In place."""
+    names the nested cause); a blocking sync's then goes to its ATen op's calls (their wait and host work), as
+    when the site encloses the rounds. In place; ``memo``, ``body`` and ``base`` as :func:`rank_findings` has
+    them."""
     if ctx is None:
         return
     lo, hi = ctx.window
@@ -288,11 +291,23 @@ def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict]) -> No
                 if j1 > j0:
                     inside += float((np.minimum(ue[j0:j1], b) - np.maximum(us[j0:j1], a)).clip(min=0).sum())
             if inside >= 0.9 * total:
-                f["saving_note"] = (f"no saving of its own: {f['cause']} spans most of the rounds and holds the "
-                                    f"cause of another finding ({g['cause']}): it is the loop body around it")
                 for k in ("saving_us", "one_off_saving_us", "saving_share", "saving_with_device_us",
                           "device_items_per_round", "saving_with_device_share"):
                     f[k] = None
+                op = f.get("aten_op")
+                w = (_replay_site(trace, ctx, str(op), memo if memo is not None else {}, body or [])
+                     if f.get("kind") == "blocking_sync" and op and f["cause"] == f.get("site") else None)
+                if isinstance(w, dict):
+                    f["cause"] = str(op)
+                    f["fix"] = (f"stop blocking on {f.get('call')} ({op}) in {f.get('site')}, the loop's own body: "
+                                "keep the value on the device, or copy it to pinned memory non-blocking and read it "
+                                "a step late")
+                    f["saving_us"] = float(w["saving_us"])
+                    f["one_off_saving_us"] = float(w["one_off_saving_us"])
+                    f["saving_share"] = f["saving_us"] / base if base and base > 0 else None
+                else:
+                    f["saving_note"] = (f"no saving of its own: {f['cause']} spans most of the rounds and holds the "
+                                        f"cause of another finding ({g['cause']}): it is the loop body around it")
                 break
 
 

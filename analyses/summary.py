@@ -261,7 +261,7 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     out["verdict"] = _verdict_block(st, vd, warnings)
     if rr is not None and st.rule == "round" and st.outliers:
         rr.summary["without_outliers"] = _rounds_without(rr, st)
-    tw = thread_waits.thread_waits(trace, key, st)
+    tw = thread_waits.thread_waits(trace, key, st, window=(tl.t0_us, tl.t1_us))
     out["thread_waits"] = _records(tw.findings.head(MAX_LIST_ROWS))
     gli = None
     if fit is not None:
@@ -287,7 +287,7 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
                 f.update({k: gli.totals[k] for k in ("kappa_idle_us", "t0_idle_us", "residual_idle_us")})
     found += findings.loop_findings(idle_total, tw.findings, st.outliers, vd.table, no_stack_rows, no_py, gli,
                                     fit_reliable=reliable)
-    if st.rule not in ("round", "none"):
+    if rr is None and st.rule not in ("round", "none"):  # the runtime's rounds have their host_bound finding
         found += _range_findings(trace, attribution, st, key, (tl.t0_us, tl.t1_us), idle_total)
     found.sort(key=lambda f: (-round(f["idle_share"], 3), {"blocking_sync": 0, "idle_site": 1}.get(f["kind"], 2)))
     # what fixing each finding buys: one baseline replay of the rounds (or the loop's steps), one more per cause
