@@ -196,7 +196,7 @@ def loop_findings(idle_total_us: float, waits: Any = None, outliers: Any = None,
     if share >= FINDING_MIN_SHARE and no_stack_rows is not None and len(no_stack_rows):
         top = []
         for r in no_stack_rows.head(3).itertuples(index=False):
-            what = " / ".join(x for x in (r.aten_op, r.runtime_call) if x) or "(nothing open)"
+            what = " / ".join(x for x in (r.aten_op, r.runtime_call) if x) or "no ATen op or runtime call"
             top.append(f"{what}{' in ' + r.range if r.range else ''} {ms_text(float(r.idle_us))}")
         out.append({"kind": "no_python_frame",
                     "summary": (f"{share:.0%} of GPU-idle time ({ms_text(no_stack_idle_us)}) the host had no Python "

@@ -36,9 +36,33 @@ that ``gaptrace analyze --json`` prints, ``gaptrace report`` renders and ``gaptr
 - ``idle_share_note``: str, how the findings' idle shares relate (one idle total; which of them overlap);
 - ``whatif``: {profiled_round_us, predicted_unprofiled_round_us, replayed_round_us, measured_unprofiled_round_us,
   rounds, calibration} (:func:`gaptrace.analyses.savings.whatif_block`; the round fields None without rounds);
-- ``headline``: [str], the occupancy sentence per device, the device-side share, then what the cause that buys
-  most saves (:func:`gaptrace.analyses.savings.saving_headline`) and the first finding;
-- ``warnings``: [str], the loader's integrity warnings and the analyses' own.
+- ``headline``: [str], the first screen, in order: the verdict over the loop's steps with the figure behind it
+  and the step used (``verdict over 6 steps of 'ProfilerStep#N' (...): 6 of 6 steps sync-bound: ...``; "TPOT is
+  per step, not per token" when a step holds a whole ``generate()``; the step time with and without outlier steps),
+  "the GPU was saturated: nothing to fix on the host" when the analysed device is busy SATURATED_SHARE of the
+  window or more, what the cause that buys most saves (:func:`gaptrace.analyses.savings.saving_headline`) and
+  ``fix: ...`` (else the first finding), then the occupancy sentence per device and the device-side share with
+  the graph-node bubbles;
+- ``warnings``: [str], the loader's integrity warnings and the analyses' own;
+- ``verdict``: {rule, step_name, reason, holds_request, overall, steps, outliers}: the step rule used
+  (:func:`gaptrace.analyses.steps.find_steps`), the verdict overall and per step with its figure
+  (:func:`gaptrace.analyses.verdicts.step_verdicts`: ``overall`` as :attr:`.verdicts.Verdicts.overall`, ``steps``
+  the per-step table's rows), and the outlier steps' sentences;
+- ``steps``: :meth:`gaptrace.analyses.steps.Steps.to_dict` (rule, name, reason, holds_request, request_evidence,
+  summary with the step time with and without outliers, outliers, steps);
+- ``thread_waits``: the rows of :attr:`gaptrace.analyses.thread_waits.ThreadWaits.findings` (a loop thread's waits
+  on another thread, with the device's host-wait idle during them, counted in the analysed window);
+- ``graph_launch_idle``: :meth:`gaptrace.analyses.launch_idle.GraphLaunchIdle.to_dict` (the idle under graph
+  launch calls, split into κ·N, t0 and the rest; moved in ``idle_sites`` from the caller's site to the row
+  "(graph launch calls)"), or None without graph launches;
+- ``idle_without_stacks``: :func:`gaptrace.analyses.thread_waits.idle_without_stacks`'s rows when the idle site
+  "(no Python frame)" holds FINDING_MIN_SHARE of the idle or more, else [].
+
+``rounds.summary.without_outliers`` (when the rounds have outlier rounds): the mean figures without them; the
+summary's own means keep them. ``whatif.step_rule`` / ``step_name``: the steps the replay ran over.
+Findings' kinds beyond :func:`gaptrace.analyses.findings.findings`': ``thread_wait``, ``outlier_step``,
+``no_python_frame``, ``graph_launch`` (:func:`gaptrace.analyses.findings.loop_findings`) and ``host_range`` (an NVTX
+range of a loop without the runtime's rounds: :func:`_range_findings`).
 
 Every figure is a sum or ratio of µs read off the trace (see each analysis module for its formula), so it can be
 reproduced by hand from the trace.
