@@ -126,6 +126,13 @@ def _verdict(analysis: dict) -> str:
         line += f"; the round model: {h(summary['verdict'])}" + (f", {h(summary['bound'])}-bound"
                                                                 if summary.get("bound") else "")
     out.append(f'<p class="verdict-line">{line}.</p>')
+    steps = (analysis.get("verdict") or {}).get("steps") or []
+    if steps:  # the verdict of every step, with the figure behind it
+        rows = [(h(r.get("step")), h(str(r.get("verdict", "")).replace("_", "-")), h(fmt_ms(r.get("step_us"))),
+                 h(fmt_pct(r.get("gpu_busy_share"))), h(r.get("figure", ""))) for r in steps[:200]]
+        out.append(f"<details><summary>per step ({len(steps)})</summary>"
+                   + table([("step", "num"), ("verdict", ""), ("step (ms)", "num"), ("GPU busy", "num"),
+                            ("figure", "")], rows, raw_cols=range(5)) + "</details>")
     found = analysis.get("findings") or []
     top = next((f for f in found if f.get("saving_us") is not None), None)
     from gaptrace.analyses.savings import FOLD_SHARE, saving_headline
@@ -435,6 +442,11 @@ def _rounds(analysis: dict, sidecar: Sidecar | None, figures: dict) -> str:
             line.append(f"<b>{h(verdict)}</b>" + (f", {h(bound)}-bound" if bound else ""))
         line.append(f"mean Tround {fmt_ms(sm.get('troundus'))} ms = TGPU {fmt_ms(sm.get('tgpuus'))} + Tserial "
                     f"{fmt_ms(sm.get('tserialus'))} ms; Thost {fmt_ms(sm.get('thostus'))} ms")
+        wo = summary.get("without_outliers")
+        if isinstance(wo, dict) and wo.get("t_round_us") is not None:  # the means above keep the outliers
+            line.append(f"without the outlier round(s) {h(', '.join(map(str, wo.get('left_out') or [])))}: mean "
+                        f"Tround {fmt_ms(wo.get('t_round_us'))} ms = TGPU {fmt_ms(wo.get('t_gpu_us'))} + Tserial "
+                        f"{fmt_ms(wo.get('t_serial_us'))} ms; Thost {fmt_ms(wo.get('t_host_us'))} ms")
         if sm.get("tau") is not None:
             line.append(f"τ {fmt_us(sm.get('tau'), 2)}, TPOT {fmt_ms(sm.get('tpotus'))} ms")
         if summary.get("unprofiled_round_us") is not None:

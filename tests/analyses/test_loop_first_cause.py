@@ -208,3 +208,68 @@ def test_no_stacks_trace_names_ops_and_says_to_capture_with_stacks():
     assert "with_stack=True" in f["summary"] and r["idle_without_stacks"]
     top = r["idle_without_stacks"][0]
     assert top["share"] <= 1.0 and top["idle_us"] > 0
+
+
+def test_icicle_keeps_the_stack_path_not_one_copy_per_profiler_step():
+    from gaptrace.analyses.gaps import event_idle
+    from gaptrace.report.stacks import idle_stack_tree
+
+    name = LOOPS.format("graph_readback")
+    t = gaptrace.load_trace(trace_path(name))
+    nodes = idle_stack_tree(event_idle(t, None, None, host_wait_only=True, exclude_parked=True)).nodes
+    ps = nodes[nodes["label"].str.startswith("ProfilerStep")]
+    assert ps["label"].tolist() == ["ProfilerStep#N"] and int(ps["events"].iloc[0]) == 6
+    ev = ref.complete(name)
+    steps = ref.spans(ev, lambda x: x.get("cat") == "user_annotation" and x["name"].startswith("ProfilerStep#"))
+    gaps = ref.host_wait_gaps(ev, 0)
+    assert float(ps["inclusive_idle_us"].iloc[0]) == pytest.approx(sum(ref.idle_under(gaps, [s]) for s in steps),
+                                                                 rel=1e-6)
+
+
+def test_outlier_round_reported_as_itself_and_the_figures_without_it():
+    """The probe's first round (cuBLAS and module loading on first use) is 25× the median: an outlier_step finding
+    of its own, the verdict over the other rounds, and the round means both with it (the existing figure) and
+    without it, recomputed from the raw round_<n> ranges."""
+    import re
+    import statistics
+
+    r, ev = analysed("h200_graph_launch_probe")
+    rounds = sorted((float(x["ts"]), float(x["ts"]) + float(x["dur"])) for x in ev
+                    if x.get("cat") == "user_annotation" and re.fullmatch(r"round_\d+", x["name"]))
+    durs = [e - s for s, e in rounds]
+    med = statistics.median(durs)
+    out = [i for i, d in enumerate(durs) if d > 5 * med]
+    assert out == [0]
+    f = next(x for x in r["findings"] if x["kind"] == "outlier_step")
+    assert f["step"] == 0 and f["step_us"] == pytest.approx(durs[0], abs=1e-3)
+    assert f"({durs[0] / med:.0f}× the median" in f["summary"]
+    m = r["steps"]["summary"]
+    assert m["mean_step_us"] == pytest.approx(statistics.mean(durs), rel=1e-9)
+    assert m["mean_step_us_without_outliers"] == pytest.approx(statistics.mean(durs[1:]), rel=1e-9)
+    periods = [b[0] - a[0] for a, b in zip(rounds, rounds[1:])]
+    wo = r["rounds"]["summary"]["without_outliers"]
+    assert wo["left_out"] == [0] and wo["rounds"] == len(periods) - 1
+    assert wo["t_round_us"] == pytest.approx(statistics.mean(periods[1:]), rel=1e-9)
+    assert r["rounds"]["summary"]["t_round_us"] > wo["t_round_us"]  # the existing figure keeps the outlier in
+    assert "the 1 outlier step left out" in r["headline"][0] and r["verdict"]["overall"]["outliers_left_out"] == 1
+
+
+def test_report_first_screen_on_a_loop(tmp_path):
+    """The report opens with the verdict over the steps, the cause that buys most, its fix and its saving; the
+    per-step verdicts under it; the frame table by self idle with the program's wrappers folded."""
+    import html
+    import re
+
+    from gaptrace.report import write_report
+
+    src = trace_path(LOOPS.format("helper_thread"))
+    out = tmp_path / "r.html"
+    write_report(src, str(out))
+    page = out.read_text()
+    i = page.index('<section class="verdict"')
+    first = html.unescape(re.sub(r"<[^>]+>", " ", page[i:page.index("</section>", i)]))
+    r, _ = analysed(LOOPS.format("helper_thread"))
+    assert "Verdict" in first and r["headline"][0][len("verdict "):] in " ".join(first.split())
+    assert "Buys most:" in first and "Fix:" in first and "per step (6)" in first
+    assert "planted_queue_wait" in first
+    assert "wrapper frames with no self idle" in page
