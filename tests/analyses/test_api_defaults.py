@@ -55,3 +55,17 @@ def test_trace_repr_fits_a_screen():
     r = repr(t)
     assert "\n" not in r and len(r) < 400
     assert f"{len(t.host):,} host events" in r and f"{len(t.device):,} device events" in r
+
+
+def test_diff_gate_values_are_rounded_in_the_text():
+    from click.testing import CliRunner
+
+    from gaptrace.cli import main
+
+    probe = os.path.join(ROOT, "fixtures/traces/h200_graph_launch_probe.json.gz")
+    r = CliRunner().invoke(main, ["diff", probe, probe, "--fail-if", "occupancy < 0.9"])
+    line = next(x for x in r.output.splitlines() if x.startswith("gate "))
+    value = line.split("value ", 1)[1].split(" ->")[0]
+    assert len(value.replace(".", "").lstrip("0")) <= 4  # 4 significant digits
+    occ = gaptrace.analyses.occupancy.occupancy(gaptrace.load_trace(probe))["occupancy"].iloc[0]
+    assert float(value) == pytest.approx(occ, rel=1e-3) and r.exit_code == 1
