@@ -10,9 +10,9 @@ from typing import Any
 
 import pandas as pd
 
-from .idle_sites import NO_PYTHON_FRAME, THREAD_WAITING
+from .idle_sites import GRAPH_LAUNCH_SITE, NO_PYTHON_FRAME, THREAD_WAITING
 
-__all__ = ["findings", "FINDING_MIN_SHARE", "ms_text", "IDLE_SHARE_NOTE"]
+__all__ = ["findings", "loop_findings", "FINDING_MIN_SHARE", "ms_text", "IDLE_SHARE_NOTE", "WAIT_FIX"]
 
 # How the findings' idle shares relate: each is µs of one idle total (the window's), clipped to it.
 IDLE_SHARE_NOTE = ("idle shares are of one idle total (the window's) and overlap across kinds: the idle sites are "
@@ -77,15 +77,19 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
         if share < FINDING_MIN_SHARE:
             continue
         op = f" ({r.aten_op})" if r.aten_op else ""
+        n = int(r.count)
+        blocked = (f"it blocked the host {ms_text(r.mean_blocked_us)} in 1 call" if n == 1 else
+                   f"it blocked the host {ms_text(r.mean_blocked_us)} on average (max {ms_text(r.max_blocked_us)}) "
+                   f"over {n} calls")
         out.append({
             "kind": "blocking_sync",
-            "summary": (f"{share:.0%} of GPU-idle time ({ms_text(idle_us)}) sat under or right after {r.call}{op} from "
-                        f"{r.site or '(no Python frame)'}: it blocked the host {ms_text(r.mean_blocked_us)} on average "
-                        f"(max {ms_text(r.max_blocked_us)}) over {int(r.count)} calls while the GPU was "
+            "summary": (f"{share:.0%} of GPU-idle time ({ms_text(idle_us)}: {ms_text(float(r.idle_during_us))} under "
+                        f"the calls + {ms_text(float(r.idle_after_us))} right after) sat under or right after "
+                        f"{r.call}{op} from {r.site or '(no Python frame)'}: {blocked} while the GPU was "
                         f"{r.device_busy_during:.0%} busy"),
             "idle_share": share, "idle_us": idle_us, "call": r.call, "site": r.site, "aten_op": r.aten_op,
         })
-    for r in sites[~sites["site"].isin([NO_PYTHON_FRAME, THREAD_WAITING])].head(5).itertuples(index=False):
+    for r in sites[~sites["site"].isin([NO_PYTHON_FRAME, THREAD_WAITING, GRAPH_LAUNCH_SITE])].head(5).itertuples(index=False):
         share = float(r.share)
         if share < FINDING_MIN_SHARE:
             continue
@@ -136,3 +140,91 @@ def findings(idle_total_us: float, sync_sites: pd.DataFrame, sites: pd.DataFrame
     priority = {"blocking_sync": 0, "idle_site": 1}
     out.sort(key=lambda f: (-round(f["idle_share"], 3), priority.get(f["kind"], 2)))
     return out
+
+
+# The fix a thread-wait finding's saving assumes (the wait removed: the other thread's result is ready when asked).
+WAIT_FIX = ("have the thread it waits on run ahead (fill a bounded queue before the loop asks, prefetch), so the "
+            "loop thread finds its input ready instead of waiting every step")
+
+
+def loop_findings(idle_total_us: float, waits: Any = None, outliers: Any = None, verdict_table: Any = None,
+                  no_stack_rows: Any = None, no_stack_idle_us: float = 0.0, launch_idle: Any = None,
+                  fit_reliable: bool = False) -> list[dict]:
+    """The findings of any loop (steps found by :mod:`.steps`), beside :func:`findings`' (same row shape; shares
+    over ``idle_total_us``, the window's idle µs):
+
+    - ``thread_wait``: a loop thread waited on another thread (:func:`.thread_waits.thread_waits`' ``findings``
+      rows, ``waits``) while the device idled: stated at FINDING_MIN_SHARE of the idle or more, the three with the
+      most idle; idle_share = its gpu_idle_us / window idle; ``site`` the wait frame (what removing the wait
+      removes), ``caller`` the frame that waited;
+    - ``outlier_step``: every outlier step (:class:`.steps.OutlierStep` in ``outliers``), whatever its share:
+      idle_share = the step's host-wait idle (``verdict_table``: :attr:`.verdicts.Verdicts.table`) / window idle;
+    - ``no_python_frame``: idle with no Python frame open on a loop thread (``no_stack_idle_us``, the idle site
+      "(no Python frame)"), at FINDING_MIN_SHARE or more: names the ATen ops and runtime calls open then
+      (``no_stack_rows``: :func:`.thread_waits.idle_without_stacks`) and how to capture with stacks;
+    - ``graph_launch``: the host-wait idle under graph launch calls (``launch_idle``:
+      :class:`.launch_idle.GraphLaunchIdle`), charged to the launch and split into κ·N, t0 and the rest (DESIGN.md
+      "Launch fit"), when it is FINDING_MIN_SHARE of the idle or more and the fit is not reliable enough for
+      ``profiler_inflation`` (``fit_reliable``), which then carries the split itself.
+    """
+    out: list[dict] = []
+    if idle_total_us <= 0:
+        return out
+    if waits is not None and len(waits):
+        for r in waits.head(3).itertuples(index=False):
+            idle = float(r.gpu_idle_us) if r.gpu_idle_us == r.gpu_idle_us else 0.0
+            share = min(idle / idle_total_us, 1.0)
+            if share < FINDING_MIN_SHARE:
+                continue
+            out.append({"kind": "thread_wait",
+                        "summary": f"{share:.0%} of GPU-idle time ({ms_text(idle)}) passed while {r.summary}",
+                        "idle_share": share, "idle_us": idle, "site": r.frame, "caller": r.caller,
+                        "wait_kind": r.kind, "others": r.others})
+    for o in outliers or []:
+        idle = 0.0
+        if verdict_table is not None and len(verdict_table):
+            m = verdict_table["step"].to_numpy() == o.step
+            if m.any():
+                idle = float(verdict_table["host_wait_idle_us"].to_numpy()[m][0])
+        share = min(idle / idle_total_us, 1.0)
+        out.append({"kind": "outlier_step",
+                    "summary": (f"{o.summary}; {ms_text(idle)} of GPU-idle time in it ({share:.0%} of the idle); the "
+                                "per-step figures are given with and without it"),
+                    "idle_share": share, "idle_us": idle, "step": o.step, "step_us": o.dur_us,
+                    "compile_frame": o.compile_frame, "site": o.site})
+    share = no_stack_idle_us / idle_total_us
+    if share >= FINDING_MIN_SHARE and no_stack_rows is not None and len(no_stack_rows):
+        top = []
+        for r in no_stack_rows.head(3).itertuples(index=False):
+            what = " / ".join(x for x in (r.aten_op, r.runtime_call) if x) or "no ATen op or runtime call"
+            top.append(f"{what}{' in ' + r.range if r.range else ''} {ms_text(float(r.idle_us))}")
+        out.append({"kind": "no_python_frame",
+                    "summary": (f"{share:.0%} of GPU-idle time ({ms_text(no_stack_idle_us)}) the host had no Python "
+                                f"frame open: open then were {'; '.join(top)}; {no_stack_rows['hint'].iloc[0]}"),
+                    "idle_share": share, "idle_us": no_stack_idle_us})
+    if launch_idle is not None and not fit_reliable:
+        t = launch_idle.totals
+        share = t["idle_us"] / idle_total_us
+        if share >= FINDING_MIN_SHARE:
+            out.append({"kind": "graph_launch",
+                        "summary": f"{share:.0%} of GPU-idle time ({ms_text(t['idle_us'])}) " + launch_split_text(t),
+                        "idle_share": share, "idle_us": t["idle_us"], "kappa_idle_us": t["kappa_idle_us"],
+                        "t0_idle_us": t["t0_idle_us"], "residual_idle_us": t["residual_idle_us"]})
+    return out
+
+
+def launch_split_text(t: dict) -> str:
+    """"sat under 120 graph launch calls, ...: κ·N 0.80 ms (the profiler instrumenting graph nodes), t0 ...",
+    for :attr:`.launch_idle.GraphLaunchIdle.totals` ``t``; a negative t0 said to be an intercept, not a cost."""
+    t0 = t.get("t0_us")
+    t0_note = (f" (t0 = {t0:.1f} µs < 0 is the fit's intercept, extrapolated below the smallest graph: no cost of "
+               "its own, counted as 0)" if t0 is not None and t0 < 0 else "")
+    n = int(t["launches"])
+    head = (f"sat under {n} graph launch call{'s' if n != 1 else ''}, charged to the "
+            "launch, not the Python frame that called it")
+    if t.get("kappa_us_per_node") is None:
+        return (head + ": no launch fit (graphs of one size, or too few launches), so κ·N and t0 cannot be told "
+                "apart; the sidecar's unprofiled launch times, or graphs of several sizes, measure the profiler's part")
+    return (head + f": κ·N {ms_text(t['kappa_idle_us'])} (the profiler "
+            f"instrumenting graph nodes), t0 {ms_text(t['t0_idle_us'])}{t0_note} (the launch's own cost), "
+            f"{ms_text(t['residual_idle_us'])} beyond the fit (a full launch queue, a driver lock)")

@@ -25,6 +25,8 @@ threads (for a searchsorted) and rounds of pointer jumping (about the nesting de
 """
 from __future__ import annotations
 
+import re
+
 import dataclasses
 
 import numpy as np
@@ -245,15 +247,22 @@ def _gap_ranges(tl: BusyTimeline, s: np.ndarray, e: np.ndarray) -> tuple[np.ndar
 
 def gap_attribution(trace: Trace, device: int | tuple[int, int] | None = None,
                     window: str | tuple[float, float] | None = None,
-                    result: EventIdle | None = None) -> pd.DataFrame:
+                    result: EventIdle | None = None, *, host_wait_only: bool = True,
+                    exclude_parked: bool = True) -> pd.DataFrame:
     """Idle time per host frame (normalised name), sorted by inclusive_idle_us desc; frames with no idle omitted.
+
+    The defaults are ``gaptrace analyze``'s: only host-wait idle is charged (``host_wait_only``: gaps before
+    kernels already launched are device-side, nobody's host code) and parked helper threads are left out
+    (``exclude_parked``: a thread that never launches device work and sits in a wait frame; :func:`event_idle`).
+    Both are ignored when ``result`` is given (its own settings hold).
 
     Columns: frame, cat (host category of the frame), self_idle_us, inclusive_idle_us, share (inclusive /
     idle of the window, 0..1), gaps (distinct idle gaps the frame overlapped), events (occurrences of the frame
     that intersect the window). Units µs. See the module docstring for the union semantics.
     Pass ``result`` (from :func:`event_idle`) to reuse a computation.
     """
-    r = result if result is not None else event_idle(trace, device, window)
+    r = result if result is not None else event_idle(trace, device, window, host_wait_only=host_wait_only,
+                                                     exclude_parked=exclude_parked)
     tree, tl = r.tree, r.timeline
     cols = ["frame", "cat", "self_idle_us", "inclusive_idle_us", "share", "gaps", "events"]
     nf = len(tree.frames)
@@ -336,3 +345,22 @@ def gap_table(trace: Trace, device: int | tuple[int, int] | None = None,
         "dur_us": dur, "frame": frame, "frame_idle_us": held,
         "frame_share": np.divide(held, dur, out=np.zeros(ng), where=dur > 0),
     })
+
+
+# Frames that only wrap the program (the interpreter's runpy, click's command dispatch, a thread's bootstrap): with
+# no self idle they say nothing a frame below them does not, so frame tables fold them away (:func:`frame_table`).
+WRAPPER_RE = re.compile(r"<frozen runpy>|(?:^|[/\\])runpy\.py\(|(?:^|[/\\])click[/\\]|threading\.py\(\d+\): "
+                        r"(?:_bootstrap|_bootstrap_inner|run)$|\(\d+\): <module>$")
+
+
+def frame_table(rows: list[dict], by: str = "self") -> tuple[list[dict], int]:
+    """Rows of ``gap_attribution`` (dicts) for a frame table: sorted by self idle (``by`` "self", the default:
+    where the host itself was) or inclusive idle (``by`` "inclusive", the JSON's order), descending; frames that
+    match :data:`WRAPPER_RE` with less than 0.5 µs of self idle folded away. Returns (rows, folded count).
+    ValueError for another ``by``."""
+    if by not in ("self", "inclusive"):
+        raise ValueError(f"frame order {by!r}: expected 'self' or 'inclusive'")
+    keep = [r for r in rows if not ((r.get("self_idle_us") or 0.0) < 0.5 and WRAPPER_RE.search(str(r.get("frame", ""))))]
+    key = "self_idle_us" if by == "self" else "inclusive_idle_us"
+    keep = sorted(keep, key=lambda r: (-(r.get(key) or 0.0), -(r.get("inclusive_idle_us") or 0.0), str(r.get("frame"))))
+    return keep, len(rows) - len(keep)

@@ -17,11 +17,13 @@ from . import stacks
 from .gaps import grouped_union
 from .timeline import merge_intervals
 
-__all__ = ["idle_sites", "overhead_idle", "NO_PYTHON_FRAME", "THREAD_WAITING"]
+__all__ = ["idle_sites", "overhead_idle", "NO_PYTHON_FRAME", "THREAD_WAITING", "GRAPH_LAUNCH_SITE"]
 
-# the two sites that are no host function: no Python frame above the event, a parked thread
+# the sites that are no host function: no Python frame above the event, a parked thread, and the graph launch calls
+# (the idle under a cudaGraphLaunch is the launch's, moved there from its caller by analyses/summary.py)
 NO_PYTHON_FRAME = "(no Python frame)"
 THREAD_WAITING = "(thread waiting)"
+GRAPH_LAUNCH_SITE = "(graph launch calls)"
 
 
 def idle_sites(result: Any, idle_total_us: float | None = None) -> pd.DataFrame:

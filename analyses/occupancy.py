@@ -14,6 +14,8 @@ Windows (:func:`resolve_window`):
 """
 from __future__ import annotations
 
+from typing import Any
+
 import dataclasses
 
 import numpy as np
@@ -371,18 +373,42 @@ def device_occupancy(trace: Trace, device: int | tuple[int, int] | None = None,
                            busy_us=tl.busy_us, idle_us=tl.idle_us, occupancy=tl.occupancy, gaps=tl.gap_count())
 
 
-def occupancy(trace: Trace, window: str | tuple[float, float] | None = None) -> pd.DataFrame:
+def occupancy(trace: Trace, window: str | tuple[float, float] | None = None, sidecar: Any = "auto") -> pd.DataFrame:
     """Occupancy of every (rank, device) with activity, one row each, sorted by (rank, device).
 
     Columns: rank, device, name (GPU product name), window, window_start_us, window_end_us, window_us, busy_us,
     idle_us, occupancy (busy_us / window_us, 0..1), gaps (number of idle gaps inside the window).
     With a named window, devices without a matching annotation use the rank's host user_annotation range.
+    ``window`` None: the capture sidecar's ``analysis_window`` (the profiled rounds, without the profiler's own
+    start and stop), as ``gaptrace analyze`` reads it, when the sidecar names an annotation the trace has, else each
+    device's first to last activity. ``sidecar``: "auto" (read ``TRACE.gaptrace.json`` next to ``trace.path``), a
+    :class:`gaptrace.sidecar.Sidecar` or its dict, or None (no sidecar window).
     Raises TraceError when the trace has no device activity or no annotation matches the window.
     """
+    if window is None and sidecar is not None:
+        window = sidecar_window(trace, sidecar)
     rows = [dataclasses.asdict(device_occupancy(trace, key, window)) for key in _device_index(trace)[0]]
     if not rows:
         raise TraceError(f"{trace.path}: no GPU activity (kernel/memcpy/memset): occupancy cannot be computed")
     return pd.DataFrame(rows)
+
+
+def sidecar_window(trace: Trace, sidecar: Any = "auto") -> str | None:
+    """The capture sidecar's ``analysis_window`` when the trace has a user_annotation of that name, else None.
+    ``sidecar``: "auto" (read next to ``trace.path``; absent or unreadable: None), a Sidecar or its dict."""
+    from gaptrace.sidecar import as_sidecar, read_sidecar
+
+    if isinstance(sidecar, str) and sidecar == "auto":
+        sidecar = read_sidecar(trace.path) if isinstance(trace.path, str) else None
+    try:
+        side = as_sidecar(sidecar)
+    except (TypeError, ValueError):
+        return None
+    named = getattr(side, "analysis_window", None) if side is not None else None
+    if not isinstance(named, str):
+        return None
+    ua = trace.host.loc[trace.host["cat"] == "user_annotation", "name"]
+    return named if (ua == named).any() else None
 
 
 def busy_fraction_bins(trace: Trace, device: int | tuple[int, int] | None, n_bins: int,

@@ -74,16 +74,19 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
                  sidecar: Any) -> dict[str, Any]:
     """The ``whatif`` object of ``analyze --json``: {profiled_round_us (median measured period of the rounds),
     predicted_unprofiled_round_us (median replayed period with the profiler's cost taken out),
-    replayed_round_us, measured_unprofiled_round_us (the sidecar's ``unprofiled_round_ms`` × 1000, or None),
+    replayed_round_us, measured_unprofiled_round_us (the sidecar's ``unprofiled_round_ms`` × 1000, else the median of
+    its ``unprofiled_step_ms`` × 1000 (a :class:`gaptrace.capture.Capture` sidecar), or None),
     rounds, calibration (source, measured_on and the per-event costs), fitted_to_unprofiled (whether the profiler's
     per-event costs were scaled to reproduce the sidecar's measured unprofiled rounds: then the prediction matches
     them by construction), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
     calibration alone: the figure whose error DESIGN.md "Error figures" states)}; the round fields None without
     ``ctx``."""
     cal = resolve_calibration(calibration) if ctx is None else ctx.calibration
-    meas = getattr(sidecar, "unprofiled_round_ms", None)
+    from .whatif import _measured_period_us
+
+    meas_us = _measured_period_us(sidecar)
     out = {"profiled_round_us": None, "predicted_unprofiled_round_us": None, "replayed_round_us": None,
-           "measured_unprofiled_round_us": meas * 1e3 if meas is not None else None, "rounds": None,
+           "measured_unprofiled_round_us": meas_us, "rounds": None,
            "fitted_to_unprofiled": None, "profiler_cost_scale": None, "unfitted_round_us": None,
            "calibration": (ctx.calibration if ctx is not None else cal).to_dict()}
     if ctx is None:
@@ -103,8 +106,10 @@ def finding_cause(f: dict) -> str | None:
     if kind in ("blocking_sync", "idle_site"):
         site = f.get("site")
         return site if site and not str(site).startswith("(") else None
-    if kind == "host_bound":
+    if kind in ("host_bound", "host_range"):
         return f.get("range") or None
+    if kind == "thread_wait":  # the wait frame: removing it is the other thread's result being ready when asked
+        return f.get("site") or None
     return None
 
 
@@ -119,6 +124,13 @@ def finding_fix(f: dict, site: str | None) -> str | None:
                 "late (an overlapped scheduler), and drop the host work around the read")
     if kind == "host_bound":
         return f"cut the host work of range {site}: the GPU waits for it every round"
+    if kind == "host_range":
+        return (f"cut the host work of range {site}, or move it off the critical path (run it while the device "
+                "works, or on the device): the GPU waits while it runs")
+    if kind == "thread_wait":
+        from .findings import WAIT_FIX
+
+        return WAIT_FIX + (f" (the wait in {f['caller']})" if f.get("caller") else "")
     return (f"take the host work in {site} off the critical path: move it into the CUDA graph, run it ahead of "
             "the device, or make it cheaper")
 
@@ -137,7 +149,8 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         if f.get("kind") in ("profiler_inflation", "profiler_overhead") and pred is not None:
             f["summary"] += (f"; the profiler's own cost is no fix: without it the round is predicted to take "
                              f"{ms_text(pred)} (profiled {ms_text(block['profiled_round_us'])})")
-    memo: dict[str, dict | None] = {}
+    memo: dict[str, dict | str | None] = {}
+    body = _body_ranges(trace, ctx) if ctx is not None else []
     for f in found:
         site = finding_cause(f)
         f["cause"] = site
@@ -146,27 +159,19 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         f["saving_with_device_us"] = f["device_items_per_round"] = f["saving_with_device_share"] = None
         if ctx is None or site is None:
             continue
-        if site not in memo:
-            try:
-                us, ue = site_intervals(trace, ctx.model, site)
-                t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
-                i = np.searchsorted(us, t, side="right") - 1
-                held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)])))
-                if held > ENCLOSING_SHARE * len(t):
-                    memo[site] = "encloses"
-                else:
-                    memo[site] = whatif(trace, [Change(site)], context=ctx).data
-                    n_items, _busy = device_items_launched(trace, ctx.model, site, ctx.window)
-                    if n_items:
-                        wd = whatif(trace, [Change(site, with_device=True)], context=ctx).data
-                        memo[site] = dict(memo[site], saving_with_device_us=wd["saving_us"],
-                                          device_items_per_round=n_items / max(len(ctx.starts) - 1, 1))
-            except TraceError:
-                memo[site] = None
-        w = memo[site]
+        w = _replay_site(trace, ctx, site, memo, body)
+        if w == "encloses" and f.get("kind") == "blocking_sync" and f.get("aten_op"):
+            # the blocking call sits in the loop's own body (a step() that reads a value back inline): the fix is
+            # the read itself, so the cause removed is the ATen op's calls (their wait and host work)
+            op = str(f["aten_op"])
+            w2 = _replay_site(trace, ctx, op, memo, body)
+            if isinstance(w2, dict):
+                f["cause"], w = op, w2
+                f["fix"] = (f"stop blocking on {f.get('call')} ({op}) in {site}, the loop's own body: keep the "
+                            "value on the device, or copy it to pinned memory non-blocking and read it a step late")
         if w == "encloses":
-            f["saving_note"] = (f"no saving: {site} holds the start of most rounds (it encloses the loop itself; "
-                                "not a cause)")
+            f["saving_note"] = (f"no saving: {site} holds the start of most rounds or of a range that fills them (it "
+                                "encloses the loop itself; not a cause)")
             continue
         if w is None:
             f["saving_note"] = f"no saving: {site} is not on the launching thread inside the rounds"
@@ -178,12 +183,132 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["saving_with_device_us"] = float(w["saving_with_device_us"])
             f["device_items_per_round"] = float(w["device_items_per_round"])
             f["saving_with_device_share"] = f["saving_with_device_us"] / base if base and base > 0 else None
+    _defer_to_nested(trace, ctx, found, memo, body, base)
     # savings within FOLD_SHARE of the round of each other are one rank: they keep their idle-share order (two frames
     # of one cause, e.g. a blocking read and the function around it, save the same within the model's error)
     step = FOLD_SHARE * base if base and base > 0 else 1.0
     order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None,
                                                       -round(rank_saving_us(found[i]) / step), i))
     return [found[i] for i in order]
+
+
+def _body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """The ranges that fill the rounds: (name, starts, ends) (µs relative to the model's t0) of every
+    user_annotation name on the launching thread inside the window that occurs at least once per two rounds and
+    whose occurrences cover more than ENCLOSING_SHARE of the window (a loop's own ``step`` range inside
+    ``ProfilerStep#N``, a forward range). A site that holds most of them holds the loop body."""
+    h = trace.host
+    lo, hi = ctx.window
+    m = ((h["cat"].to_numpy() == "user_annotation") & (h["rank"].to_numpy() == ctx.model.key[0])
+         & (h["tid"].astype(str).to_numpy() == ctx.model.tid)
+         & (h["ts_us"].to_numpy() >= lo) & (h["ts_us"].to_numpy() < hi))
+    rows = np.flatnonzero(m)
+    if not len(rows) or hi <= lo:
+        return []
+    names = h["name"].astype(str).to_numpy()[rows]
+    ts, te = h["ts_us"].to_numpy()[rows], h["end_us"].to_numpy()[rows]
+    n_rounds = max(len(ctx.starts) - 1, 1)
+    out = []
+    for name in np.unique(names):
+        k = names == name
+        cover = float(np.minimum(te[k], hi).sum() - ts[k].sum())
+        if k.sum() >= 0.5 * n_rounds and cover > ENCLOSING_SHARE * (hi - lo):
+            out.append((str(name), ts[k] - ctx.model.t0_us, te[k] - ctx.model.t0_us))
+    return out
+
+
+def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) -> dict | str | None:
+    """The replay with ``site`` removed (memoised by site): the whatif data dict (with the with-device figures
+    when it launches device work), "encloses" when the site holds the start of most rounds or holds most
+    occurrences of a range that fills them (:func:`_body_ranges`, the range itself aside), None when the site is
+    not on the launching thread."""
+    if site in memo:
+        return memo[site]
+    try:
+        us, ue = site_intervals(trace, ctx.model, site)
+        t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
+        i = np.searchsorted(us, t, side="right") - 1
+        held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)])))
+        encloses = held > ENCLOSING_SHARE * len(t)
+        for name, bs, be in body:
+            if encloses or name == site:
+                continue
+            j = np.searchsorted(us, bs, side="right") - 1
+            inside = (j >= 0) & (be <= ue[np.maximum(j, 0)] + 1e-6)
+            encloses = int(inside.sum()) > ENCLOSING_SHARE * len(bs)
+        if encloses:
+            memo[site] = "encloses"
+        else:
+            w = whatif(trace, [Change(site)], context=ctx).data
+            n_items, _busy = device_items_launched(trace, ctx.model, site, ctx.window)
+            if n_items:
+                wd = whatif(trace, [Change(site, with_device=True)], context=ctx).data
+                w = dict(w, saving_with_device_us=wd["saving_us"],
+                         device_items_per_round=n_items / max(len(ctx.starts) - 1, 1))
+            memo[site] = w
+    except TraceError:
+        memo[site] = None
+    return memo[site]
+
+
+def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo: dict | None = None,
+                     body: list | None = None, base: float | None = None) -> None:
+    """A cause whose host intervals cover more than ENCLOSING_SHARE of the rounds' window and hold another
+    finding's cause (at least 90% of that cause's host time inside them) is the loop body around that cause (a
+    ``step()`` that reads a value back inline), not a cause of its own: its saving is dropped (``saving_note``
+    names the nested cause); a blocking sync's then goes to its ATen op's calls (their wait and host work), as
+    when the site encloses the rounds. In place; ``memo``, ``body`` and ``base`` as :func:`rank_findings` has
+    them."""
+    if ctx is None:
+        return
+    lo, hi = ctx.window
+    span = hi - lo
+    with_saving = [f for f in found if f.get("saving_us") is not None and f.get("cause")]
+    if span <= 0 or len(with_saving) < 2:
+        return
+    iv: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for f in with_saving:
+        c = f["cause"]
+        if c not in iv:
+            try:
+                iv[c] = site_intervals(trace, ctx.model, c, ctx.window)
+            except TraceError:
+                iv[c] = (np.empty(0), np.empty(0))
+    for f in with_saving:
+        us, ue = iv[f["cause"]]
+        if float((ue - us).sum()) <= ENCLOSING_SHARE * span:
+            continue
+        for g in with_saving:
+            if g is f or g["cause"] == f["cause"]:
+                continue
+            gs, ge = iv[g["cause"]]
+            total = float((ge - gs).sum())
+            if total <= 0:
+                continue
+            inside = 0.0
+            for a, b in zip(gs, ge):  # overlap of [a, b] with the merged intervals of f
+                j0, j1 = np.searchsorted(ue, a, side="right"), np.searchsorted(us, b, side="left")
+                if j1 > j0:
+                    inside += float((np.minimum(ue[j0:j1], b) - np.maximum(us[j0:j1], a)).clip(min=0).sum())
+            if inside >= 0.9 * total:
+                for k in ("saving_us", "one_off_saving_us", "saving_share", "saving_with_device_us",
+                          "device_items_per_round", "saving_with_device_share"):
+                    f[k] = None
+                op = f.get("aten_op")
+                w = (_replay_site(trace, ctx, str(op), memo if memo is not None else {}, body or [])
+                     if f.get("kind") == "blocking_sync" and op and f["cause"] == f.get("site") else None)
+                if isinstance(w, dict):
+                    f["cause"] = str(op)
+                    f["fix"] = (f"stop blocking on {f.get('call')} ({op}) in {f.get('site')}, the loop's own body: "
+                                "keep the value on the device, or copy it to pinned memory non-blocking and read it "
+                                "a step late")
+                    f["saving_us"] = float(w["saving_us"])
+                    f["one_off_saving_us"] = float(w["one_off_saving_us"])
+                    f["saving_share"] = f["saving_us"] / base if base and base > 0 else None
+                else:
+                    f["saving_note"] = (f"no saving of its own: {f['cause']} spans most of the rounds and holds the "
+                                        f"cause of another finding ({g['cause']}): it is the loop body around it")
+                break
 
 
 def rank_saving_us(f: dict) -> float:
@@ -194,11 +319,16 @@ def rank_saving_us(f: dict) -> float:
 
 def _what(f: dict) -> str:
     """The cause in words, for the headline."""
+    if f["kind"] == "blocking_sync" and f["cause"] != f.get("site"):
+        return f"the blocking {f.get('call')} ({f['cause']}) in {f.get('site')} (its wait and host work)"
     if f["kind"] == "blocking_sync":
         op = f" ({f['aten_op']})" if f.get("aten_op") else ""
         return f"the blocking {f.get('call')}{op} in {f['cause']} (its wait and host work)"
-    if f["kind"] == "host_bound":
+    if f["kind"] in ("host_bound", "host_range"):
         return f"the host work of range {f['cause']}"
+    if f["kind"] == "thread_wait":
+        return f"the wait on another thread in {f.get('caller') or f['cause']} ({f['cause']})"
+
     where = f", range {f['range']}" if f.get("range") else ""
     return f"the host work in {f['cause']}{where}"
 
@@ -240,7 +370,12 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
     if pred is None:
         return None
     meas = block.get("measured_unprofiled_round_us")
-    if meas is not None and block.get("fitted_to_unprofiled"):
+    if meas is not None and block.get("fitted_to_unprofiled") and abs(pred - meas) > 0.05 * meas:
+        # the scale hit its bound: the prediction does not reproduce the measured rounds; say both
+        round_text = (f"the predicted unprofiled round, {ms_text(pred)}; measured {ms_text(meas)}: the model could "
+                      f"not be fitted to it (profiler cost scale {block.get('profiler_cost_scale'):g}, at its bound), "
+                      "so the savings are rough")
+    elif meas is not None and block.get("fitted_to_unprofiled"):
         # the profiler's cost is scaled to reproduce the measured rounds: the prediction equals them by construction
         unf = block.get("unfitted_round_us")
         round_text = (f"the unprofiled round, {ms_text(meas)} measured; the model fitted to it"

@@ -132,9 +132,11 @@ def _thread_label(pid: str, tid: str) -> str:
 
 
 def thread_waits(trace: Trace, device: int | tuple[int, int] | None = None, steps: Any = None,
-                 min_us: float = 0.0) -> ThreadWaits:
+                 min_us: float = 0.0, window: tuple[float, float] | None = None) -> ThreadWaits:
     """Waits of the loop threads of ``device``'s rank (module docstring) longer than ``min_us``, each with the
     device idle during it and the step it sat in (``steps``: :func:`.steps.find_steps`'s result, optional).
+    ``window``: (t0_us, t1_us) the idle is counted in (``analyze``'s window, so that a wait's idle is a part of
+    the window's idle total); default the device's activity and the waits together.
 
     A trace without device activity gets gpu_idle_us NaN. Never raises for a trace without Python stacks (empty).
     """
@@ -145,7 +147,7 @@ def thread_waits(trace: Trace, device: int | tuple[int, int] | None = None, step
     w = w[w["tid"].astype(str).isin(loop_threads(trace, rank, steps)).to_numpy() & (w["dur_us"] > min_us).to_numpy()]
     w = w.reset_index(drop=True)
     if has_dev and len(w):
-        tl = busy_timeline(trace, key, _span(trace, key, w), host_wait_only=True)
+        tl = busy_timeline(trace, key, window if window is not None else _span(trace, key, w), host_wait_only=True)
         w["gpu_idle_us"] = tl.idle_between(w["start_us"].to_numpy(), w["end_us"].to_numpy())
     else:
         w["gpu_idle_us"] = np.nan

@@ -11,8 +11,11 @@ starts before this one ends; ``step_us`` = e − s:
   queued kernels, :func:`.occupancy.device_side_gaps`); ``host_wait_idle_us`` the rest of the idle: the device
   waiting for the host.
 - The host-wait idle is split, each moment charged once, in this order (the first explanation that holds wins):
-  ``sync_idle_us``   under a blocking call of the rank (:func:`.syncs.blocking_calls`) or in its serialized tail (to
-                     the device's resumption, :meth:`.timeline.BusyTimeline.next_sustained_start`, as ``idle_after_us``);
+  ``sync_idle_us``   under a blocking call of the rank (:func:`.syncs.blocking_calls`), charged first, or in its
+                     serialized tail (to the device's resumption, :meth:`.timeline.BusyTimeline.next_sustained_start`,
+                     as ``idle_after_us``), charged after the compile and thread-wait parts: a tail the host spent in
+                     a compile or waiting on another thread is that cause's (the host was not late because it had
+                     read a value back, it was waiting for someone);
   ``graph_launch_idle_us`` under a graph launch call (cudaGraphLaunch & co.) of the rank: the part a
                      profiler-inflated launch holds (DESIGN.md "Launch fit"; :mod:`.launch_idle` splits it into κ·N
                      and t0); it names no verdict of its own (the instrument's cost is not the loop's), the figure
@@ -235,8 +238,10 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
         mw = _overlapping(w_s, w_e, s, e)
         mp = _overlapping(p_s, p_e, s, e)
         mg = _overlapping(g_ts, g_end, s, e)
-        sets = [(c_s[mc], c_tail[mc]), (g_ts[mg], g_end[mg]), (k_s[mk], k_e[mk]), (w_s[mw], w_e[mw]),
-                (p_s[mp], p_e[mp])]
+        # the sync's own call first, its serialized tail after the compile and thread-wait parts: a tail the host
+        # spent waiting on another thread (or compiling) is that wait's, not the read-back's
+        sets = [(c_s[mc], c_e[mc]), (g_ts[mg], g_end[mg]), (k_s[mk], k_e[mk]), (w_s[mw], w_e[mw]),
+                (c_e[mc], c_tail[mc]), (p_s[mp], p_e[mp])]
         parts, acc_s, acc_e, prev = [], np.empty(0), np.empty(0), 0.0
         for a, b in sets:
             acc_s, acc_e = np.r_[acc_s, a], np.r_[acc_e, b]
@@ -244,7 +249,8 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
             parts.append(max(cur - prev, 0.0))
             prev = cur
         parts.append(max(hw_idle - prev, 0.0))
-        sync_i, graph_i, comp_i, wait_i, launch_i, other_i = parts
+        sync_under, graph_i, comp_i, wait_i, sync_tail, launch_i, other_i = parts
+        sync_i = sync_under + sync_tail
         own = mw & (w_tid == str(r.tid))
         wait_us = _union_len(w_s[own], w_e[own], s, e)
         in_c = mc & (calls["tid"].astype(str).to_numpy() == str(r.tid)) & (c_s >= s) & (c_s < e) if len(calls) else mc

@@ -196,8 +196,9 @@ def _measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
     """The capture's own measured unprofiled period, µs: the sidecar's ``unprofiled_round_ms`` (median), else the
     median of ``unprofiled_step_ms`` (:class:`gaptrace.capture.Capture`'s unprofiled steps); None without one."""
     unp = _unprofiled_round_us(sidecar)
-    if unp is None and isinstance(sidecar, dict):
-        v = sidecar.get("unprofiled_step_ms")
+    raw = sidecar if isinstance(sidecar, dict) else getattr(sidecar, "raw", None)  # a Sidecar keeps its dict
+    if unp is None and isinstance(raw, dict):
+        v = raw.get("unprofiled_step_ms")
         if isinstance(v, list):
             v = [float(x) for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)
                  and math.isfinite(x) and x > 0]

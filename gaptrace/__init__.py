@@ -20,4 +20,14 @@ def load_trace(path: str, *, memory_limit_bytes: int | None = None) -> Trace:
     return _load(path, memory_limit_bytes=memory_limit_bytes)
 
 
+def __getattr__(name: str):
+    """``gaptrace.analyses`` (and ``gaptrace.analyses.<module>``) reachable after a bare ``import gaptrace``: the
+    package is imported on first access (PEP 562), so loading a trace never pays for it."""
+    if name == "analyses":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.analyses")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["Trace", "TraceError", "load_trace", "__version__"]

@@ -31,9 +31,38 @@ def _table(rows: list[dict], cols: list[tuple[str, str, str]], limit: int) -> st
     return "\n".join(lines)
 
 
-def render_text(res: dict, top: int = 15) -> str:
-    """The human-readable form of an analysis (``res``: :meth:`gaptrace.analyses.summary.AnalysisSummary.to_json`): headline, findings, then the tables; every
-    non-printable character of a string in ``res`` (from trace names: ESC, BEL, a newline, ...) escaped first
+def _steps_text(res: dict, top: int) -> list[str]:
+    """The steps section: the rule and why, the outlier steps as themselves, the step figures with and without
+    them, and the verdict of each step (at most ``top`` rows)."""
+    v = res.get("verdict") or {}
+    st = res.get("steps") or {}
+    if not v:
+        return []
+    if v.get("rule") == "none":
+        return ["", f"Steps: none found ({v.get('reason')})"]
+    m = st.get("summary") or {}
+    n = int(m.get("steps") or 0)
+    out = ["", f"Steps ({n} of '{v.get('step_name')}': {v.get('reason')}):"]
+    if st.get("request_evidence") and st.get("holds_request") is not None:
+        out.append(f"  {st['request_evidence']}")
+    k = int(m.get("outliers") or 0)
+    if k:
+        out.append(f"  mean step {m['mean_step_us'] / 1000:,.2f} ms with the {k} outlier step{'s' if k != 1 else ''}, "
+                   f"{m['mean_step_us_without_outliers'] / 1000:,.2f} ms without (median {m['median_step_us'] / 1000:,.2f} ms)")
+        for line in v.get("outliers") or []:
+            out.append(f"  outlier: {line}")
+    rows = [dict(r, step_ms=r.get("step_us", 0) / 1000, idle_ms=(r.get("host_wait_idle_us") or 0) / 1000,
+                 verdict=str(r.get("verdict", "")).replace("_", "-")) for r in v.get("steps") or []]
+    out.append(_table(rows, [("step", "step", "d"), ("verdict", "verdict", "s"), ("step_ms", "step ms", ",.2f"),
+                             ("gpu_busy_share", "GPU busy", ".0%"), ("idle_ms", "host-wait idle ms", ",.2f"),
+                             ("eager_launches", "eager launches", "d")], top))
+    return out
+
+
+def render_text(res: dict, top: int = 15, frames_by: str = "self") -> str:
+    """The human-readable form of an analysis (``res``: :meth:`gaptrace.analyses.summary.AnalysisSummary.to_json`): headline, findings, then the tables; the
+    frame table sorted by ``frames_by`` ("self" idle, the default, or "inclusive"; :func:`gaptrace.analyses.gaps.frame_table`) with the
+    program's wrapper frames folded; every non-printable character of a string in ``res`` (from trace names: ESC, BEL, a newline, ...) escaped first
     (:func:`gaptrace.text.escape_strings`), so a name cannot break a row or forge a line."""
     res = escape_strings(res)
     parts = [*res["headline"], ""]
@@ -61,25 +90,47 @@ def render_text(res: dict, top: int = 15) -> str:
                             if wi.get("measured_unprofiled_round_us") is not None else "")
                          + f"; calibration {cal.get('source')} ({cal.get('measured_on')}))")
         parts.append("")
+    steps_part = _steps_text(res, top)
+    if steps_part:
+        parts += steps_part[1:] + [""]
     parts.append("Devices:")
     parts.append(_table(res["devices"], [("name", "device", "s"), ("device", "id", "d"), ("window_us", "window µs", ",.0f"),
                                          ("busy_us", "busy µs", ",.0f"), ("idle_us", "idle µs", ",.0f"),
                                          ("occupancy", "occupancy", ".1%"), ("gaps", "gaps", "d")], 64))
-    parts += ["", "Idle by host frame (gap-clipped; inclusive counts each moment once per frame):"]
-    parts.append(_table(res["gap_attribution"], [("frame", "frame", "s"), ("self_idle_us", "self µs", ",.0f"),
-                                                 ("inclusive_idle_us", "inclusive µs", ",.0f"),
-                                                 ("share", "share", ".1%"), ("gaps", "gaps", "d")], top))
-    parts += ["", "Blocking syncs (per call site):"]
-    parts.append(_table(res["blocking_syncs"], [("call", "call", "s"), ("aten_op", "op", "s"), ("site", "site", "s"),
-                                                ("count", "n", "d"), ("blocked_us", "blocked µs", ",.0f"),
-                                                ("idle_after_us", "idle after µs", ",.0f"),
-                                                ("idle_share", "idle share", ".1%"),
-                                                ("device_busy_during", "GPU busy during", ".0%")], top))
-    if res.get("node_bubbles"):
+    from gaptrace.analyses.gaps import frame_table
+
+    frames, folded = frame_table(res["gap_attribution"], frames_by)
+    order = "self idle" if frames_by == "self" else "inclusive idle"
+    parts += ["", f"Idle by host frame, by {order} (gap-clipped; inclusive counts each moment once per frame"
+                  + (f"; {folded} wrapper frame{'s' if folded != 1 else ''} with no self idle folded: runpy, click, "
+                     "thread bootstrap, <module>" if folded else "") + "):"]
+    parts.append(_table(frames, [("frame", "frame", "s"), ("self_idle_us", "self µs", ",.0f"),
+                                 ("inclusive_idle_us", "inclusive µs", ",.0f"),
+                                 ("share", "share", ".1%"), ("gaps", "gaps", "d")], top))
+    parts += ["", "Blocking syncs (per call site; idle under + after the calls, as the findings count it):"]
+    idle_all = (res.get("idle_split") or {}).get("idle_us") or 0.0  # the analysed device's idle, as the findings'
+    syncs = []
+    for r in res["blocking_syncs"]:
+        both = (r.get("idle_during_us") or 0.0) + (r.get("idle_after_us") or 0.0)
+        syncs.append(dict(r, idle_under_after_share=min(both / idle_all, 1.0) if idle_all > 0 else None))
+    parts.append(_table(syncs, [("call", "call", "s"), ("aten_op", "op", "s"), ("site", "site", "s"),
+                                ("count", "n", "d"), ("blocked_us", "blocked µs", ",.0f"),
+                                ("idle_during_us", "idle under µs", ",.0f"),
+                                ("idle_after_us", "idle after µs", ",.0f"),
+                                ("idle_under_after_share", "under+after share", ".1%"),
+                                ("device_busy_during", "GPU busy during", ".0%")], top))
+    if res.get("thread_waits"):
+        parts += ["", "Waits on another thread (loop threads in a lock / condition / queue wait):"]
+        parts.append(_table(res["thread_waits"], [("tid", "thread", "s"), ("kind", "kind", "s"),
+                                                  ("frame", "wait frame", "s"), ("caller", "caller", "s"),
+                                                  ("waits", "n", "d"), ("wait_us", "waited µs", ",.0f"),
+                                                  ("gpu_idle_us", "GPU idle µs", ",.0f")], top))
+    pairs = [r for r in res.get("node_bubbles") or [] if (r.get("idle_us") or 0.0) >= 0.5]  # no 0 µs rows
+    if pairs:
         from gaptrace.analyses.occupancy import short_kernel_name
 
         rows = [dict(r, before=short_kernel_name(r["before"]), after=short_kernel_name(r["after"]))
-                for r in res["node_bubbles"]]
+                for r in pairs]
         parts += ["", "Bubbles between graph nodes, by kernel pair (device-side; share of all node bubbles):"]
         parts.append(_table(rows, [("before", "before", "s"), ("after", "after", "s"), ("gaps", "gaps", "d"),
                                    ("idle_us", "idle µs", ",.0f"), ("median_us", "median µs", ".3f"),
@@ -96,6 +147,9 @@ def render_text(res: dict, top: int = 15) -> str:
             ci_text = f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
             parts.append(f"  κ = {fit['kappa_us_per_node']:.3f} µs/node{ci_text}, t0 = {fit['t0_us']:.1f} µs, "
                          f"R² = {r2} over {fit['launches']} launches")
+            if fit["t0_us"] is not None and fit["t0_us"] < 0:
+                parts.append("  t0 < 0: the intercept is the line extrapolated below the smallest graph, not a cost; "
+                             "the launch's own cost is counted as 0 where the idle under launches is split")
             if ci and (ci[1] - ci[0]) > 0.4 * abs(fit["kappa_us_per_node"]):
                 sizes = [g["nodes"] for g in fit["graphs"]]
                 parts.append(f"  κ is poorly determined: the interval is {(ci[1] - ci[0]):.3f} µs/node wide "
@@ -126,6 +180,12 @@ def render_text(res: dict, top: int = 15) -> str:
                 f"(device idle in the round); "
                 f"Thost {m['t_host_us']:,.0f} µs; max(TGPU, Thost) is {1 - m['overlap_excess']:.0%} of Tround")
         parts.append(line)
+        wo = m.get("without_outliers")
+        if wo and wo.get("t_round_us") is not None:
+            parts.append(f"  without the outlier round{'s' if len(wo['left_out']) != 1 else ''} "
+                         f"{', '.join(map(str, wo['left_out']))} ({wo['rounds']} rounds): mean Tround "
+                         f"{wo['t_round_us']:,.0f} µs = TGPU {wo['t_gpu_us']:,.0f} + Tserial {wo['t_serial_us']:,.0f}; "
+                         f"Thost {wo['t_host_us']:,.0f} µs")
         if m.get("tau"):
             parts.append(f"  τ {m['tau']:.2f} tokens/round, TPOT {m['tpot_us'] / 1000:.3f} ms")
         if m.get("unprofiled_round_us"):
@@ -183,6 +243,8 @@ def _single_path(paths: tuple[str, ...]) -> str:
 @click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per text table.")
+@click.option("--frames-by", type=click.Choice(["self", "inclusive"]), default="self", show_default=True,
+              help="Order of the text's frame table: by self idle (where the host itself was) or inclusive idle.")
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the findings' predicted savings "
                    "(default: the shipped one).")
@@ -195,8 +257,8 @@ def _single_path(paths: tuple[str, ...]) -> str:
                    "this process, without Dask).")
 @memory_limit_option
 def analyze(trace_paths: tuple[str, ...], window: str | None, device: int | None, as_json: bool, round_name: str,
-            top: int, calibration: str | None, merged: bool, dask_scheduler: str | None, workers: int | None,
-            memory_limit_gb: float | None) -> None:
+            top: int, frames_by: str, calibration: str | None, merged: bool, dask_scheduler: str | None,
+            workers: int | None, memory_limit_gb: float | None) -> None:
     """Occupancy, idle-gap attribution, blocking syncs and graph-launch fit of TRACE (.json, .json.gz or a
     directory of per-rank files). Two or more rank files (a directory of them, a glob, several paths) are a fleet:
     each rank analysed alone as a Dask task, then merged with the collectives matched across ranks and the ranks
@@ -248,4 +310,4 @@ def analyze(trace_paths: tuple[str, ...], window: str | None, device: int | None
         res["warnings"] = notes + res["warnings"]
         click.echo(dumps_json(res))
     else:
-        click.echo(render_text(res, top))
+        click.echo(render_text(res, top, frames_by))

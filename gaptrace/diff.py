@@ -186,6 +186,16 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
     else:
         click.echo(render_diff(d))
         for g in d["gates"]:
-            click.echo(f"gate {g['gate']!r}: value {g['value']} -> {'TRIPPED' if g['tripped'] else 'ok'}")
+            click.echo(f"gate {g['gate']!r}: value {_gate_value(g['value'])} -> {'TRIPPED' if g['tripped'] else 'ok'}")
     if any(g["tripped"] for g in d["gates"]):
         raise SystemExit(1)
+
+
+def _gate_value(v) -> str:
+    """A gate's value for the text: 4 significant digits (0.8839, 1,234 µs figures as 1234); None as "missing"
+    (a metric the traces lack trips the gate); the exact value stays in --json's ``gates``."""
+    if v is None:
+        return "missing"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    return f"{v:.4g}"

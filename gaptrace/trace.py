@@ -121,6 +121,21 @@ class Trace:
     _memo: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
 
+    def __repr__(self) -> str:
+        """One line: the path, the event counts, ranks and devices, the host time span (the frames' own reprs fill
+        screens; print ``trace.host`` for them)."""
+        h, d = self.host, self.device
+        devs = sorted({(int(r), int(x)) for r, x in zip(d["rank"], d["device"])}) if len(d) else []
+        span = ""
+        if len(h):
+            t0, t1 = float(h["ts_us"].min()), float(h["end_us"].max())
+            span = f", host span {(t1 - t0) / 1e3:,.1f} ms"
+        ranks = sorted({int(r) for r in h["rank"].unique()}) if len(h) else []
+        return (f"Trace({self.path!r}: {len(h):,} host events, {len(d):,} device events, "
+                f"{len(self.gpu_annotations):,} GPU annotations, {len(self.device_syncs):,} device syncs; "
+                f"ranks {ranks}, devices {[f'{r}:{x}' for r, x in devs][:8]}{' …' if len(devs) > 8 else ''}{span}"
+                f"{f'; {len(self.warnings)} warnings' if self.warnings else ''})")
+
     def memo(self, key: Any, source: Any, build: Callable[[], Any]) -> Any:
         """``build()``, computed once per ``key`` and kept on this trace while ``source`` (the frame the value is
         derived from, e.g. ``self.host``) is the same object: assigning a new frame to the field (``trace.device

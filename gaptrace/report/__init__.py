@@ -113,20 +113,34 @@ def _verdict(analysis: dict) -> str:
     pred, prof, meas = (wi.get("predicted_unprofiled_round_us"), wi.get("profiled_round_us"),
                         wi.get("measured_unprofiled_round_us"))
     out = ['<section class="verdict" id="verdict">']
-    if summary.get("verdict"):
+    lead = (analysis.get("headline") or [""])[0] if analysis.get("verdict") else ""
+    if lead:  # the steps' verdict with the figure behind it (analyses/verdicts.py), the step used named
+        line = (f"<b>Verdict</b> {h(lead[len('verdict '):])}" if lead.startswith("verdict ")
+                else f"<b>Verdict:</b> {h(lead)}")
+    elif summary.get("verdict"):
         line = f"<b>Verdict:</b> {h(summary['verdict'])}" + (f", {h(summary['bound'])}-bound" if summary.get("bound")
                                                             else "")
     else:
         line = "<b>Verdict:</b> no verify rounds annotated: no round to predict savings on"
-    if pred is not None:
-        line += (f"; predicted unprofiled round {h(fmt_ms(pred))} ms (profiled {h(fmt_ms(prof))} ms"
-                 + (f", measured unprofiled {h(fmt_ms(meas))} ms" if meas is not None else "") + ")")
+    if summary.get("verdict") and lead:
+        line += f"; the round model: {h(summary['verdict'])}" + (f", {h(summary['bound'])}-bound"
+                                                                if summary.get("bound") else "")
     out.append(f'<p class="verdict-line">{line}.</p>')
+    steps = (analysis.get("verdict") or {}).get("steps") or []
+    if steps:  # the verdict of every step, with the figure behind it
+        rows = [(h(r.get("step")), h(str(r.get("verdict", "")).replace("_", "-")), h(fmt_ms(r.get("step_us"))),
+                 h(fmt_pct(r.get("gpu_busy_share"))), h(r.get("figure", ""))) for r in steps[:200]]
+        out.append(f"<details><summary>per step ({len(steps)})</summary>"
+                   + table([("step", "num"), ("verdict", ""), ("step (ms)", "num"), ("GPU busy", "num"),
+                            ("figure", "")], rows, raw_cols=range(5)) + "</details>")
     found = analysis.get("findings") or []
     top = next((f for f in found if f.get("saving_us") is not None), None)
     from gaptrace.analyses.savings import FOLD_SHARE, saving_headline
 
-    if top is not None and (top.get("saving_share") or 0) >= FOLD_SHARE:
+    saturated = next((x for x in analysis.get("headline") or [] if "the GPU was saturated" in x), None)
+    if saturated:
+        out.append(f'<p class="verdict-cause"><b>{h(saturated)}</b></p>')
+    elif top is not None and (top.get("saving_share") or 0) >= FOLD_SHARE:
         out.append(f'<p class="verdict-cause"><b>Buys most:</b> {h(top.get("summary", ""))}</p>')
         out.append(f'<p class="verdict-fix"><b>Fix:</b> {h(top.get("fix") or "")}</p>')
         out.append(f'<p class="verdict-saving"><b>Predicted saving:</b> {h(saving_headline(found, wi) or "")}</p>')
@@ -134,6 +148,8 @@ def _verdict(analysis: dict) -> str:
         out.append(f'<p class="verdict-cause">{h(saving_headline(found, wi) or "")}</p>')
     elif found:
         out.append(f'<p class="verdict-cause"><b>First finding:</b> {h(found[0].get("summary", ""))}</p>')
+        if found[0].get("fix"):
+            out.append(f'<p class="verdict-fix"><b>Fix:</b> {h(found[0]["fix"])}</p>')
     else:
         out.append('<p class="empty">no findings</p>')
     out.append("</section>")
@@ -176,7 +192,11 @@ def _headline(analysis: dict) -> str:
     from gaptrace.analyses.savings import saving_headline
 
     said = saving_headline(analysis.get("findings") or [], analysis.get("whatif") or {})
-    lines = [x for x in lines if x != said]  # on the first screen already
+    first = set()
+    if analysis.get("verdict") and lines:
+        first.add(lines[0])  # the verdict line
+    lines = [x for x in lines if x != said and x not in first and not x.startswith("fix: ")
+             and "the GPU was saturated" not in x]  # on the first screen already
     out = ['<section class="headline" id="headline">']
     out += [f"<p>{h(line)}</p>" for line in lines if line] or ['<p class="empty">no findings</p>']
     findings = analysis.get("findings") or []
@@ -244,9 +264,14 @@ def _gaps(trace: Trace, analysis: dict, figures: dict, device: int | None) -> st
                    + table([("site", "frame"), ("idle (ms)", "num"), ("share of idle", "num")],
                            [(x.get("site", ""), fmt_ms(x.get("idle_us")), fmt_pct(x.get("share")))
                             for x in sites[:20]]))
-        out.append("<p><b>By frame</b>: every frame, self and inclusive.</p>")
+    from gaptrace.analyses.gaps import frame_table
+
+    frames, folded = frame_table(analysis.get("gap_attribution") or [], "self")
+    out.append("<p><b>By frame</b>: every frame, self and inclusive, by self idle (where the host itself was)"
+               + (f"; {folded} wrapper frame{'s' if folded != 1 else ''} with no self idle (runpy, click, a thread's "
+                  "bootstrap, &lt;module&gt;) folded away" if folded else "") + ".</p>")
     rows = [(f.get("frame", ""), fmt_ms(f.get("self_idle_us")), fmt_ms(f.get("inclusive_idle_us")),
-             fmt_pct(f.get("share")), f.get("gaps", "–")) for f in (analysis.get("gap_attribution") or [])[:40]]
+             fmt_pct(f.get("share")), f.get("gaps", "–")) for f in frames[:40]]
     out.append(table([("frame", "frame"), ("self idle (ms)", "num"), ("inclusive idle (ms)", "num"),
                       ("share of idle", "num"), ("gaps", "num")], rows))
     return "\n".join(out)
@@ -264,23 +289,25 @@ def _syncs(analysis: dict) -> str:
         call = h(s.get("call", "")) + (f" + {h(s['sync_call'])}" if s.get("sync_call") else "")
         rows.append((call, h(s.get("aten_op") or ""), site, h(s.get("count", "")),
                      h(fmt_ms(s.get("blocked_us"))), h(fmt_us(s.get("mean_blocked_us"))),
-                     h(fmt_us(s.get("max_blocked_us"))), h(fmt_ms(s.get("idle_after_us"))),
+                     h(fmt_us(s.get("max_blocked_us"))), h(fmt_ms(s.get("idle_during_us"))),
+                     h(fmt_ms(s.get("idle_after_us"))),
                      h(fmt_pct(s.get("idle_share"))), h(fmt_pct(s.get("device_busy_during")))))
     return ('<h2 id="syncs">Blocking syncs</h2><p class="how">Host calls that waited for the device, by call site '
             "(innermost Python frame with a source file; expand for the stack). Blocked = host time beyond the "
-            "device op's own duration; idle after = device idle from the call's end to the next device work (the "
-            "serialized tail); device busy = the device's own work while the host waited (low: the host waited on "
+            "device op's own duration; idle under = device idle while the call ran; idle after = device idle from the "
+            "call's end to the next device work (the serialized tail); a finding counts both, under + after; device busy = the device's own work while the host waited (low: the host waited on "
             "latency, not work).</p>"
             + table([("call", "frame"), ("ATen op", "frame"), ("call site", "frame"), ("count", "num"),
                      ("blocked (ms)", "num"), ("mean (µs)", "num"), ("max (µs)", "num"),
-                     ("idle after (ms)", "num"), ("share of idle", "num"), ("device busy during", "num")],
-                    rows, raw_cols=range(10)))
+                     ("idle under (ms)", "num"), ("idle after (ms)", "num"), ("after: share of idle", "num"),
+                     ("device busy during", "num")],
+                    rows, raw_cols=range(11)))
 
 
 def _node_bubbles(analysis: dict) -> str:
     """The device-side bubbles between two nodes of one graph launch, by the kernel pair at the boundary
     (``node_bubbles`` of :func:`gaptrace.analyses.summary.summarize`); nothing when the trace has none."""
-    pairs = analysis.get("node_bubbles") or []
+    pairs = [r for r in analysis.get("node_bubbles") or [] if (r.get("idle_us") or 0.0) >= 0.5]  # no 0 µs rows
     if not pairs:
         return ""
     from gaptrace.analyses.occupancy import short_kernel_name
@@ -415,6 +442,11 @@ def _rounds(analysis: dict, sidecar: Sidecar | None, figures: dict) -> str:
             line.append(f"<b>{h(verdict)}</b>" + (f", {h(bound)}-bound" if bound else ""))
         line.append(f"mean Tround {fmt_ms(sm.get('troundus'))} ms = TGPU {fmt_ms(sm.get('tgpuus'))} + Tserial "
                     f"{fmt_ms(sm.get('tserialus'))} ms; Thost {fmt_ms(sm.get('thostus'))} ms")
+        wo = summary.get("without_outliers")
+        if isinstance(wo, dict) and wo.get("t_round_us") is not None:  # the means above keep the outliers
+            line.append(f"without the outlier round(s) {h(', '.join(map(str, wo.get('left_out') or [])))}: mean "
+                        f"Tround {fmt_ms(wo.get('t_round_us'))} ms = TGPU {fmt_ms(wo.get('t_gpu_us'))} + Tserial "
+                        f"{fmt_ms(wo.get('t_serial_us'))} ms; Thost {fmt_ms(wo.get('t_host_us'))} ms")
         if sm.get("tau") is not None:
             line.append(f"τ {fmt_us(sm.get('tau'), 2)}, TPOT {fmt_ms(sm.get('tpotus'))} ms")
         if summary.get("unprofiled_round_us") is not None:

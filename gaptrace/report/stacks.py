@@ -107,6 +107,8 @@ def idle_stack_tree(ev: EventIdle) -> StackTree:
     ``MAX_STACK_FRAMES``-th frame labelled ``… deeper frames`` (its self and inclusive idle: their self idle), so
     the chart and the loops stay bounded by that depth, however deep the trace nests.
     Vectorised over events; the only Python loops are over depth levels (at most ``MAX_STACK_FRAMES`` + 1).
+    torch.profiler's ``ProfilerStep#<n>`` frames are one frame, ``ProfilerStep#N``: the icicle keeps the stack path,
+    not one copy of it per step.
     """
     cols = ["node", "parent", "label", "depth", "inclusive_idle_us", "self_idle_us", "subtree_idle_us", "events"]
     tree = ev.tree
@@ -129,9 +131,13 @@ def idle_stack_tree(ev: EventIdle) -> StackTree:
     for d in range(int(tree.depth[keep].max()), 0, -1):
         par = tree.parent[np.flatnonzero(keep & (tree.depth == d))]
         keep[par[par >= 0]] = True
-    n_frames = len(tree.frames) + 1
-    frame = tree.frame.astype(np.int64) + 1  # -1 (no name) -> 0
-    frame_names = np.r_[np.array([""], dtype=object), tree.frames.to_numpy(dtype=object)]
+    # one path per stack, not one copy per profiler step: ProfilerStep#31, #32, ... are one frame, ProfilerStep#N
+    names = pd.Series(tree.frames.to_numpy(dtype=object)).astype(str).str.replace(r"^ProfilerStep#\d+$",
+                                                                               "ProfilerStep#N", regex=True)
+    canon, uniq_names = pd.factorize(names)
+    n_frames = len(uniq_names) + 1
+    frame = np.where(tree.frame >= 0, canon[np.maximum(tree.frame, 0)], -1).astype(np.int64) + 1  # -1 (no name) -> 0
+    frame_names = np.r_[np.array([""], dtype=object), np.asarray(uniq_names, dtype=object)]
     th = tree.threads
     n_roots = len(th)
     node_of = np.full(tree.n, -1, dtype=np.int64)

@@ -129,3 +129,50 @@ def device_side_idle(events: list[dict], busy: Busy, device: int, s: float, e: f
         if c in launch_end and launch_end[c] <= g0:
             total += max(0.0, min(g1, e) - max(g0, s))
     return total
+
+
+def host_wait_gaps(events: list[dict], device: int) -> list[tuple[float, float]]:
+    """The idle gaps of ``device`` over its first to last activity that are host wait: every gap but those whose
+    ending activity was launched by a call that had ended when the gap began (device-side, as device_side_idle)."""
+    dev = [x for x in events if x.get("cat") in DEVICE
+           and int((x.get("args") or {}).get("device", x.get("pid"))) == device]
+    t0 = min(float(x["ts"]) for x in dev)
+    t1 = max(float(x["ts"]) + float(x["dur"]) for x in dev)
+    busy = Busy([(float(x["ts"]), float(x["ts"]) + float(x["dur"])) for x in dev], t0, t1)
+    launch_end: dict[int, float] = {}
+    for x in events:
+        if x.get("cat") in ("cuda_runtime", "cuda_driver", "Runtime"):
+            c = (x.get("args") or {}).get("correlation")
+            if c is not None and int(c) >= 0:
+                launch_end[int(c)] = max(launch_end.get(int(c), float("-inf")), float(x["ts"]) + float(x["dur"]))
+    starts: dict[float, list[int]] = {}
+    for x in dev:
+        starts.setdefault(float(x["ts"]), []).append(int((x.get("args") or {}).get("correlation", -1)))
+    out = []
+    for g0, g1 in busy.gaps():
+        cs = starts.get(g1)
+        if cs and cs[0] in launch_end and launch_end[cs[0]] <= g0:
+            continue
+        out.append((g0, g1))
+    return out
+
+
+def idle_under(gaps: list[tuple[float, float]], intervals: list[tuple[float, float]]) -> float:
+    """µs of ``gaps`` covered by the union of ``intervals`` (plain sweep over the merged intervals)."""
+    merged: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    total = 0.0
+    for g0, g1 in gaps:
+        for a, b in merged:
+            total += max(0.0, min(g1, b) - max(g0, a))
+    return total
+
+
+def spans(events: list[dict], pred) -> list[tuple[float, float]]:
+    """(start, end) of every complete event for which ``pred(event)`` holds."""
+    return [(float(x["ts"]), float(x["ts"]) + float(x["dur"])) for x in events
+            if x.get("ph") == "X" and "dur" in x and pred(x)]

@@ -140,7 +140,11 @@ def test_token_list_rebuild_is_the_first_finding_on_long_prompts(long_pair):
     from _idle_reference import Busy, device_intervals
 
     clean, res = long_pair
-    first = res["findings"][0]
+    # the capture's profiled window holds one ProfilerStep, no verify rounds: the first finding is the fault's own
+    # range (host_range: the idle while it was open, its gap-attribution row), the fault's frame inside it next
+    head = res["findings"][0]
+    assert head["kind"] == "host_range" and head["range"] == "token_list_rebuild"
+    first = res["findings"][1]
     assert first["kind"] == "idle_site" and first["range"] == "token_list_rebuild"
     assert first["site"] == "runtime/faults.py(151): token_list_rebuild"
     with gzip.open(os.path.join(FAULTS, f"{LONG}_token-list-rebuild.json.gz")) as f:
@@ -164,6 +168,7 @@ def test_token_list_rebuild_is_the_first_finding_on_long_prompts(long_pair):
     # already-queued kernels left out) is that raw figure less at most the trace's device-side idle
     rng_row = [r for r in res["gap_attribution"] if r["frame"] == "token_list_rebuild"][0]
     assert under_range - res["idle_split"]["device_side_us"] <= rng_row["inclusive_idle_us"] <= under_range + 1.0
+    assert head["idle_us"] == rng_row["inclusive_idle_us"]
     # ahead of every other site, the eager prefill's own frames included
     assert all(s["idle_us"] < site["idle_us"] for s in res["idle_sites"][1:])
     # the clean capture of the same decode: no such range, no sync finding above 5%

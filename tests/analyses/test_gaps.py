@@ -248,7 +248,7 @@ def test_probe_idle_story():
     t = load_trace(trace_path(PROBE))
     ev = raw_events(PROBE)
     busy = Busy(device_intervals(ev))
-    table = gap_attribution(t).set_index("frame")
+    table = gap_attribution(t, host_wait_only=False, exclude_parked=False).set_index("frame")
     x = [e for e in ev if e.get("ph") == "X"]
 
     def share(pred):
@@ -309,7 +309,7 @@ def test_multi_rank_trace_keys_devices_by_rank_and_attributes_per_rank(tmp_path)
         r = event_idle(both, device=(rank, int(row["device"])))
         assert (r.inclusive_us[~r.in_rank] == 0).all() and (r.self_us[~r.in_rank] == 0).all()
         got = gap_attribution(both, result=r)
-        ref = gap_attribution(alone)
+        ref = gap_attribution(alone, host_wait_only=False, exclude_parked=False)
         assert got["frame"].tolist() == ref["frame"].tolist()
         assert np.allclose(got["inclusive_idle_us"], ref["inclusive_idle_us"])
         assert np.allclose(got["self_idle_us"], ref["self_idle_us"])

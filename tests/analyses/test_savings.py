@@ -106,13 +106,22 @@ def test_whatif_block_against_raw_trace_and_sidecar(sync):
     assert other["unfitted_round_us"] != pytest.approx(wi["unfitted_round_us"])
 
 
-def test_whatif_block_null_without_rounds(sync):
+def test_whatif_block_over_the_loop_steps_without_rounds(sync):
+    """--rounds naming no range: the replay runs over the loop's steps as analyses/steps.py finds them, and says
+    which; a trace with fewer than two steps gets no prediction at all."""
     tr, side, _ = sync
     res = summarize(tr, sidecar=side, round_name="no_such_range").to_json()
     wi = res["whatif"]
+    assert res["rounds"] is None and res["verdict"]["rule"] != "round"
+    assert wi["step_rule"] == res["verdict"]["rule"] and wi["predicted_unprofiled_round_us"] is not None
+    one = load_trace(os.path.join(ROOT, "fixtures/traces/tracelens_h100_qwen1.5_0.5b.json.gz"))
+    res = summarize(one).to_json()
+    wi = res["whatif"]
+    assert len(res["verdict"]["steps"]) == 1
     assert wi["profiled_round_us"] is None and wi["predicted_unprofiled_round_us"] is None
     assert wi["calibration"]["source"].endswith("calibration_default.json")
     assert all(f["saving_us"] is None for f in res["findings"])
+    assert any("fewer than two" in w for w in res["warnings"])
 
 
 def test_headline_sentence(sync):

@@ -46,7 +46,11 @@ def test_schema(probe_json):
     assert set(fit) >= {"launches", "kappa_us_per_node", "t0_us", "r2", "graphs"}
     for f in d["findings"]:
         assert set(f) >= {"kind", "summary", "idle_share"}
-    shares = [f["idle_share"] for f in d["findings"]]
+    # the probe's rounds (round_<n>) give the replay model its steps: findings with a saving come first, by what
+    # fixing them saves; the rest keep the idle-share order
+    saved = [f for f in d["findings"] if f.get("saving_us") is not None]
+    assert saved and d["findings"][:len(saved)] == saved
+    shares = [f["idle_share"] for f in d["findings"][len(saved):]]
     assert shares == sorted(shares, reverse=True) or all(abs(a - b) < 1e-3 for a, b in zip(shares, shares[1:]))
 
 
@@ -75,15 +79,23 @@ def test_probe_figures_by_hand(probe_json):
     top = probe_json["blocking_syncs"][0]
     assert top["call"] == "cudaMemcpyAsync" and top["aten_op"] == "aten::to"
     assert top["count"] == 6 and top["blocked_us"] / 6 > 3000
-    # the headline states the occupancy
-    assert f"{dev['occupancy']:.1%}" in probe_json["headline"][0]
+    # the first screen: the verdict over the steps used (the probe's round_<n> ranges, the outlier first step left
+    # out of it), then the cause that buys most and its fix, then the occupancy sentence
+    head = probe_json["headline"]
+    assert head[0].startswith("verdict over 6 steps of 'round'") and "1 outlier step left out" in head[0]
+    assert head[0].split(": ", 1)[1].startswith("5 of 5 steps sync-bound")
+    assert head[1].startswith("removing ") and head[2].startswith("fix: ")
+    occ_line = next(x for x in head if x.startswith("NVIDIA H200 (GPU 0) busy "))
+    assert f"{dev['occupancy']:.1%}" in occ_line and head.index(occ_line) > 2
 
 
 def test_text_output_has_headline_and_tables():
     r = run("analyze", PROBE)
     assert r.exit_code == 0
-    assert r.output.startswith("NVIDIA H200 (GPU 0) busy ")
-    for section in ("Findings", "Idle by host frame", "Blocking syncs", "Graph-launch fit"):
+    assert r.output.startswith("verdict over 6 steps of 'round'")  # the verdict first, the occupancy after it
+    assert "\nNVIDIA H200 (GPU 0) busy " in r.output.split("\n\n")[0]
+    for section in ("Findings", "Steps (6 of 'round'", "Idle by host frame, by self idle", "Blocking syncs",
+                    "Graph-launch fit"):
         assert section in r.output
 
 

@@ -55,9 +55,11 @@ def test_analyze_text_escapes_trace_names(traces):
     res = json.loads(run("analyze", hostile, "--json").stdout)
     top = res["gap_attribution"][0]["frame"]
     assert top.endswith(HOSTILE)  # the JSON round-trips the name exactly
-    out = run("analyze", hostile).stdout
+    out = run("analyze", hostile, "--frames-by", "inclusive").stdout  # the JSON's order: the top frame is listed
     assert not any(c in out for c in RAW)
     assert escape_controls(top) in out and SHOWN in out
+    out = run("analyze", hostile).stdout  # by self idle (the default)
+    assert not any(c in out for c in RAW) and SHOWN in out
     # the clean capture's text is what it always was: nothing in it needed escaping
     assert "\\x" not in run("analyze", clean).stdout
 

@@ -215,11 +215,11 @@ def test_slow_rounds_and_whatif_against_the_measured_round(slow, sync_events):
     sav = {r["site"]: r["saving_ms"] for r in fig["savings"]}
     assert list(sav.values()) == sorted(sav.values(), reverse=True)
     # the blocking copy is among the best fixes (at least half the largest saving: here the plan's host work, which
-    # overlaps it); the draft graph's launch frame, with a sixth of the idle under it, buys almost nothing (its launch
-    # is the profiler's cost)
+    # overlaps it); the idle under the graph launches is charged to the launch (the profiler's cost, no fix), not to
+    # the graph's Python launch frame: that frame is no longer a finding, or one that buys almost nothing
     assert sav[fig["top_sync"]["site"]] >= 0.5 * max(sav.values())
     launch = [k for k in sav if "graphs.py(" in k and k.endswith(": __call__")]
-    assert launch and sav[launch[0]] < 0.2 * sav[fig["top_sync"]["site"]], sav
+    assert all(sav[k] < 0.2 * sav[fig["top_sync"]["site"]] for k in launch), sav
     assert fig["top_sync"]["site"] in list(sav)[:3] and sav[fig["top_sync"]["site"]] > 0.05 * meas  # 8.5% of the round
 
 
