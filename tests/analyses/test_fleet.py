@@ -296,3 +296,20 @@ def test_a_bad_rank_file_is_one_line_on_the_cluster_too(tmp_path):
         assert r.returncode == 2 and r.stdout == "", r.stderr
         assert r.stderr.strip().splitlines() == [f"gaptrace: error: {planted['files'][1]}: JSON ends before the "
                                                  "document closes at byte 17 (truncated file?)"]
+
+
+def test_public_two_rank_trace_matches_the_raw_json():
+    """HolisticTraceAnalysis's two-rank test trace (fixtures/traces/hta_multirank, MANIFEST.md): the SendRecv
+    kernels matched by order, each rank's waits and the waits it caused as the plain recomputation from the raw JSON
+    gives them, and the missing baseTimeNanoseconds said in a warning."""
+    d = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces", "hta_multirank")
+    files = fleet_files([d])
+    truth = raw_collectives([f for _, f in files])
+    res = run_fleet(files, workers=0, progress=False)
+    assert res["collectives"]["key_kind"] == "order"
+    assert res["collectives"]["instances"] == len(truth["instances"]) == 10
+    for r in res["ranks"]:
+        assert r["waited_us"] == pytest.approx(truth["waited"][r["rank"]], abs=1e-3)
+        assert r["caused_us"] == pytest.approx(truth["caused"][r["rank"]], abs=1e-3)
+    assert truth["waited"][0] > truth["waited"][1] > 0  # both waited; rank 0 the longer
+    assert any("baseTimeNanoseconds" in w for w in res["warnings"])
