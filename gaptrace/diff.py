@@ -5,6 +5,8 @@ compares the two ``to_json()`` dicts; this module is the command and the text it
 """
 from __future__ import annotations
 
+import sys
+
 import click
 
 from gaptrace.analyses.summary import no_gpu_message, summarize
@@ -104,12 +106,7 @@ def _diff_fleets(trace_a: str, trace_b: str, fa, fb, window, round_name, as_json
         d["gates"] = check_fleet_gates(d, list(gates))
     except (TraceError, GateError, ValueError) as e:
         fail(str(e))
-    if as_json:
-        click.echo(dumps_json(d))
-    else:
-        click.echo(render_fleet_diff(d))
-        for g in d["gates"]:
-            click.echo(f"gate {g['gate']!r}: value {g['value']} -> {'TRIPPED' if g['tripped'] else 'ok'}")
+    _emit([dumps_json(d)] if as_json else [render_fleet_diff(d)] + _gate_lines(d["gates"]))
     if any(g["tripped"] for g in d["gates"]):
         raise SystemExit(1)
 
@@ -182,13 +179,27 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
     d["gates"] = check_gates(d, list(gates))
     if as_json:
         d["warnings"] = notes + d["warnings"]
-        click.echo(dumps_json(d))
-    else:
-        click.echo(render_diff(d))
-        for g in d["gates"]:
-            click.echo(f"gate {g['gate']!r}: value {_gate_value(g['value'])} -> {'TRIPPED' if g['tripped'] else 'ok'}")
+    _emit([dumps_json(d)] if as_json else [render_diff(d)] + _gate_lines(d["gates"]))
     if any(g["tripped"] for g in d["gates"]):
         raise SystemExit(1)
+
+
+def _gate_lines(gates: list[dict]) -> list[str]:
+    return [f"gate {g['gate']!r}: value {_gate_value(g['value'])} -> {'TRIPPED' if g['tripped'] else 'ok'}"
+            for g in gates]
+
+
+def _emit(lines: list[str]) -> None:
+    """Print ``lines``; when the reader has gone (``gaptrace diff A B --fail-if ... | head -1``) the rest is dropped
+    quietly, so the exit code is still the gates' (0: every gate held, 1: one tripped), not a write error's."""
+    from gaptrace.cli import _drop_stdout
+
+    try:
+        for ln in lines:
+            click.echo(ln)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _drop_stdout()
 
 
 def _gate_value(v) -> str:

@@ -458,3 +458,21 @@ def test_capture_refuses_an_empty_output_and_a_shrink_after_the_capture(tmp_path
     r = _gaptrace(*base, "--shrink-at-round", "100", "-o", str(tmp_path / "s.json.gz"))
     _one_error_line(r, "--shrink-at-round 100")
     assert os.listdir(tmp_path) == []
+
+
+def test_diff_gate_exit_code_survives_a_closed_pipe():
+    """`gaptrace diff A B --fail-if ... | head -1`: the reader leaves after one line; the exit code is still the
+    gates' (0: held, 1: tripped), not a write error's."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    a = os.path.join(root, "fixtures", "traces", "h200_pairs", "bench_sync_bs8_B12.json.gz")
+    b = os.path.join(root, "fixtures", "traces", "h200_pairs", "bench_overlap_bs8_B12_clean_a.json.gz")
+    for gate, want in (("occupancy < 0.5", 0), ("occupancy < 0.99", 1)):
+        p = subprocess.Popen([sys.executable, "-m", "gaptrace.cli", "diff", a, b, "--fail-if", gate],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p.stdout.close()  # the reader is gone before the command writes: every write hits a closed pipe
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=600) == want, (gate, err)
+        assert "Traceback" not in err
