@@ -177,6 +177,8 @@ def merge_fleet(results: list[dict[str, Any]], frames: dict[int, list[dict]] | N
         occ = {r["rank"]: r["occupancy"] for r in out_ranks if r["occupancy"] is not None}
         worst = min(occ, key=lambda r: (occ[r], r)) if occ else None
         why_worst = "the lowest occupancy (no rank made another wait)" if occ else "no rank has GPU activity"
+        if occ and len(occ) > 1 and max(occ.values()) - min(occ.values()) < 1e-4:
+            worst, why_worst = None, "none: every rank has the same occupancy and none made another wait"
     shared: dict[str, Any] = {}
     verdicts_ = {r["verdict"] for r in res}
     shared["verdict"] = next(iter(verdicts_)) if len(verdicts_) == 1 else None
@@ -196,8 +198,7 @@ def merge_fleet(results: list[dict[str, Any]], frames: dict[int, list[dict]] | N
         bww = [f"rank {r['rank']} {r['busy_without_waiting']:.1%}" for r in out_ranks
                if r["busy_without_waiting"] is not None]
         headline.append("busy without waiting: " + ", ".join(bww))
-    if worst is not None:
-        headline.append(f"worst rank: {worst} ({why_worst})")
+    headline.append(f"worst rank: {worst} ({why_worst})" if worst is not None else f"worst rank: {why_worst}")
     return to_jsonable({
         "ranks": out_ranks,
         "collectives": {"key_kind": kind, "instances": int(long["instance"].nunique()) if len(long) else 0,

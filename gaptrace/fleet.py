@@ -322,6 +322,7 @@ def render_fleet_text(res: dict[str, Any]) -> str:
                   "  " + " " * 6 + "".join(f"{r:>9}" for r in m["ranks"])]
         for r, row in zip(m["ranks"], m["wait_us"]):
             parts.append(f"  {r:>6}" + "".join(f"{v / 1000:>9.2f}" for v in row))
-    if res["warnings"]:
-        parts += ["", "Warnings:"] + [f"  - {w}" for w in res["warnings"]]
+    warn = list(res["warnings"]) + [f"rank {r['rank']}: {w}" for r in res["ranks"] for w in (r.get("warnings") or [])]
+    if warn:
+        parts += ["", "Warnings:"] + [f"  - {w}" for w in warn]
     return "\n".join(parts)

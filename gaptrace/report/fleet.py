@@ -81,7 +81,8 @@ def render_fleet_report(res: dict[str, Any], title: str) -> str:
             '<section class="headline" id="headline">'
             + "".join(f"<p>{h(line)}</p>" for line in res["headline"]) + "</section>"]
     rows = [(r["rank"], r.get("device_name") or "", fmt_pct(r["occupancy"]), fmt_pct(r["busy_without_waiting"]),
-             fmt_ms(r["waited_us"]), fmt_ms(r["caused_us"]), (r.get("verdict") or r.get("bound") or "–"),
+             fmt_ms(r["waited_us"]), fmt_ms(r["caused_us"]),
+             (r.get("verdict") or r.get("bound") or "–").replace("_", "-"),
              r.get("first_cause") or "–") for r in res["ranks"]]
     body.append('<h2 id="ranks">Ranks</h2><p class="how">Occupancy as measured; busy without waiting = busy time less '
                 "the time spent inside a collective before the last rank arrived, over the window.</p>"
@@ -107,7 +108,9 @@ def render_fleet_report(res: dict[str, Any], title: str) -> str:
          ("waiting (ms)", "num")],
         [(b["label"], b["instances"], b["ranks"], f"{b['mean_dur_us']:,.1f}", fmt_ms(b["total_wait_us"]))
          for b in c["by_label"]]))
-    warn = res.get("warnings") or []
+    # the fleet's own warnings, then each rank's (a rank's trace and sidecar warnings, as analyze of it alone says)
+    warn = list(res.get("warnings") or []) + [f"rank {r['rank']}: {w}" for r in res["ranks"]
+                                              for w in (r.get("warnings") or [])]
     body.append('<h2 id="warnings">Warnings</h2>' + ("<ul>" + "".join(f"<li>{h(w)}</li>" for w in warn) + "</ul>"
                                                       if warn else '<p class="empty">none</p>'))
     return page(f"gaptrace fleet: {title}", "\n".join(body), {}, __version__)

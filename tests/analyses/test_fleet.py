@@ -313,3 +313,22 @@ def test_public_two_rank_trace_matches_the_raw_json():
         assert r["caused_us"] == pytest.approx(truth["caused"][r["rank"]], abs=1e-3)
     assert truth["waited"][0] > truth["waited"][1] > 0  # both waited; rank 0 the longer
     assert any("baseTimeNanoseconds" in w for w in res["warnings"])
+
+
+def test_identical_ranks_name_no_worst_rank_and_keep_their_warnings(tmp_path):
+    """Two copies of one capture: no collective, the same occupancy: no worst rank is named (a tie is not a
+    straggler), and each rank's own warnings reach the fleet's text and report."""
+    import shutil
+    src = os.path.join(ROOT, "fixtures", "traces", "h200_fused", "h200_bench_overlap_bs8_B12_fused.json.gz")
+    for r in (0, 1):
+        shutil.copyfile(src, tmp_path / f"a.rank{r}.json.gz")
+    res = run_fleet(fleet_files([str(tmp_path)]), workers=0, progress=False)
+    assert res["ranks"][0]["occupancy"] == res["ranks"][1]["occupancy"]
+    assert res["worst_rank"]["rank"] is None and "same occupancy" in res["headline"][-1]
+    from gaptrace.fleet import render_fleet_text
+    from gaptrace.report.fleet import render_fleet_report
+    text, page = render_fleet_text(res), render_fleet_report(res, "t")
+    for r in res["ranks"]:
+        for w in r["warnings"]:
+            assert f"rank {r['rank']}: {w}"[:60] in text
+    assert res["ranks"][0]["warnings"] and "<li>rank 0: " in page  # this capture warns (names cut, overlaps)
