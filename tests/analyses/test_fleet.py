@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from _fleet_builders import PLANTED, build_fleet, raw_collectives
+from _fleet_builders import PLANTED, PLANTED_CALL, build_fleet, raw_collectives
 from gaptrace.analyses import collectives, stragglers
 from gaptrace.fleet import fleet_files, run_fleet
 
@@ -88,15 +88,14 @@ def test_late_rank_and_its_host_site(fleet):
     assert s["late_rank"] == late and s["label"] == "ncclAllReduce"
     assert s["waiters"] == [r for r in range(4) if r != late]
     assert s["sites"][0]["site"] == PLANTED
-    # plain recomputation: the time the planted frame overlaps [first arrival, last arrival] (plan is the site while
-    # it is innermost, and through the builtin it calls, DESIGN.md "Idle sites")
+    # plain recomputation: the time the planted call (innermost under plan) overlaps [first arrival, last arrival]
     truth = raw_collectives(planted["files"])
     with open(planted["files"][late]) as f:
         doc = json.load(f)
     ref = min(json.load(open(p))["baseTimeNanoseconds"] for p in planted["files"])
     off = (doc["baseTimeNanoseconds"] - ref) / 1000.0
     calls = sorted((e["ts"] + off, e["ts"] + off + e["dur"]) for e in doc["traceEvents"]
-                   if e.get("name") == PLANTED and e.get("ts", 0) + off > 0)
+                   if e.get("name") == PLANTED_CALL and e.get("ts", 0) + off > 0)
     overlap = total = 0.0
     for inst in truth["instances"]:
         first = min(inst["last"] - w for w in inst["waits"].values())  # wait = last - start (all below dur here)
