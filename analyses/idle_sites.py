@@ -93,7 +93,7 @@ def site_codes(tree, node: np.ndarray) -> np.ndarray:
     ``len(tree.frames)`` where there is none ("(no Python frame)"), ``len(tree.frames) + 1`` where the node or its
     site is a parked-thread frame ("(thread waiting)", ``stacks.WAIT_FRAME_RE``). Shape (q,), int64."""
 
-    site_rows = stacks.innermost_site(tree, tree.rows(node), include_self=True)  # DESIGN.md 3.7: itself
+    site_rows = stacks.innermost_site(tree, tree.rows(node))
     n_frames = len(tree.frames)
     site = np.where(site_rows >= 0, tree.frame[tree.nodes(np.maximum(site_rows, 0))], n_frames)
     waiting_frame = stacks.waiting_frames(tree)

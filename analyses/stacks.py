@@ -385,19 +385,18 @@ def _site_mask(tree: HostTree, skip_torch: bool = False) -> np.ndarray:
     return py & ok[np.maximum(tree.frame, 0)] & (tree.frame >= 0)
 
 
-def innermost_site(tree: HostTree, rows: np.ndarray, include_self: bool = False) -> np.ndarray:
-    """Host row of the innermost enclosing python_function frame that has a source file, per host row (-1: none);
-    with ``include_self`` a row that is such a frame is its own site (the idle sites: the host was in it).
+def innermost_site(tree: HostTree, rows: np.ndarray) -> np.ndarray:
+    """Host row of the innermost enclosing python_function frame that has a source file, per host row (-1: none).
 
     A ``<built-in method …>`` frame names the call, not the site, so it is skipped (DESIGN.md "Host stacks");
     so are PyTorch's own frames (``torch/…``: function-mode and dispatch plumbing), unless nothing else encloses
     the row, in which case the innermost torch frame is the site.
     """
     nodes = tree.nodes(rows)
-    site = enclosing(tree, nodes, _site_mask(tree, skip_torch=True), include_self=include_self)
+    site = enclosing(tree, nodes, _site_mask(tree, skip_torch=True))
     miss = site < 0
     if miss.any():
-        site[miss] = enclosing(tree, nodes[miss], _site_mask(tree), include_self=include_self)
+        site[miss] = enclosing(tree, nodes[miss], _site_mask(tree))
     return tree.rows(site)
 
 

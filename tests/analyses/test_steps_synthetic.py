@@ -249,29 +249,3 @@ def test_a_read_back_is_told_apart_from_eager_launching(tmp_path, with_readback,
         assert r["launch_paced_us"] == pytest.approx(r["step_us"])
         assert r["host_us_per_launch"] == pytest.approx(10.0)
         assert v.overall["figure"].startswith("3 of 3 steps launch-bound: 70 eager launches a step at 10 µs")
-
-
-def test_idle_site_of_a_leaf_frame_is_the_frame_itself(tmp_path):
-    """docs/DESIGN.md "Idle sites": at each host-wait idle instant the innermost open event is charged to itself when
-    it is a Python frame with a source file (a leaf frame is its own site, not its caller's), else to its nearest
-    enclosing one (a builtin names what was called). Known by construction: the device idles over [110, 1010];
-    the host is in app.py's plan() (leaf) over [200, 500], in a builtin under run() over [600, 800], in run() alone
-    the rest of the time."""
-    from gaptrace.analyses import gaps, idle_sites
-
-    ev = [
-        launch(0, 1), kernel(10, 100, 1),
-        X("python_function", "app.py(1): run", 100, 1000),
-        X("python_function", "app.py(9): plan", 200, 300),
-        X("python_function", "<built-in method sleep of module object at 0x1>", 600, 200),
-        launch(1000, 2), kernel(1010, 100, 2),
-    ]
-    tr = load(tmp_path, ev)
-    key = (0, 0)
-    res = gaps.event_idle(tr, key, None, host_wait_only=True, exclude_parked=False)
-    got = {r["site"]: r["idle_us"] for r in idle_sites.idle_sites(res).to_dict("records")}
-    assert got["app.py(9): plan"] == pytest.approx(300.0)          # [200, 500]: the leaf frame itself
-    # run() over [110, 200] and [500, 1010]: itself, the builtin's [600, 800] (charged to its caller) and the second
-    # launch call [1000, 1010] it makes: 90 + 510 = 600; the two sites share nothing
-    assert got["app.py(1): run"] == pytest.approx(600.0)
-    assert sum(got.values()) == pytest.approx(res.timeline.idle_us) == pytest.approx(900.0)
