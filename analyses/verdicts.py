@@ -222,8 +222,11 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
     l_ts, l_end = h["ts_us"].to_numpy()[rt], h["end_us"].to_numpy()[rt]
     corr = h["correlation"].to_numpy()[rt]
     first_dev = drows[drows["correlation"].to_numpy() >= 0].groupby("correlation")["ts_us"].min()
-    pos = first_dev.index.get_indexer(corr) if len(first_dev) else np.full(len(corr), -1)
-    lag = np.where(pos >= 0, first_dev.to_numpy()[np.maximum(pos, 0)] - l_end, np.nan) if len(corr) else np.empty(0)
+    if len(first_dev) and len(corr):
+        pos = first_dev.index.get_indexer(corr)
+        lag = np.where(pos >= 0, first_dev.to_numpy()[np.maximum(pos, 0)] - l_end, np.nan)
+    else:  # no device activity joins a launch (correlation ids absent or broken): no lag is known
+        lag = np.full(len(corr), np.nan)
 
     rows = []
     ends = _interval_ends(t)

@@ -6,7 +6,11 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from test_device_side import plain_device_side_idle
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "analyses"))
+from test_device_side import plain_device_side_idle  # noqa: E402  (the plain recomputation lives beside its test)
 
 from gaptrace.cli import main
 
