@@ -9,26 +9,23 @@ import json
 import os
 import re
 
+import sys
+
 import numpy as np
 import pytest
 
-from gaptrace import load_trace
-from gaptrace.analyses.profiler_cost import load_calibration, profiler_frames, unprofiled_inputs
-from gaptrace.analyses.replay import build_model
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: _idle_reference
+
+from _idle_reference import merge  # noqa: E402  (the plain union of intervals)
+from gaptrace import load_trace  # noqa: E402
+from gaptrace.analyses.profiler_cost import load_calibration, profiler_frames, unprofiled_inputs  # noqa: E402
+from gaptrace.analyses.replay import build_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOOPS = os.path.join(ROOT, "fixtures", "traces", "h200_loops")
 FRAME = re.compile(r"(?:^|/)torch/profiler/profiler\.py\(\d+\): ")
 
 
-def _union(iv):
-    out = []
-    for s, e in sorted(iv):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
 
 
 @pytest.mark.parametrize("loop", ["graph_readback.fixed", "launch_bound.planted", "host_detokenize.planted"])
@@ -42,7 +39,7 @@ def test_profiler_step_frames_are_taken_out_whole(loop):
     for e in launches:
         tids[e["tid"]] = tids.get(e["tid"], 0) + 1
     tid = max(tids, key=tids.get)
-    frames = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "python_function"
+    frames = merge([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "python_function"
                      and e["tid"] == tid and FRAME.search(e["name"])])
     assert len(frames) >= 5  # one profile.step() a step at least
 
