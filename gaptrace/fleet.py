@@ -240,7 +240,9 @@ def _run_dask(files, n, scheduler, memory_limit_bytes, window, round_name, calib
         limit = memory_limit_bytes or max(1, default_memory_limit_bytes() // n)
         check_fleet_memory(files, limit)  # before a worker starts
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, memory_limit=limit,
-                               dashboard_address=None, silence_logs=logging.CRITICAL)
+                               # a free port for the HTTP endpoints the scheduler always serves: a busy 8787 (another
+                               # cluster) would print a warning beside the one result or error line
+                               dashboard_address=":0", silence_logs=logging.CRITICAL)
         client = Client(cluster)
         kind = "local"
     else:
