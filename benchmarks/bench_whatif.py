@@ -164,7 +164,7 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
     fmt = lambda v: "/".join(f"{x:.3f}" for x in v)
     pct = lambda v: "/".join(f"{x:+.1%}" for x in v)
     out = [f"Calibration: {os.path.relpath(cal.source, ROOT)} ({cal.measured_on}): aten {cal.aten_op_us:.2f} µs, python frame "
-           f"{cal.python_frame_us:.2f} µs, runtime call {cal.runtime_call_us:.2f} µs, device op "
+           f"{cal.python_frame_us:.2f} µs, runtime-call cost {cal.runtime_call_us:.2f} µs, device op "
            f"{cal.device_op_us:.2f} µs", "",
            "| pair | removed | steps | measured period ms | same-process ms | predicted ms | error % (vs same process) "
            "| measured saving ms [range] | predicted saving ms (scale α) | error | unfitted saving ms "
