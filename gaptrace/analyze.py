@@ -220,6 +220,20 @@ def _fleet_paths(paths: tuple[str, ...], merged: bool) -> list[tuple[int, str]] 
     return files if len(files) >= 2 else None
 
 
+def fleet_or_fail(paths: tuple[str, ...], merged: bool) -> list[tuple[int, str]] | None:
+    """:func:`_fleet_paths` for a command: a bad path, or several paths that are not a fleet, end in one error
+    line (exit 2)."""
+    from gaptrace.cli import fail
+
+    try:
+        fleet = _fleet_paths(paths, merged)
+    except TraceError as e:
+        fail(str(e))
+    if fleet is None and len(paths) > 1:
+        fail("several paths name a fleet of rank files: give them without --merged (or one directory with --merged)")
+    return fleet
+
+
 def _single_path(paths: tuple[str, ...]) -> str:
     """The one trace of the single-trace path: the path itself, or the one file a glob matches."""
     import os
@@ -270,12 +284,7 @@ def analyze(trace_paths: tuple[str, ...], window: str | None, device: int | None
 
     from gaptrace.analyses.savings import resolve_calibration
 
-    try:
-        fleet = _fleet_paths(trace_paths, merged)
-    except TraceError as e:
-        fail(str(e))
-    if fleet is None and len(trace_paths) > 1:
-        fail("several paths name a fleet of rank files: give them without --merged (or one directory with --merged)")
+    fleet = fleet_or_fail(trace_paths, merged)
     if fleet is not None:
         if device is not None:
             fail("--device picks one trace's device: a fleet analyses each rank's busiest device")

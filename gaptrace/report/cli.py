@@ -81,15 +81,10 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
     idle time went, blocking syncs, the graph-launch fit and the integrity warnings. Two or more rank files (a
     directory, a glob, several paths) give the fleet's report: per-rank occupancy and busy without waiting, a
     timeline strip per rank, the stragglers and the wait matrix (``--merged``: the one-trace report instead)."""
-    from gaptrace.analyze import _fleet_paths, _single_path
+    from gaptrace.analyze import _single_path, fleet_or_fail
     from gaptrace.cli import fail, memory_limit_bytes
 
-    try:
-        files = _fleet_paths(traces, merged)
-    except TraceError as e:
-        fail(str(e))
-    if files is None and len(traces) > 1:
-        fail("several paths name a fleet of rank files: give them without --merged (or one directory with --merged)")
+    files = fleet_or_fail(traces, merged)
     if files is not None:
         if device is not None or sidecar is not None or annotated is not None:
             fail("--device, --sidecar and --annotated are for one trace: a fleet's report reads each rank's own")
