@@ -91,10 +91,16 @@ class Symbols:
     event is one dict lookup in C (``map(dict.__getitem__)``) and the Python work is per new distinct value.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, scan: bool = False) -> None:
         self.table: dict[str, int] = {}
         self.symbols: list[str] = []
         self.cache: dict[Any, int] = {None: -1}
+        # with ``scan``, decode_piece tries the compiled scanner first (its raw-string table lives here)
+        self.scan_state = None
+        if scan:
+            from .eventscan import ScanState
+
+            self.scan_state = ScanState()
 
     def intern(self, s: str) -> int:
         i = self.table.get(s)
@@ -188,8 +194,16 @@ def decode_piece(piece, rank: int, symbols: Symbols) -> tuple[int, dict[str, np.
     """(number of array elements, columns of its complete events) for one JSON array of events.
 
     ``piece`` is bytes-like (a memoryview into a buffer is decoded in place). Raises ``msgspec.DecodeError``
-    (never its subclass ``ValidationError``) when the piece is not well-formed JSON.
+    (never its subclass ``ValidationError``) when the piece is not well-formed JSON. With ``symbols.scan_state``
+    the compiled scanner (:mod:`gaptrace.eventscan`) reads the piece when it is in the scanner's subset; the typed
+    msgspec decoder reads it otherwise; the columns are the same either way.
     """
+    if symbols.scan_state is not None:
+        from .eventscan import scan_piece
+
+        done = scan_piece(piece, rank, symbols, symbols.scan_state)
+        if done is not None:
+            return done
     try:
         events = TYPED.decode(piece)
     except msgspec.ValidationError:
@@ -211,8 +225,8 @@ class ColumnSink:
     short; pages never written are never resident), so ``finish()`` has nothing left to concatenate.
     """
 
-    def __init__(self, expected_events: int = 1 << 16) -> None:
-        self.symbols = Symbols()
+    def __init__(self, expected_events: int = 1 << 16, scan: bool = False) -> None:
+        self.symbols = Symbols(scan)
         self.cols = {c: np.empty(max(expected_events, 1024), _dtype(c)) for c in COLUMNS}
         self.n = 0
         self.rank = 0

@@ -121,6 +121,7 @@ LOAD_BYTES_PER_JSON_BYTE = 0.9
 LOAD_BASE_BYTES = 200 << 20
 # Below this much JSON, forking decoder processes saves nothing (56 MB: equal times).
 PARALLEL_MIN_BYTES = 128 << 20
+SCAN_MIN_BYTES = 64 << 20
 
 
 def json_size_bytes(path: str) -> int:
@@ -189,13 +190,15 @@ def default_memory_limit_bytes() -> int:
 
 
 def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: int | None = None,
-             workers: int | None = None) -> tuple[RawColumns, dict[str, Any]]:
+             workers: int | None = None, scan: bool | None = None) -> tuple[RawColumns, dict[str, Any]]:
     """Stream ``path`` (a file or a directory of per-rank files) into :class:`RawColumns` and the metadata.
 
     The metadata is every top-level key except ``traceEvents`` of the first rank's file (as the reference
     reader); a bare top-level list has none. ``workers`` decoder processes (default: one per core for traces of
     at least ``PARALLEL_MIN_BYTES`` of JSON, see :mod:`gaptrace.decodepool`; 0 decodes in this process) and
-    ``chunk_bytes`` (bytes read per step, default 8 MiB) never change the result. Refuses up front, with the
+    ``chunk_bytes`` (bytes read per step, default 8 MiB) never change the result, nor does ``scan`` (the
+    compiled scanner of :mod:`gaptrace.eventscan`; default: on for traces of at least ``SCAN_MIN_BYTES`` of
+    JSON, where its compile-or-cache-load cost of about 1 s pays). Refuses up front, with the
     estimate and the limit, a trace whose :func:`estimate_load_bytes` exceeds ``memory_limit_bytes``
     (default :func:`default_memory_limit_bytes`).
     The decompressed bytes are counted while they stream (all files together): the load stops with one line
@@ -218,9 +221,11 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
                          f"{need / 1e9:.3g} GB of memory, over the limit of {limit / 1e9:.3g} GB")
     budget = JsonBudget(json_budget_bytes(limit), limit)
     hint = min(sum(_json_size_hint(f) for _, f in files), budget.max_bytes)
-    if workers is None:
-        workers = default_workers() if hint >= PARALLEL_MIN_BYTES else 0
-    sink = ColumnSink(expected_events=hint // 200)  # Kineto: 250-450 bytes per event
+    if scan is None:
+        scan = hint >= SCAN_MIN_BYTES
+    if workers is None:  # threads for the scanner (cheap to start), processes only where they pay
+        workers = default_workers(threads=True) if scan else default_workers() if hint >= PARALLEL_MIN_BYTES else 0
+    sink = ColumnSink(expected_events=hint // 200, scan=scan)  # Kineto: 250-450 bytes per event
     metadata: dict[str, Any] = {}
     pool = DecodePool(workers, 3 * chunk + (1 << 16), sink.symbols) if workers > 0 else None
     try:
@@ -239,7 +244,7 @@ def load_raw(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: i
 
 
 def load_trace(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes: int | None = None,
-               workers: int | None = None) -> Trace:
+               workers: int | None = None, scan: bool | None = None) -> Trace:
     """Load a Kineto/Chrome trace (``.json``, ``.json.gz``, or a directory of per-rank files) into a Trace.
 
     Streaming and typed (see the module docstring); the same events and values as :func:`load_trace_reference`
@@ -249,7 +254,7 @@ def load_trace(path: str, *, memory_limit_bytes: int | None = None, chunk_bytes:
     Raises TraceError with one line naming the file and the problem.
     """
     raw, metadata = load_raw(path, memory_limit_bytes=memory_limit_bytes, chunk_bytes=chunk_bytes,
-                             workers=workers)
+                             workers=workers, scan=scan)
     return build_trace(raw, path, metadata)
 
 

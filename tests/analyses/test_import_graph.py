@@ -6,7 +6,7 @@ import os
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 # the trace model and the helpers below the analyses: they import nothing above them
-TRACE_MODEL = {"gaptrace", "gaptrace.trace", "gaptrace.loader", "gaptrace.reference", "gaptrace.eventcols",
+TRACE_MODEL = {"gaptrace", "gaptrace.trace", "gaptrace.loader", "gaptrace.reference", "gaptrace.eventcols", "gaptrace.eventscan",
                "gaptrace.decodepool", "gaptrace.jsonstream", "gaptrace.sidecar", "gaptrace.text", "gaptrace.outputs", "gaptrace.bounds"}
 ABOVE_ANALYSES = ("gaptrace.cli", "gaptrace.analyze", "gaptrace.diff", "gaptrace.report", "gaptrace.capture",
                   "gaptrace.runtime", "torch")
