@@ -209,3 +209,19 @@ def test_most_kineto_timestamps_take_an_exact_path():
         got = scanned(('[{"ph":"X","ts":%s}]' % t).encode())
         assert got is not None, t
         assert got[1]["ts"][0] == float(t), t
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from(list('ab"\\/\n\t\x01 {}[],:é✓\u2028') + ["\ud800"]), max_size=40),
+                min_size=1, max_size=6), st.booleans())
+def test_strings_read_as_the_typed_path_or_given_up(names, ascii_only):
+    # names and categories with quotes, backslashes, control bytes, non-ASCII and lone surrogates, written by
+    # json.dumps (escaped, or raw UTF-8): every string crosses the eight-byte word boundaries at many offsets
+    events = [{"ph": "X", "name": n, "cat": n[::-1], "args": {"x": n, "cuda_sync_kind": n}} for n in names]
+    try:
+        piece = json.dumps(events, ensure_ascii=ascii_only).encode()
+    except UnicodeEncodeError:
+        return
+    got = scanned(piece)
+    if got is not None:
+        assert_same_piece(piece)
