@@ -307,6 +307,23 @@ class Context:
         return replay(self.model, w, c, wait, item_dur_us=dur, item_gap_us=gap)
 
 
+ONE_OFF_MIN_US = 100.0  # a round's excess saving below this is noise, never a one-off
+
+
+def one_off_saving_us(per_round_saving_us: np.ndarray, saving_us: float) -> float:
+    """What a change saves once, µs: the excess over the median per-round saving ``saving_us`` of the rounds whose
+    saving is an outlier (above it by more than 5 scaled MADs of the per-round savings and by at least
+    ``ONE_OFF_MIN_US``), summed; 0.0 when no round is one. ``per_round_saving_us``: (rounds,) before − after.
+    A compile removed saves its time in the round it ran in; a per-round cause whose saving varies from round to
+    round has no outlier round, so its spread is not reported as a one-off (DESIGN.md 5.5)."""
+    dev = np.asarray(per_round_saving_us, dtype=float) - saving_us
+    if dev.size == 0:
+        return 0.0
+    mad = 1.4826 * float(np.median(np.abs(dev - np.median(dev))))
+    outlier = dev > max(5.0 * mad, ONE_OFF_MIN_US)
+    return float(dev[outlier].sum())
+
+
 def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = None,
            calibration: Calibration | None = None, context: Context | None = None) -> WhatIf:
     """Predict the unprofiled round of ``trace`` before and after ``changes`` (module docstring). ``sidecar``: the
@@ -320,9 +337,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     p_rep, p_before, p_after = ctx.periods(ctx.replayed), ctx.periods(ctx.base), ctx.periods(after)
     med_b, med_a = float(np.median(p_before)), float(np.median(p_after))
     saving = med_b - med_a
-    # the saving beyond rounds × the median saving (a compile paid once); rounds saving more than the median and
-    # rounds saving less even out to ~0 without a one-off, and a negative remainder is no saving: clamped to 0
-    one_off = max(0.0, float(p_before.sum() - p_after.sum()) - len(p_before) * saving)
+    one_off = one_off_saving_us(p_before - p_after, saving)
     rs_b = host_time_map(ctx.model, ctx.base, ctx.starts)
     rs_a = host_time_map(ctx.model, after, ctx.starts)
     tau = _tau(ctx.sidecar)
