@@ -106,3 +106,16 @@ def test_calibration_file(tmp_path):
     p.write_text("{")
     with pytest.raises(ValueError, match="cannot read the calibration"):
         load_calibration(str(p))
+
+
+def test_one_off_is_the_outlier_rounds_excess_only():
+    from gaptrace.analyses.whatif import one_off_saving_us
+
+    rng = np.random.default_rng(0)
+    noisy = 400.0 + rng.normal(0, 60.0, 200)  # a per-round saving that varies: no one-off
+    assert one_off_saving_us(noisy, float(np.median(noisy))) == 0.0
+    compiled = noisy.copy()
+    compiled[3] += 16_000.0  # a compile removed from one round
+    med = float(np.median(compiled))
+    assert one_off_saving_us(compiled, med) == pytest.approx(compiled[3] - med)
+    assert one_off_saving_us(np.array([]), 0.0) == 0.0
