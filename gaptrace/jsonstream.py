@@ -287,7 +287,9 @@ class DocumentReader:
         self.pool = pool  # a DecodePool, or None to decode everything here
         self.pin: int | None = None  # absolute offset _more must keep (the oldest span a worker still holds)
         self.metadata: dict[str, Any] = {}
-        self.buf = bytearray(2 * chunk_bytes)  # the data is buf[:end]; grows (2x) only when it must
+        # the data is buf[:end]; grows (2x) only when it must. With workers, the spans they hold stay live: room
+        # for several chunks behind them makes moving the live bytes to the front rare
+        self.buf = bytearray((2 + 4 * len(pool.workers) if pool is not None else 2) * chunk_bytes)
         self.end = 0
         self.pos = 0
         self.dropped = 0  # stream offset of buf[0] (bytes dropped from the front)
