@@ -68,6 +68,23 @@ class _SpanDecoder:
                     elements, cols = decode_piece(piece, rank, self.symbols)
             except Exception:  # the reader redoes the span serially and reports any real error itself
                 ok = False
+        return self._reply(ok, elements, cols)
+
+    def decode_view(self, view: memoryview, rank: int) -> tuple:
+        """As :meth:`decode`, for a span read in place (``sep {...}, ..., {...} sep``, a view of the reader's
+        buffer) by the compiled scanner; a span it gives up on is copied into the slot and decoded there."""
+        from .eventscan import scan_piece
+
+        try:
+            done = scan_piece(view, rank, self.symbols, self.symbols.scan_state, bare=True)
+        except Exception:
+            done = None
+        if done is None:
+            self.slot = bytearray(view)
+            return self.decode(len(view), rank)
+        return self._reply(True, *done)
+
+    def _reply(self, ok: bool, elements: int, cols) -> tuple:
         new = self.symbols.symbols[self.sent:]
         self.sent = len(self.symbols.symbols)
         return ok, elements, cols, new
@@ -123,12 +140,12 @@ class _Worker:
 
 
 class _ThreadWorker:
-    """A decoder thread with its slot, for the compiled scanner, which releases the GIL while it scans: nothing
-    is pickled back (a piece the scanner gives up on is decoded by msgspec under the GIL: slower, same result)."""
+    """A decoder thread for the compiled scanner, which releases the GIL while it scans a span of the reader's
+    buffer in place: nothing is copied or pickled (a span the scanner gives up on is copied and decoded by msgspec
+    under the GIL: slower, same result)."""
 
-    def __init__(self, slot_bytes: int, scan: bool) -> None:
-        self.slot = bytearray(slot_bytes)
-        self.decoder = _SpanDecoder(self.slot, scan)
+    def __init__(self, scan: bool) -> None:
+        self.decoder = _SpanDecoder(bytearray(), scan)  # a slot only for a span the scanner gives up on
         self.local: list[int] = []
         self.busy = False
         self.job: tuple | None = None
@@ -143,11 +160,19 @@ class _ThreadWorker:
             self.ready.acquire()
             if self.job is None:
                 return
-            self.done = self.decoder.decode(*self.job)
-            self.finished.release()
+            view, rank = self.job
+            try:
+                self.done = self.decoder.decode_view(view, rank)
+            except Exception:  # never leave the reader waiting: a failed span is redone serially by the reader
+                self.done = self.decoder._reply(False, 0, None)
+            finally:
+                view.release()
+                self.job = (None, None)
+                self.finished.release()
 
-    def send(self, n: int, rank: int) -> None:
-        self.job = (n, rank)
+    def take(self, buf: bytearray, start: int, end: int, rank: int) -> None:
+        """Decode buf[start:end] in place (the reader leaves those bytes as they are until the span is collected)."""
+        self.job = (memoryview(buf)[start:end], rank)
         self.ready.release()
 
     def recv(self) -> tuple:
@@ -175,8 +200,8 @@ class DecodePool:
 
     Forked processes by default (fork it before any reader thread starts); with ``symbols.scan_state`` threads
     that run the compiled scanner (:mod:`gaptrace.eventscan`, compiled or loaded from numba's cache first), which
-    releases the GIL. ``submit`` copies a span into an idle worker's slot (False when no worker is idle or the span
-    does not fit); ``collect`` waits for the oldest span's :class:`SpanResult`.
+    releases the GIL. ``submit`` copies a span into an idle worker's slot, or, for threads (``in_place``), hands
+    over a view of it (False when no worker is idle or the span does not fit); ``collect`` waits for the oldest span's :class:`SpanResult`.
     """
 
     def __init__(self, workers: int, slot_bytes: int, symbols: Symbols) -> None:
@@ -186,8 +211,10 @@ class DecodePool:
             from .eventscan import warm_up
 
             warm_up()
-            self.workers = [_ThreadWorker(slot_bytes, True) for _ in range(workers)]
+            self.workers = [_ThreadWorker(True) for _ in range(workers)]
+            self.in_place = True  # threads read the reader's buffer itself: it must not move under them
         else:
+            self.in_place = False
             ctx = multiprocessing.get_context("fork")
             self.workers = [_Worker(ctx, slot_bytes, False) for _ in range(workers)]
         self.order: deque = deque()
@@ -211,9 +238,12 @@ class DecodePool:
             return False
         for w in self.workers:
             if not w.busy:
-                w.slot[:n] = buf[start:end] if n < 1 << 16 else memoryview(buf)[start:end]
                 try:
-                    w.send(n, rank)
+                    if self.in_place:
+                        w.take(buf, start, end, rank)
+                    else:
+                        w.slot[:n] = buf[start:end] if n < 1 << 16 else memoryview(buf)[start:end]
+                        w.send(n, rank)
                 except OSError:  # the worker died
                     self.usable = False
                     return False

@@ -597,21 +597,30 @@ def _unowned(a):
 
 
 @njit(cache=True, nogil=True)
-def _scan(b, out_f, out_i, out_s, arena, offs, hashes, table, st, spans, stack):
-    """(status, array elements, complete events written). Status: 0 ok, 1 give up, 2 output full, 3 table full."""
+def _scan(b, out_f, out_i, out_s, arena, offs, hashes, table, st, spans, stack, bare):
+    """(status, array elements, complete events written). Status: 0 ok, 1 give up, 2 output full, 3 table full.
+    ``bare``: b[0] and b[-1] stand for the array's brackets whatever they hold (a span of the reader's buffer)."""
     b, out_f, out_i, out_s = _unowned(b), _unowned(out_f), _unowned(out_i), _unowned(out_s)
     arena, offs, hashes, table = _unowned(arena), _unowned(offs), _unowned(hashes), _unowned(table)
     st, spans, stack = _unowned(st), _unowned(spans), _unowned(stack)
     n = b.shape[0]
     cap = out_f.shape[1]
-    i = _ws(b, 0, n)
-    if i >= n or b[i] != 91:
-        return 1, 0, 0
-    i = _ws(b, i + 1, n)
+    if bare:
+        if n < 2:
+            return 1, 0, 0
+        n -= 1  # b[n] is the closing bracket
+        i = _ws(b, 1, n)
+        if i >= n:
+            return 0, 0, 0
+    else:
+        i = _ws(b, 0, n)
+        if i >= n or b[i] != 91:
+            return 1, 0, 0
+        i = _ws(b, i + 1, n)
+        if i < n and b[i] == 93:
+            return (0 if _ws(b, i + 1, n) == n else 1), 0, 0
     elements = 0
     nx = 0
-    if i < n and b[i] == 93:
-        return (0 if _ws(b, i + 1, n) == n else 1), 0, 0
     while True:
         if i >= n or b[i] != 123:
             return 1, elements, nx  # not an object (the typed path's validation fails on it)
@@ -684,11 +693,13 @@ def _scan(b, out_f, out_i, out_s, arena, offs, hashes, table, st, spans, stack):
             return 1, elements, nx
         i = _ws(b, i, n)
         if i >= n:
-            return 1, elements, nx
+            return (0 if bare else 1), elements, nx
         if b[i] == 44:
             i = _ws(b, i + 1, n)
+            if bare and i >= n:
+                return 1, elements, nx  # a trailing comma
             continue
-        if b[i] == 93:
+        if b[i] == 93 and not bare:
             return (0 if _ws(b, i + 1, n) == n else 1), elements, nx
         return 1, elements, nx
 
@@ -752,11 +763,14 @@ class ScanState:
         return out
 
 
-def scan_piece(piece, rank: int, symbols, state: ScanState) -> tuple[int, dict[str, np.ndarray]] | None:
+def scan_piece(piece, rank: int, symbols, state: ScanState,
+               bare: bool = False) -> tuple[int, dict[str, np.ndarray]] | None:
     """(array elements, columns of the complete events) of one JSON array of events, as
     :func:`gaptrace.eventcols.decode_piece` gives them; None when the piece is outside the scanner's subset
     (module docstring). ``piece``: bytes-like; ``symbols``: the :class:`~gaptrace.eventcols.Symbols` the symbol
-    columns index; ``state``: this decoder's :class:`ScanState` (kept across pieces)."""
+    columns index; ``state``: this decoder's :class:`ScanState` (kept across pieces). With ``bare``, the first
+    and last bytes of ``piece`` stand for ``[`` and ``]`` whatever they hold (a span of the reader's buffer,
+    read in place: ``sep {...}, ..., {...} sep``)."""
     b = np.frombuffer(piece, np.uint8)
     if b.flags.writeable:
         b = b.view()
@@ -767,7 +781,7 @@ def scan_piece(piece, rank: int, symbols, state: ScanState) -> tuple[int, dict[s
         out_i = np.empty((10, cap), np.int64)
         out_s = np.empty((5, cap), np.int64)
         status, elements, nx = _scan(b, out_f, out_i, out_s, state.arena, state.offs, state.hashes, state.table,
-                                     state.st, state.spans, state.stack)
+                                     state.st, state.spans, state.stack, bare)
         if status == _OK:
             break
         if status == _BAIL:

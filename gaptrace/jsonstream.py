@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import stat
+import sys
 import threading
 import zlib
 from collections import deque
@@ -295,6 +296,7 @@ class DocumentReader:
         self.dropped = 0  # stream offset of buf[0] (bytes dropped from the front)
         self.eof = False
         self._reader: ChunkReader | None = None
+        self._spare: bytearray | None = None  # the buffer before the last move (decoder threads may still read it)
 
     # ---- errors
     def _fail(self, what: str) -> TraceError:
@@ -330,6 +332,15 @@ class DocumentReader:
                 bigger = bytearray(max(2 * len(self.buf), live + 2 * self.chunk_bytes))
                 bigger[:live] = memoryview(self.buf)[keep_from:self.end]
                 self.buf = bigger
+            elif self.pin is not None and getattr(self.pool, "in_place", False):
+                # decoder threads are reading spans of this buffer: the live bytes go to the spare one instead (a
+                # memoryview holds a reference to its buffer, so the spare is free when only we refer to it)
+                free = (self._spare is not None and len(self._spare) == len(self.buf)
+                        and sys.getrefcount(self._spare) == 2)  # the attribute and the call's argument
+                spare = self._spare if free else bytearray(len(self.buf))
+                spare[:live] = memoryview(self.buf)[keep_from:self.end]
+                self._spare, self.buf = self.buf, spare
+                del spare
             else:
                 with memoryview(self.buf) as mv:
                     mv[:live] = mv[keep_from:self.end]

@@ -225,3 +225,11 @@ def test_strings_read_as_the_typed_path_or_given_up(names, ascii_only):
     got = scanned(piece)
     if got is not None:
         assert_same_piece(piece)
+
+
+@pytest.mark.parametrize("span,elements", [(b',{"ph":"X","ts":1},{"ph":"i"} ', 2), (b'[{"ph":"X"}\n,', 1), (b', ,', 0),
+                                           (b',{"ph":"X"},,', None), (b',{"ph":"X"}]]', None), (b',]', 0)])
+def test_a_span_read_in_place_takes_its_first_and_last_bytes_as_brackets(span, elements):
+    # the reader hands decoder threads `sep {...}, ..., {...} sep` straight from its buffer
+    out = eventscan.scan_piece(span, 0, Symbols(), eventscan.ScanState(), bare=True)
+    assert (None if out is None else out[0]) == elements
