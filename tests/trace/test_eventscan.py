@@ -233,3 +233,52 @@ def test_a_span_read_in_place_takes_its_first_and_last_bytes_as_brackets(span, e
     # the reader hands decoder threads `sep {...}, ..., {...} sep` straight from its buffer
     out = eventscan.scan_piece(span, 0, Symbols(), eventscan.ScanState(), bare=True)
     assert (None if out is None else out[0]) == elements
+
+
+def _fuzz_module():
+    import importlib.util
+    import sys
+
+    path = os.path.join(HERE, "..", "fuzz_traces.py")
+    spec = importlib.util.spec_from_file_location("fuzz_traces", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fuzzed_traces_load_the_same_with_the_scanner(tmp_path):
+    # the fuzz suite's mutated, truncated and re-serialised real traces (tests/fuzz_traces.py): the scanner gives
+    # the typed path's columns, or the same one-line error
+    from hypothesis import HealthCheck, Phase
+
+    from gaptrace.trace import TraceError
+
+    fuzz = _fuzz_module()
+    bases = fuzz.load_bases()
+    seen = {"same": 0, "error": 0}
+
+    @settings(max_examples=120, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(case=fuzz.case_strategy())
+    def one(case):
+        try:
+            m = fuzz.materialise(case, bases, str(tmp_path))
+        except ValueError:
+            return
+        outcomes = []
+        for scan in (False, True):
+            try:
+                outcomes.append(load_raw(m.trace_path, workers=0, chunk_bytes=m.chunk, scan=scan)[0])
+            except TraceError as e:
+                outcomes.append(str(e))
+        if isinstance(outcomes[0], str):
+            assert outcomes[1] == outcomes[0]
+            seen["error"] += 1
+        else:
+            assert not isinstance(outcomes[1], str), outcomes[1]
+            assert_same_raw(outcomes[1], outcomes[0])
+            seen["same"] += 1
+
+    one()
+    assert seen["same"] > 20 and seen["error"] > 5, seen
