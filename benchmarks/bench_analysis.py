@@ -2,8 +2,10 @@
 
 For each trace, every tool runs in its own subprocess, so its memory is its own:
 
-- ``gaptrace load``: :func:`gaptrace.loader.load_trace` (streaming typed decoder, decoder processes on every core);
-- ``gaptrace load, 1 process``: the same with ``workers=0``;
+- ``gaptrace load``: :func:`gaptrace.loader.load_trace` (streaming; the compiled scanner on decoder threads for
+  traces of 64 MiB and more, else the typed msgspec decoder);
+- ``gaptrace load, no decoder workers``: the same with ``workers=0`` (the reader decodes every piece itself);
+- ``gaptrace load, msgspec only (no scanner)``: ``scan=False`` (the typed decoder, in worker processes);
 - ``gaptrace analyze --json``: the whole CLI pipeline (load + occupancy, gap attribution, blocking syncs,
   launch fit), output to /dev/null;
 - ``gaptrace report``: the whole HTML report (load, every analysis, the page), written to a temporary file;
@@ -56,7 +58,7 @@ from gaptrace.loader import json_size_bytes, trace_files  # noqa: E402
 LOAD = """import sys, time
 t = time.perf_counter()
 from gaptrace.loader import load_trace
-load_trace(sys.argv[1], workers={workers})
+load_trace(sys.argv[1], workers={workers}, scan={scan})
 print(time.perf_counter() - t)
 """
 STDLIB = """import sys, json, gzip
@@ -176,9 +178,12 @@ def gaptrace_cli() -> list[str] | None:
 def rows_for(trace: str, args) -> list[tuple[str, dict | str]]:
     py = sys.executable
     rows: list[tuple[str, dict | str]] = [
-        ("gaptrace load", measure_best([py, "-c", LOAD.format(workers=None), trace], args.timeout, args.repeat)),
-        ("gaptrace load, 1 process", measure_best([py, "-c", LOAD.format(workers=0), trace], args.timeout,
-                                                  args.repeat)),
+        ("gaptrace load", measure_best([py, "-c", LOAD.format(workers=None, scan=None), trace], args.timeout,
+                                       args.repeat)),
+        ("gaptrace load, no decoder workers", measure_best([py, "-c", LOAD.format(workers=0, scan=None), trace],
+                                                           args.timeout, args.repeat)),
+        ("gaptrace load, msgspec only (no scanner)",
+         measure_best([py, "-c", LOAD.format(workers=None, scan=False), trace], args.timeout, args.repeat)),
     ]
     cli = gaptrace_cli()
     rows.append(("gaptrace analyze --json",
