@@ -23,7 +23,7 @@ import pandas as pd
 
 from gaptrace.trace import Trace, TraceError
 
-from .timeline import BusyTimeline
+from .timeline import BusyTimeline, merge_intervals
 
 __all__ = [
     "DeviceOccupancy",
@@ -345,8 +345,11 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
         if host_wait_only:
             tl = fill_device_side(trace, key, busy_timeline(trace, key, None if t0 is None else (t0, t1)))
         else:
-            tl = BusyTimeline.from_intervals(_device_column(trace, key, "ts_us"), _device_column(trace, key, "end_us"),
-                                             t0, t1)
+            merged = memo.get(("merged", key))
+            if merged is None:  # the union does not depend on the window: merged once per device, clipped per window
+                merged = memo[("merged", key)] = merge_intervals(_device_column(trace, key, "ts_us"),
+                                                                 _device_column(trace, key, "end_us"))
+            tl = BusyTimeline.from_merged(*merged, t0, t1)
         memo[mk] = tl
     return tl
 

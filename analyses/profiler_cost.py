@@ -138,7 +138,7 @@ def name_codes(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """(names, codes): the distinct host event names (str array, first-seen order) and, per host row, the index of its name,
     so a name test runs once per distinct name; memoised on the trace (:meth:`gaptrace.trace.Trace.memo`)."""
     def build():
-        return _factor(trace.host["name"].astype(str).to_numpy())
+        return _factor(trace.host_str("name"))
     return trace.memo("host_name_codes", trace.host, build)
 
 
@@ -151,8 +151,8 @@ def profiler_frames(trace: Trace, model: ReplayModel) -> tuple[np.ndarray, np.nd
     if cached is not None:
         return cached
     h = trace.host
-    sel = ((h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
-           & (h["cat"].to_numpy() == "python_function"))
+    sel = ((h["rank"].to_numpy() == model.key[0]) & (trace.host_str("tid") == model.tid)
+           & (trace.host_str("cat") == "python_function"))
     rows = np.flatnonzero(sel)
     out = (np.zeros(0), np.zeros(0))
     if len(rows):
@@ -177,8 +177,8 @@ def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
     if cached is not None:
         return cached
     h = trace.host
-    sel = (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
-    cats = h["cat"].to_numpy()[sel].astype(str)
+    sel = (h["rank"].to_numpy() == model.key[0]) & (trace.host_str("tid") == model.tid)
+    cats = trace.host_str("cat")[sel]
     ts = h["ts_us"].to_numpy()[sel] - model.t0_us
     rows = np.flatnonzero(sel)
     chain = np.zeros(len(h), dtype=bool)
@@ -246,9 +246,9 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
     K = model.calls
     res = None
     rank = h["rank"].to_numpy() == model.key[0]
-    tid = h["tid"].astype(str).to_numpy()
-    names = h["name"].astype(str).to_numpy()
-    on = rank & (tid == model.tid) & (h["cat"].to_numpy() == "python_function")
+    tid = trace.host_str("tid")
+    names = trace.host_str("name")
+    on = rank & (tid == model.tid) & (trace.host_str("cat") == "python_function")
     w = np.flatnonzero(on)
     if len(w):
         uniq, inv = _factor(names[w])
@@ -265,7 +265,7 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
         ws, we, k = ws[ok], we[ok], k[ok]
         if len(ws):
             other = rank & (tid != model.tid)
-            cats = h["cat"].to_numpy()[other].astype(str)
+            cats = trace.host_str("cat")[other]
             ots = h["ts_us"].to_numpy()[other] - model.t0_us
             j = np.searchsorted(ws, ots, side="right") - 1
             inside = (j >= 0) & (ots < we[np.maximum(j, 0)])

@@ -174,7 +174,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     rows, ts, end = rows[o], ts[o], end[o]
     top = _top_level(ts, end)
     rows, ts, end = rows[top], ts[top], end[top]
-    names = h["name"].astype(str).to_numpy()[rows]
+    names = trace.host_str("name")[rows]
     corr_call = h["correlation"].to_numpy()[rows]
     t0 = float(ts[0])
     s, e = ts - t0, end - t0
@@ -475,7 +475,7 @@ def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.nd
     (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`). Empty when there are none."""
     h = trace.host
     m = ((h["cat"].to_numpy() == "user_annotation") & (h["rank"].to_numpy() == model.key[0])
-         & (h["name"].astype(str).to_numpy() == name) & (h["tid"].astype(str).to_numpy() == model.tid))
+         & (trace.host_str("name") == name) & (trace.host_str("tid") == model.tid))
     return np.sort(h["ts_us"].to_numpy()[m])
 
 

@@ -426,13 +426,13 @@ def _range_findings(trace: Trace, attribution: pd.DataFrame, st: Any, key: tuple
     ts, te = h["ts_us"].to_numpy(), h["end_us"].to_numpy()
     rt = np.flatnonzero(h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & rk & (ts >= win[0]) & (ts < win[1]))
     rt = rt[_name_mask(trace, rt, is_launch_call)]
-    tid = h["tid"].astype(str).to_numpy()
+    tid = trace.host_str("tid")
     out = []
     for r in ua.itertuples(index=False):
         name = str(r.frame)
         if name in own or re.fullmatch(r"ProfilerStep#\d+", name) or re.sub(r"\d+", "#", name) in own:
             continue
-        occ = np.flatnonzero((h["cat"].to_numpy() == "user_annotation") & rk & (h["name"].astype(str).to_numpy() == name))
+        occ = np.flatnonzero((h["cat"].to_numpy() == "user_annotation") & rk & (trace.host_str("name") == name))
         inside = np.zeros(len(rt), dtype=bool)
         for o in occ:
             inside |= (ts[rt] >= ts[o]) & (ts[rt] < te[o]) & (tid[rt] == tid[o])

@@ -54,6 +54,13 @@ class BusyTimeline:
                        t1_us: float | None = None) -> "BusyTimeline":
         """Merge intervals and clip them to [t0_us, t1_us] (default: first start to last end)."""
         s, e = merge_intervals(starts, ends)
+        return cls.from_merged(s, e, t0_us, t1_us)
+
+    @classmethod
+    def from_merged(cls, s: np.ndarray, e: np.ndarray, t0_us: float | None = None,
+                    t1_us: float | None = None) -> "BusyTimeline":
+        """:meth:`from_intervals` of spans already merged (:func:`merge_intervals`' output, which may be shared
+        between windows: it is not modified)."""
         if t0_us is None:
             t0_us = float(s[0]) if len(s) else 0.0
         if t1_us is None:

@@ -148,6 +148,16 @@ class Trace:
         self._memo[key] = (source, value)
         return value
 
+    def host_str(self, column: str) -> np.ndarray:
+        """``self.host[column].astype(str).to_numpy()`` ((n,) object array of str), computed once per column while
+        ``self.host`` is the same frame (:meth:`memo`) and read-only: analyses compare thread ids, names and
+        categories of millions of rows as strings many times."""
+        def build() -> np.ndarray:
+            out = self.host[column].astype(str).to_numpy()
+            out.flags.writeable = False
+            return out
+        return self.memo(("host_str", column), self.host, build)
+
     @property
     def device_ids(self) -> list[tuple[int, int]]:
         """Sorted (rank, device) pairs that have device activity (a new list each call; computed once per
