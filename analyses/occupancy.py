@@ -165,28 +165,44 @@ def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np
     gaps = tl.gaps()
     out = np.zeros(len(gaps), dtype=bool)
     memo[mk] = (tl, out)
-    rows = _device_rows(trace, key)
-    if len(gaps) == 0 or rows.empty:
+    if len(gaps) == 0:
         return out
-    ts = rows["ts_us"].to_numpy()
-    order = np.argsort(ts, kind="stable")
-    ts_sorted, corr = ts[order], rows["correlation"].to_numpy()[order]
+    join = _launch_join(trace, key)
+    if join is None:
+        return out
+    ts_sorted, corr, launch_end = join
     g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
     k = np.searchsorted(ts_sorted, g1, side="left")  # the activity starting where the gap ends
     valid = k < len(ts_sorted)
     kk = np.minimum(k, len(ts_sorted) - 1)
     valid &= ts_sorted[kk] == g1
-    h = trace.host
-    rt = h[h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
-           & (h["correlation"].to_numpy() >= 0)]
-    if rt.empty:
-        return out
-    launch_end = rt.groupby("correlation", sort=True)["end_us"].max()
     pos = launch_end.index.get_indexer(corr[kk])
     found = valid & (pos >= 0)
     end = launch_end.to_numpy()[np.maximum(pos, 0)]
     out[:] = found & (end <= g0)
     return out
+
+
+def _launch_join(trace: Trace, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, pd.Series] | None:
+    """The window-independent half of :func:`device_side_gaps`: the device's activity starts sorted (stable) with
+    their correlation ids, and the latest end of the rank's runtime / driver calls per correlation id (a Series
+    indexed by id, sorted); None without device rows or such calls. Memoised per device on the trace."""
+    memo, mk = _timeline_cache(trace), ("launch_join", key)
+    if mk in memo:
+        return memo[mk]
+    res = None
+    rows = _device_rows(trace, key)
+    if not rows.empty:
+        ts = rows["ts_us"].to_numpy()
+        order = np.argsort(ts, kind="stable")
+        h = trace.host
+        rt = h[h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
+               & (h["correlation"].to_numpy() >= 0)]
+        if not rt.empty:
+            res = (ts[order], rows["correlation"].to_numpy()[order],
+                   rt.groupby("correlation", sort=True)["end_us"].max())
+    memo[mk] = res
+    return res
 
 
 def launch_links(trace: Trace, key: tuple[int, int], t0_us: float, t1_us: float) -> dict[str, int]:
