@@ -162,16 +162,15 @@ def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np
     hit = memo.get(mk)
     if hit is not None and hit[0] is tl:
         return hit[1]
-    gaps = tl.gaps()
-    out = np.zeros(len(gaps), dtype=bool)
+    g0, g1 = tl.gap_bounds()
+    out = np.zeros(len(g0), dtype=bool)
     memo[mk] = (tl, out)
-    if len(gaps) == 0:
+    if len(g0) == 0:
         return out
     join = _launch_join(trace, key)
     if join is None:
         return out
     ts_sorted, corr, launch_end = join
-    g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
     k = np.searchsorted(ts_sorted, g1, side="left")  # the activity starting where the gap ends
     valid = k < len(ts_sorted)
     kk = np.minimum(k, len(ts_sorted) - 1)
@@ -257,15 +256,14 @@ def _gap_neighbours(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> tup
 
 
 def _gap_neighbours_of(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    gaps = tl.gaps()
-    out = np.zeros(len(gaps), dtype=bool)
+    g0, g1 = tl.gap_bounds()
+    out = np.zeros(len(g0), dtype=bool)
     rows = _device_rows(trace, key)
-    if len(gaps) == 0 or rows.empty:
-        empty = np.zeros(len(gaps), dtype=np.int64)
+    if len(g0) == 0 or rows.empty:
+        empty = np.zeros(len(g0), dtype=np.int64)
         return out, empty, empty
     ts, end, corr = (rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), rows["correlation"].to_numpy())
     by_ts, by_end = np.argsort(ts, kind="stable"), np.argsort(end, kind="stable")
-    g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
     k = np.minimum(np.searchsorted(ts[by_ts], g1, side="left"), len(ts) - 1)      # the activity ending the gap
     j = np.minimum(np.searchsorted(end[by_end], g0, side="left"), len(end) - 1)   # the one whose end starts it
     nxt, prv = by_ts[k], by_end[j]
@@ -294,7 +292,7 @@ def node_bubbles(trace: Trace, device: int | tuple[int, int] | None = None,
         return pd.DataFrame(columns=cols)
     name = _device_rows(trace, key)["name"]  # a Categorical over the trace's symbols: group on the codes
     codes = name.cat.codes.to_numpy()
-    df = pd.DataFrame({"b": codes[prv[node]], "a": codes[nxt[node]], "dur": tl.gaps()["dur_us"].to_numpy()[node]})
+    df = pd.DataFrame({"b": codes[prv[node]], "a": codes[nxt[node]], "dur": np.subtract(*tl.gap_bounds()[::-1])[node]})
     out = (df.groupby(["b", "a"], sort=False)["dur"]
            .agg(gaps="size", idle_us="sum", median_us="median", max_us="max").reset_index())
     cats = name.cat.categories.astype(str).to_numpy()
@@ -373,12 +371,12 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
 def fill_device_side(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> BusyTimeline:
     """``tl`` with its device-side gaps (:func:`device_side_gaps`) counted as busy: a timeline whose idle is the
     host-wait idle only, for attributing idle to host code."""
-    gaps = tl.gaps()
+    g0, g1 = tl.gap_bounds()
     side = device_side_gaps(trace, key, tl)
     if not side.any():
         return tl
-    return BusyTimeline.from_intervals(np.r_[tl.span_start_us, gaps["start_us"].to_numpy()[side]],
-                                       np.r_[tl.span_end_us, gaps["end_us"].to_numpy()[side]], tl.t0_us, tl.t1_us)
+    return BusyTimeline.from_intervals(np.r_[tl.span_start_us, g0[side]], np.r_[tl.span_end_us, g1[side]],
+                                       tl.t0_us, tl.t1_us)
 
 
 def device_occupancy(trace: Trace, device: int | tuple[int, int] | None = None,

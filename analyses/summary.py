@@ -234,7 +234,8 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     # the device-side gaps between two nodes of one graph launch (a node gap under a launch call still running, a
     # profiler-inflated cudaGraphLaunch, is host-wait idle like every gap under a launch call)
     node = occupancy.graph_node_gaps(trace, key, exact) & occupancy.device_side_gaps(trace, key, exact)
-    node_dur = exact.gaps()["dur_us"].to_numpy()[node]
+    g0, g1 = exact.gap_bounds()
+    node_dur = (g1 - g0)[node]
     links = occupancy.launch_links(trace, key, exact.t0_us, exact.t1_us)
     out["idle_split"] = {"idle_us": idle_total, "host_wait_us": tl.idle_us, "device_side_us": device_side_us,
                          "device_side_share": device_side_us / idle_total if idle_total > 0 else 0.0,

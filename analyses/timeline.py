@@ -169,12 +169,16 @@ class BusyTimeline:
         """Number of idle gaps, ``len(self.gaps())`` without building the frame."""
         return int(np.count_nonzero(np.r_[self.span_start_us, self.t1_us] > np.r_[self.t0_us, self.span_end_us]))
 
-    def gaps(self) -> pd.DataFrame:
-        """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""
+    def gap_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start_us, end_us) of the idle gaps, (g,) each: :meth:`gaps` without building the frame."""
         s = np.r_[self.t0_us, self.span_end_us]
         e = np.r_[self.span_start_us, self.t1_us]
         keep = e > s
-        s, e = s[keep], e[keep]
+        return s[keep], e[keep]
+
+    def gaps(self) -> pd.DataFrame:
+        """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""
+        s, e = self.gap_bounds()
         return pd.DataFrame({"start_us": s, "end_us": e, "dur_us": e - s})
 
     def busy_fraction_bins(self, n_bins: int) -> pd.DataFrame:
