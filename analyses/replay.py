@@ -159,14 +159,15 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     Formulas: docs/DESIGN.md "The replay model"."""
     key = resolve_device(trace, device)
     h = trace.host
-    cat = h["cat"].to_numpy()
+    cat = trace.host_str("cat")
     is_rt = np.isin(cat, ("cuda_runtime", "cuda_driver")) & (h["rank"].to_numpy() == key[0])
     rt = h[is_rt]
     tid = _launch_thread(trace, key, rt) if tid is None else str(tid)
-    if not (rt["tid"].astype(str).to_numpy() == tid).any():
+    rt_tid = trace.host_str("tid")[is_rt]
+    if not (rt_tid == tid).any():
         raise TraceError(f"{trace.path}: thread {tid} makes no runtime call: the pipeline cannot be replayed from it")
     warnings: list[str] = []
-    on_thread = rt["tid"].astype(str).to_numpy() == tid
+    on_thread = rt_tid == tid
     rows = np.flatnonzero(is_rt)[on_thread]
     ts = h["ts_us"].to_numpy()[rows]
     end = h["end_us"].to_numpy()[rows]
@@ -202,9 +203,9 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     ots = d["ts_us"].to_numpy()[op_rows] - t0
     oend = d["end_us"].to_numpy()[op_rows] - t0
     ostream = d["stream"].to_numpy()[op_rows]
-    okind = d["kind"].astype(str).to_numpy()[op_rows]
-    omk = d["memcpy_kind"].astype(str).to_numpy()[op_rows]
-    ohm = d["host_memory"].astype(str).to_numpy()[op_rows]
+    okind = trace.device_str("kind")[op_rows]
+    omk = trace.device_str("memcpy_kind")[op_rows]
+    ohm = trace.device_str("host_memory")[op_rows]
     ocorr = dcorr
     o = np.lexsort((ots, ocorr, op_call))
     op_rows, op_call, ots, oend, ostream, okind, omk, ohm, ocorr = (
@@ -474,7 +475,7 @@ def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.nd
     """(r,) trace-clock starts of the host user_annotation ranges called ``name`` on the model's thread, sorted
     (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`). Empty when there are none."""
     h = trace.host
-    m = ((h["cat"].to_numpy() == "user_annotation") & (h["rank"].to_numpy() == model.key[0])
+    m = ((trace.host_str("cat") == "user_annotation") & (h["rank"].to_numpy() == model.key[0])
          & (trace.host_str("name") == name) & (trace.host_str("tid") == model.tid))
     return np.sort(h["ts_us"].to_numpy()[m])
 

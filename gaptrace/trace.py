@@ -158,6 +158,14 @@ class Trace:
             return out
         return self.memo(("host_str", column), self.host, build)
 
+    def device_str(self, column: str) -> np.ndarray:
+        """:meth:`host_str` of ``self.device``: ``self.device[column].astype(str).to_numpy()``, memoised, read-only."""
+        def build() -> np.ndarray:
+            out = self.device[column].astype(str).to_numpy()
+            out.flags.writeable = False
+            return out
+        return self.memo(("device_str", column), self.device, build)
+
     @property
     def device_ids(self) -> list[tuple[int, int]]:
         """Sorted (rank, device) pairs that have device activity (a new list each call; computed once per
