@@ -351,18 +351,23 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
     host_wait_only): every analysis of one trace shares one timeline.
     """
     key = resolve_device(trace, device)
-    t0, t1 = (None, None) if window is None else resolve_window(trace, key, window)
     memo = _timeline_cache(trace)
+    merged = memo.get(("merged", key))
+    if merged is None:  # the union does not depend on the window: merged once per device, clipped per window
+        merged = memo[("merged", key)] = merge_intervals(_device_column(trace, key, "ts_us"),
+                                                         _device_column(trace, key, "end_us"))
+    if window is None:  # first to last activity, as BusyTimeline.from_merged's default: one memo entry with the
+        s, e = merged   # same window given explicitly
+        t0 = float(s[0]) if len(s) else 0.0
+        t1 = float(e[-1]) if len(e) else t0
+    else:
+        t0, t1 = resolve_window(trace, key, window)
     mk = (key, t0, t1, bool(host_wait_only))
     tl = memo.get(mk)
     if tl is None:
         if host_wait_only:
-            tl = fill_device_side(trace, key, busy_timeline(trace, key, None if t0 is None else (t0, t1)))
+            tl = fill_device_side(trace, key, busy_timeline(trace, key, (t0, t1)))
         else:
-            merged = memo.get(("merged", key))
-            if merged is None:  # the union does not depend on the window: merged once per device, clipped per window
-                merged = memo[("merged", key)] = merge_intervals(_device_column(trace, key, "ts_us"),
-                                                                 _device_column(trace, key, "end_us"))
             tl = BusyTimeline.from_merged(*merged, t0, t1)
         memo[mk] = tl
     return tl
@@ -371,12 +376,10 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
 def fill_device_side(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> BusyTimeline:
     """``tl`` with its device-side gaps (:func:`device_side_gaps`) counted as busy: a timeline whose idle is the
     host-wait idle only, for attributing idle to host code."""
-    g0, g1 = tl.gap_bounds()
     side = device_side_gaps(trace, key, tl)
     if not side.any():
         return tl
-    return BusyTimeline.from_intervals(np.r_[tl.span_start_us, g0[side]], np.r_[tl.span_end_us, g1[side]],
-                                       tl.t0_us, tl.t1_us)
+    return tl.with_gaps_filled(side)
 
 
 def device_occupancy(trace: Trace, device: int | tuple[int, int] | None = None,

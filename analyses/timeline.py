@@ -176,6 +176,34 @@ class BusyTimeline:
         keep = e > s
         return s[keep], e[keep]
 
+    def with_gaps_filled(self, fill: np.ndarray) -> "BusyTimeline":
+        """This timeline with the gaps where ``fill`` ((g,) bool over :meth:`gap_bounds`) is True counted as busy:
+        ``from_intervals(spans + those gaps, t0, t1)`` without a sort. Gaps and spans alternate in time (gap 0 before
+        span 0, ..., gap m after the last span), so their interleaving is already sorted by start (starts strictly
+        increase: spans never touch, empty gaps are not gaps) with increasing ends, and merging touching items gives
+        the same spans as :func:`merge_intervals`."""
+        m = len(self.span_start_us)
+        g0 = np.r_[self.t0_us, self.span_end_us]
+        g1 = np.r_[self.span_start_us, self.t1_us]
+        keep = g1 > g0
+        take = np.zeros(m + 1, dtype=bool)
+        take[np.flatnonzero(keep)[np.asarray(fill, dtype=bool)]] = True
+        st = np.empty(2 * m + 1)
+        en = np.empty(2 * m + 1)
+        st[0::2], st[1::2] = g0, self.span_start_us
+        en[0::2], en[1::2] = g1, self.span_end_us
+        inc = np.ones(2 * m + 1, dtype=bool)
+        inc[0::2] = take
+        st, en = st[inc], en[inc]
+        if len(st) == 0:
+            return BusyTimeline.from_merged(st, en, self.t0_us, self.t1_us)
+        new = np.empty(len(st), dtype=bool)
+        new[0] = True
+        new[1:] = st[1:] > en[:-1]
+        first = np.flatnonzero(new)
+        last = np.r_[first[1:] - 1, len(st) - 1]
+        return BusyTimeline.from_merged(st[first], en[last], self.t0_us, self.t1_us)
+
     def gaps(self) -> pd.DataFrame:
         """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""
         s, e = self.gap_bounds()

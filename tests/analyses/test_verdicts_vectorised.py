@@ -1,5 +1,6 @@
 """step_verdicts computes every step at once; its table must equal, value for value, the per-step loop it replaced
-(tests/analyses/_verdicts_reference.py) on real traces, and its set helpers must equal brute force on random input."""
+(tests/analyses/_verdicts_reference.py) on real traces, and its set helpers (and BusyTimeline.with_gaps_filled) must equal
+brute force / a fresh merge on random input."""
 from __future__ import annotations
 
 import math
@@ -84,3 +85,22 @@ def test_helpers_equal_brute_force(seed):
         assert sums[k] == x[sel].sum()
         assert first[k] == (np.flatnonzero(sel)[np.argmax(x[sel])] if sel.any() else -1)
         assert (np.isnan(med[k]) and not sel.any()) or med[k] == np.median(x[sel])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_gaps_filled_equal_a_fresh_merge(seed):
+    from gaptrace.analyses.timeline import BusyTimeline
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    a = np.round(rng.uniform(0, 1000, n), 1)
+    b = a + np.round(rng.uniform(0, 8, n), 1)
+    t0, t1 = (None, None) if seed % 2 else (float(rng.uniform(-10, 100)), float(rng.uniform(900, 1100)))
+    tl = BusyTimeline.from_intervals(a, b, t0, t1)
+    g0, g1 = tl.gap_bounds()
+    fill = rng.random(len(g0)) < 0.5
+    got = tl.with_gaps_filled(fill)
+    want = BusyTimeline.from_intervals(np.r_[tl.span_start_us, g0[fill]], np.r_[tl.span_end_us, g1[fill]],
+                                       tl.t0_us, tl.t1_us)
+    for f in ("t0_us", "t1_us", "span_start_us", "span_end_us", "cum_busy_us"):
+        assert np.array_equal(getattr(got, f), getattr(want, f)), f
