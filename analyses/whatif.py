@@ -80,7 +80,7 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
     m = ann & exact[inv]
     if not m.any():
         fr = trace.memo(("whatif_frames", model.key[0], model.tid), h,
-                        lambda: on & np.isin(trace.host_str("cat"), ("python_function", "cpu_op")))
+                        lambda: on & h["cat"].isin(("python_function", "cpu_op")).to_numpy())
         m = fr & (exact | (np.char.find(uniq, site) >= 0))[inv]
     if not m.any():
         raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
