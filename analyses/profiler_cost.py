@@ -171,8 +171,8 @@ def profiler_frames(trace: Trace, model: ReplayModel) -> tuple[np.ndarray, np.nd
     if cached is not None:
         return cached
     h = trace.host
-    sel = ((h["rank"].to_numpy() == model.key[0]) & (trace.host_str("tid") == model.tid)
-           & (trace.host_str("cat") == "python_function"))
+    sel = ((h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)
+           & trace.host_str_eq("cat", "python_function"))
     rows = np.flatnonzero(sel)
     out = (np.zeros(0), np.zeros(0))
     if len(rows):
@@ -197,7 +197,7 @@ def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
     if cached is not None:
         return cached
     h = trace.host
-    sel = (h["rank"].to_numpy() == model.key[0]) & (trace.host_str("tid") == model.tid)
+    sel = (h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)
     ts = h["ts_us"].to_numpy()[sel] - model.t0_us
     rows = np.flatnonzero(sel)
     chain = np.zeros(len(h), dtype=bool)
@@ -266,7 +266,7 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
     res = None
     rank = h["rank"].to_numpy() == model.key[0]
     tid = trace.host_str("tid")
-    on = rank & (tid == model.tid) & (trace.host_str("cat") == "python_function")
+    on = rank & (tid == model.tid) & trace.host_str_eq("cat", "python_function")
     w = np.flatnonzero(on)
     if len(w):
         uniq, inv = _factor_host(trace, "name", w)

@@ -483,8 +483,8 @@ def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.nd
     """(r,) trace-clock starts of the host user_annotation ranges called ``name`` on the model's thread, sorted
     (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`). Empty when there are none."""
     h = trace.host
-    m = ((trace.host_str("cat") == "user_annotation") & (h["rank"].to_numpy() == model.key[0])
-         & (trace.host_str("name") == name) & (trace.host_str("tid") == model.tid))
+    m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == model.key[0])
+         & trace.host_str_eq("name", name) & trace.host_str_eq("tid", model.tid))
     return np.sort(h["ts_us"].to_numpy()[m])
 
 

@@ -199,8 +199,8 @@ def _body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.n
     ``ProfilerStep#N``, a forward range). A site that holds most of them holds the loop body."""
     h = trace.host
     lo, hi = ctx.window
-    m = ((trace.host_str("cat") == "user_annotation") & (h["rank"].to_numpy() == ctx.model.key[0])
-         & (trace.host_str("tid") == ctx.model.tid)
+    m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == ctx.model.key[0])
+         & trace.host_str_eq("tid", ctx.model.tid)
          & (h["ts_us"].to_numpy() >= lo) & (h["ts_us"].to_numpy() < hi))
     rows = np.flatnonzero(m)
     if not len(rows) or hi <= lo:

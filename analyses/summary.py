@@ -433,7 +433,7 @@ def _range_findings(trace: Trace, attribution: pd.DataFrame, st: Any, key: tuple
         name = str(r.frame)
         if name in own or re.fullmatch(r"ProfilerStep#\d+", name) or re.sub(r"\d+", "#", name) in own:
             continue
-        occ = np.flatnonzero((trace.host_str("cat") == "user_annotation") & rk & (trace.host_str("name") == name))
+        occ = np.flatnonzero(trace.host_str_eq("cat", "user_annotation") & rk & trace.host_str_eq("name", name))
         inside = np.zeros(len(rt), dtype=bool)
         for o in occ:
             inside |= (ts[rt] >= ts[o]) & (ts[rt] < te[o]) & (tid[rt] == tid[o])
