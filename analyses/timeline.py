@@ -178,31 +178,24 @@ class BusyTimeline:
 
     def with_gaps_filled(self, fill: np.ndarray) -> "BusyTimeline":
         """This timeline with the gaps where ``fill`` ((g,) bool over :meth:`gap_bounds`) is True counted as busy:
-        ``from_intervals(spans + those gaps, t0, t1)`` without a sort. Gaps and spans alternate in time (gap 0 before
-        span 0, ..., gap m after the last span), so their interleaving is already sorted by start (starts strictly
-        increase: spans never touch, empty gaps are not gaps) with increasing ends, and merging touching items gives
-        the same spans as :func:`merge_intervals`."""
+        ``from_intervals(spans + those gaps, t0, t1)`` without a sort. Gap k lies between span k-1 and span k (gap 0
+        from t0, gap m to t1; spans never touch, so every inner gap is a gap): a run of spans joined by filled inner
+        gaps becomes one span, from t0 when gap 0 is filled, to t1 when gap m is."""
         m = len(self.span_start_us)
-        g0 = np.r_[self.t0_us, self.span_end_us]
-        g1 = np.r_[self.span_start_us, self.t1_us]
-        keep = g1 > g0
-        take = np.zeros(m + 1, dtype=bool)
-        take[np.flatnonzero(keep)[np.asarray(fill, dtype=bool)]] = True
-        st = np.empty(2 * m + 1)
-        en = np.empty(2 * m + 1)
-        st[0::2], st[1::2] = g0, self.span_start_us
-        en[0::2], en[1::2] = g1, self.span_end_us
-        inc = np.ones(2 * m + 1, dtype=bool)
-        inc[0::2] = take
-        st, en = st[inc], en[inc]
-        if len(st) == 0:
-            return BusyTimeline.from_merged(st, en, self.t0_us, self.t1_us)
-        new = np.empty(len(st), dtype=bool)
-        new[0] = True
-        new[1:] = st[1:] > en[:-1]
-        first = np.flatnonzero(new)
-        last = np.r_[first[1:] - 1, len(st) - 1]
-        return BusyTimeline.from_merged(st[first], en[last], self.t0_us, self.t1_us)
+        keep = np.r_[self.span_start_us, self.t1_us] > np.r_[self.t0_us, self.span_end_us]
+        filled = np.zeros(m + 1, dtype=bool)
+        filled[np.flatnonzero(keep)[np.asarray(fill, dtype=bool)]] = True
+        if m == 0:
+            whole = np.array([self.t0_us, self.t1_us]) if filled[0] else np.empty(0)
+            return BusyTimeline.from_merged(whole[:1], whole[1:], self.t0_us, self.t1_us)
+        brk = np.flatnonzero(~filled[1:m])  # span brk + 1 starts a new run
+        ms = self.span_start_us[np.r_[0, brk + 1]]
+        me = self.span_end_us[np.r_[brk, m - 1]]
+        if filled[0]:
+            ms[0] = self.t0_us
+        if filled[m]:
+            me[-1] = self.t1_us
+        return BusyTimeline.from_merged(ms, me, self.t0_us, self.t1_us)
 
     def gaps(self) -> pd.DataFrame:
         """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""

@@ -87,12 +87,12 @@ def test_helpers_equal_brute_force(seed):
         assert (np.isnan(med[k]) and not sel.any()) or med[k] == np.median(x[sel])
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(20))
 def test_gaps_filled_equal_a_fresh_merge(seed):
     from gaptrace.analyses.timeline import BusyTimeline
 
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(0, 300))
+    n = 0 if seed in (0, 2) else int(rng.integers(1, 300))
     a = np.round(rng.uniform(0, 1000, n), 1)
     b = a + np.round(rng.uniform(0, 8, n), 1)
     t0, t1 = (None, None) if seed % 2 else (float(rng.uniform(-10, 100)), float(rng.uniform(900, 1100)))
