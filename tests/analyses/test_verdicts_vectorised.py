@@ -50,7 +50,7 @@ def test_table_equals_the_per_step_loop(name):
     assert len(new.table) == len(old.table) > 0
     assert list(new.table.columns) == list(old.table.columns)
     assert (new.table.dtypes == old.table.dtypes).all()
-    bad = [(i, c, a, b) for i, (ra, rb) in enumerate(zip(new.table.to_dict("records"), old.table.to_dict("records")))
+    bad = [(i, c, ra[c], rb[c]) for i, (ra, rb) in enumerate(zip(new.table.to_dict("records"), old.table.to_dict("records")))
            for c in ra if not _same(ra[c], rb[c])]
     assert not bad, bad[:5]
     assert str(new.overall) == str(old.overall)
