@@ -265,7 +265,9 @@ def launch_fit(trace: Trace, unprofiled_us: Mapping[int, float] | None = None) -
                            "min_us": g["min"].to_numpy(), "max_us": g["max"].to_numpy()})
     fit = robust_affine_fit(x, y)
     reason = None
-    interval = kappa_interval(x, y) if fit is not None else None
+    # the bootstrap is deterministic in (x, y): computed once per trace for the same launches (analyze fits twice)
+    interval = (trace.memo(("kappa_interval", x.tobytes(), y.tobytes()), trace.host, lambda: kappa_interval(x, y))
+                if fit is not None else None)
     if fit is None:
         t0 = kappa = r2 = r2_med = infl_total = infl_share = None
         graphs["fit_us"] = np.nan

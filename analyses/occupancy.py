@@ -23,7 +23,7 @@ import pandas as pd
 
 from gaptrace.trace import Trace, TraceError
 
-from .timeline import BusyTimeline
+from .timeline import BusyTimeline, merge_intervals
 
 __all__ = [
     "DeviceOccupancy",
@@ -162,31 +162,46 @@ def device_side_gaps(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> np
     hit = memo.get(mk)
     if hit is not None and hit[0] is tl:
         return hit[1]
-    gaps = tl.gaps()
-    out = np.zeros(len(gaps), dtype=bool)
+    g0, g1 = tl.gap_bounds()
+    out = np.zeros(len(g0), dtype=bool)
     memo[mk] = (tl, out)
-    rows = _device_rows(trace, key)
-    if len(gaps) == 0 or rows.empty:
+    if len(g0) == 0:
         return out
-    ts = rows["ts_us"].to_numpy()
-    order = np.argsort(ts, kind="stable")
-    ts_sorted, corr = ts[order], rows["correlation"].to_numpy()[order]
-    g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
+    join = _launch_join(trace, key)
+    if join is None:
+        return out
+    ts_sorted, corr, launch_end = join
     k = np.searchsorted(ts_sorted, g1, side="left")  # the activity starting where the gap ends
     valid = k < len(ts_sorted)
     kk = np.minimum(k, len(ts_sorted) - 1)
     valid &= ts_sorted[kk] == g1
-    h = trace.host
-    rt = h[h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
-           & (h["correlation"].to_numpy() >= 0)]
-    if rt.empty:
-        return out
-    launch_end = rt.groupby("correlation", sort=True)["end_us"].max()
     pos = launch_end.index.get_indexer(corr[kk])
     found = valid & (pos >= 0)
     end = launch_end.to_numpy()[np.maximum(pos, 0)]
     out[:] = found & (end <= g0)
     return out
+
+
+def _launch_join(trace: Trace, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, pd.Series] | None:
+    """The window-independent half of :func:`device_side_gaps`: the device's activity starts sorted (stable) with
+    their correlation ids, and the latest end of the rank's runtime / driver calls per correlation id (a Series
+    indexed by id, sorted); None without device rows or such calls. Memoised per device on the trace."""
+    memo, mk = _timeline_cache(trace), ("launch_join", key)
+    if mk in memo:
+        return memo[mk]
+    res = None
+    rows = _device_rows(trace, key)
+    if not rows.empty:
+        ts = rows["ts_us"].to_numpy()
+        order = np.argsort(ts, kind="stable")
+        h = trace.host
+        rt = h[h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
+               & (h["correlation"].to_numpy() >= 0)]
+        if not rt.empty:
+            res = (ts[order], rows["correlation"].to_numpy()[order],
+                   rt.groupby("correlation", sort=True)["end_us"].max())
+    memo[mk] = res
+    return res
 
 
 def launch_links(trace: Trace, key: tuple[int, int], t0_us: float, t1_us: float) -> dict[str, int]:
@@ -241,15 +256,14 @@ def _gap_neighbours(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> tup
 
 
 def _gap_neighbours_of(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    gaps = tl.gaps()
-    out = np.zeros(len(gaps), dtype=bool)
+    g0, g1 = tl.gap_bounds()
+    out = np.zeros(len(g0), dtype=bool)
     rows = _device_rows(trace, key)
-    if len(gaps) == 0 or rows.empty:
-        empty = np.zeros(len(gaps), dtype=np.int64)
+    if len(g0) == 0 or rows.empty:
+        empty = np.zeros(len(g0), dtype=np.int64)
         return out, empty, empty
     ts, end, corr = (rows["ts_us"].to_numpy(), rows["end_us"].to_numpy(), rows["correlation"].to_numpy())
     by_ts, by_end = np.argsort(ts, kind="stable"), np.argsort(end, kind="stable")
-    g0, g1 = gaps["start_us"].to_numpy(), gaps["end_us"].to_numpy()
     k = np.minimum(np.searchsorted(ts[by_ts], g1, side="left"), len(ts) - 1)      # the activity ending the gap
     j = np.minimum(np.searchsorted(end[by_end], g0, side="left"), len(end) - 1)   # the one whose end starts it
     nxt, prv = by_ts[k], by_end[j]
@@ -278,7 +292,7 @@ def node_bubbles(trace: Trace, device: int | tuple[int, int] | None = None,
         return pd.DataFrame(columns=cols)
     name = _device_rows(trace, key)["name"]  # a Categorical over the trace's symbols: group on the codes
     codes = name.cat.codes.to_numpy()
-    df = pd.DataFrame({"b": codes[prv[node]], "a": codes[nxt[node]], "dur": tl.gaps()["dur_us"].to_numpy()[node]})
+    df = pd.DataFrame({"b": codes[prv[node]], "a": codes[nxt[node]], "dur": np.subtract(*tl.gap_bounds()[::-1])[node]})
     out = (df.groupby(["b", "a"], sort=False)["dur"]
            .agg(gaps="size", idle_us="sum", median_us="median", max_us="max").reset_index())
     cats = name.cat.categories.astype(str).to_numpy()
@@ -337,16 +351,24 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
     host_wait_only): every analysis of one trace shares one timeline.
     """
     key = resolve_device(trace, device)
-    t0, t1 = (None, None) if window is None else resolve_window(trace, key, window)
     memo = _timeline_cache(trace)
+    merged = memo.get(("merged", key))
+    if merged is None:  # the union does not depend on the window: merged once per device, clipped per window
+        merged = memo[("merged", key)] = merge_intervals(_device_column(trace, key, "ts_us"),
+                                                         _device_column(trace, key, "end_us"))
+    if window is None:  # first to last activity, as BusyTimeline.from_merged's default: one memo entry with the
+        s, e = merged   # same window given explicitly
+        t0 = float(s[0]) if len(s) else 0.0
+        t1 = float(e[-1]) if len(e) else t0
+    else:
+        t0, t1 = resolve_window(trace, key, window)
     mk = (key, t0, t1, bool(host_wait_only))
     tl = memo.get(mk)
     if tl is None:
         if host_wait_only:
-            tl = fill_device_side(trace, key, busy_timeline(trace, key, None if t0 is None else (t0, t1)))
+            tl = fill_device_side(trace, key, busy_timeline(trace, key, (t0, t1)))
         else:
-            tl = BusyTimeline.from_intervals(_device_column(trace, key, "ts_us"), _device_column(trace, key, "end_us"),
-                                             t0, t1)
+            tl = BusyTimeline.from_merged(*merged, t0, t1)
         memo[mk] = tl
     return tl
 
@@ -354,12 +376,10 @@ def busy_timeline(trace: Trace, device: int | tuple[int, int] | None = None,
 def fill_device_side(trace: Trace, key: tuple[int, int], tl: BusyTimeline) -> BusyTimeline:
     """``tl`` with its device-side gaps (:func:`device_side_gaps`) counted as busy: a timeline whose idle is the
     host-wait idle only, for attributing idle to host code."""
-    gaps = tl.gaps()
     side = device_side_gaps(trace, key, tl)
     if not side.any():
         return tl
-    return BusyTimeline.from_intervals(np.r_[tl.span_start_us, gaps["start_us"].to_numpy()[side]],
-                                       np.r_[tl.span_end_us, gaps["end_us"].to_numpy()[side]], tl.t0_us, tl.t1_us)
+    return tl.with_gaps_filled(side)
 
 
 def device_occupancy(trace: Trace, device: int | tuple[int, int] | None = None,

@@ -134,11 +134,31 @@ def _factor(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(uniq, dtype=str), codes.astype(np.int64)
 
 
+def _factor_host(trace: Trace, column: str, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``_factor(trace.host_str(column)[rows])`` (rows: positions, a bool mask or None for all) from the column's
+    categorical codes: hashing small ints, not millions of strings, and the same first-seen order, since distinct
+    str categories are distinct strings. Falls back to the strings for a column that is not such a categorical."""
+    col = trace.host[column]
+    cats = col.cat.categories if isinstance(col.dtype, pd.CategoricalDtype) else None
+    if cats is None or not all(isinstance(c, str) for c in cats):
+        vals = trace.host_str(column)
+        return _factor(vals if rows is None else vals[rows])
+    codes = col.cat.codes.to_numpy()
+    sub = codes if rows is None else codes[rows]
+    if len(sub) == 0:
+        return np.array([], dtype=str), np.zeros(0, dtype=np.int64)
+    if (sub < 0).any():  # a missing value: its "nan" string may equal a category's
+        vals = trace.host_str(column)
+        return _factor(vals if rows is None else vals[rows])
+    c, u = pd.factorize(sub)
+    return np.asarray(cats.to_numpy(dtype=object)[u], dtype=str), c.astype(np.int64)
+
+
 def name_codes(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """(names, codes): the distinct host event names (str array, first-seen order) and, per host row, the index of its name,
     so a name test runs once per distinct name; memoised on the trace (:meth:`gaptrace.trace.Trace.memo`)."""
     def build():
-        return _factor(trace.host["name"].astype(str).to_numpy())
+        return _factor_host(trace, "name")
     return trace.memo("host_name_codes", trace.host, build)
 
 
@@ -151,8 +171,8 @@ def profiler_frames(trace: Trace, model: ReplayModel) -> tuple[np.ndarray, np.nd
     if cached is not None:
         return cached
     h = trace.host
-    sel = ((h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
-           & (h["cat"].to_numpy() == "python_function"))
+    sel = ((h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)
+           & trace.host_str_eq("cat", "python_function"))
     rows = np.flatnonzero(sel)
     out = (np.zeros(0), np.zeros(0))
     if len(rows):
@@ -177,8 +197,7 @@ def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
     if cached is not None:
         return cached
     h = trace.host
-    sel = (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)
-    cats = h["cat"].to_numpy()[sel].astype(str)
+    sel = (h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)
     ts = h["ts_us"].to_numpy()[sel] - model.t0_us
     rows = np.flatnonzero(sel)
     chain = np.zeros(len(h), dtype=bool)
@@ -196,7 +215,7 @@ def _event_bins(trace: Trace, model: ReplayModel) -> dict[str, Any]:
     pos = np.searchsorted(bounds, ts, side="right")
     in_call = (pos % 2 == 1) & not_chain
     in_work = (pos % 2 == 0) & (pos // 2 < K) & not_chain & (pos > 0)
-    uc, ci = _factor(cats)
+    uc, ci = _factor_host(trace, "cat", sel)
     n_work = np.zeros((K, len(uc)))
     n_call = np.zeros((K, len(uc)))
     np.add.at(n_work, (pos[in_work] // 2, ci[in_work]), 1.0)
@@ -246,12 +265,11 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
     K = model.calls
     res = None
     rank = h["rank"].to_numpy() == model.key[0]
-    tid = h["tid"].astype(str).to_numpy()
-    names = h["name"].astype(str).to_numpy()
-    on = rank & (tid == model.tid) & (h["cat"].to_numpy() == "python_function")
+    tid = trace.host_str("tid")
+    on = rank & (tid == model.tid) & trace.host_str_eq("cat", "python_function")
     w = np.flatnonzero(on)
     if len(w):
-        uniq, inv = _factor(names[w])
+        uniq, inv = _factor_host(trace, "name", w)
         is_wait = pd.Series(uniq, dtype=object).str.startswith(THREAD_WAIT_PREFIX).to_numpy(dtype=bool)
         w = w[is_wait[inv]]
     if len(w):
@@ -265,11 +283,10 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
         ws, we, k = ws[ok], we[ok], k[ok]
         if len(ws):
             other = rank & (tid != model.tid)
-            cats = h["cat"].to_numpy()[other].astype(str)
             ots = h["ts_us"].to_numpy()[other] - model.t0_us
             j = np.searchsorted(ws, ots, side="right") - 1
             inside = (j >= 0) & (ots < we[np.maximum(j, 0)])
-            uc, ci = _factor(cats)
+            uc, ci = _factor_host(trace, "cat", other)
             counts = np.zeros((len(ws), len(uc)))
             np.add.at(counts, (j[inside], ci[inside]), 1.0)
             res = {"ws": ws, "we": we, "k": k, "counts": counts, "cats": [str(c) for c in uc]}

@@ -150,6 +150,18 @@ def _launch_thread(trace: Trace, key: tuple[int, int], rt: pd.DataFrame) -> str:
     return str(counts.index[0])
 
 
+def _match_names(names: np.ndarray, pattern: str) -> np.ndarray:
+    """(n,) bool: ``pd.Series(names).str.match(pattern)``, the regex run once per distinct name."""
+    inv, uniq = pd.factorize(np.asarray(names, dtype=object))
+    return pd.Series(uniq, dtype=object).str.match(pattern).to_numpy(dtype=bool)[inv]
+
+
+def _names_in(names: np.ndarray, values) -> np.ndarray:
+    """(n,) bool: ``np.isin(names, values)``, tested once per distinct name."""
+    inv, uniq = pd.factorize(np.asarray(names, dtype=object))
+    return np.isin(np.asarray(uniq, dtype=object), values)[inv]
+
+
 def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: str | None = None) -> ReplayModel:
     """The :class:`ReplayModel` of ``trace`` for ``device`` (the busiest one by default; see
     :func:`gaptrace.analyses.occupancy.resolve_device`). The launching thread is the one whose runtime calls carry
@@ -159,14 +171,14 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     Formulas: docs/DESIGN.md "The replay model"."""
     key = resolve_device(trace, device)
     h = trace.host
-    cat = h["cat"].to_numpy()
-    is_rt = np.isin(cat, ("cuda_runtime", "cuda_driver")) & (h["rank"].to_numpy() == key[0])
+    is_rt = h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
     rt = h[is_rt]
     tid = _launch_thread(trace, key, rt) if tid is None else str(tid)
-    if not (rt["tid"].astype(str).to_numpy() == tid).any():
+    rt_tid = trace.host_str("tid")[is_rt]
+    if not (rt_tid == tid).any():
         raise TraceError(f"{trace.path}: thread {tid} makes no runtime call: the pipeline cannot be replayed from it")
     warnings: list[str] = []
-    on_thread = rt["tid"].astype(str).to_numpy() == tid
+    on_thread = rt_tid == tid
     rows = np.flatnonzero(is_rt)[on_thread]
     ts = h["ts_us"].to_numpy()[rows]
     end = h["end_us"].to_numpy()[rows]
@@ -174,7 +186,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     rows, ts, end = rows[o], ts[o], end[o]
     top = _top_level(ts, end)
     rows, ts, end = rows[top], ts[top], end[top]
-    names = h["name"].astype(str).to_numpy()[rows]
+    names = trace.host_str("name")[rows]
     corr_call = h["correlation"].to_numpy()[rows]
     t0 = float(ts[0])
     s, e = ts - t0, end - t0
@@ -202,14 +214,12 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     ots = d["ts_us"].to_numpy()[op_rows] - t0
     oend = d["end_us"].to_numpy()[op_rows] - t0
     ostream = d["stream"].to_numpy()[op_rows]
-    okind = d["kind"].astype(str).to_numpy()[op_rows]
-    omk = d["memcpy_kind"].astype(str).to_numpy()[op_rows]
-    ohm = d["host_memory"].astype(str).to_numpy()[op_rows]
     ocorr = dcorr
     o = np.lexsort((ots, ocorr, op_call))
-    op_rows, op_call, ots, oend, ostream, okind, omk, ohm, ocorr = (
-        a[o] for a in (op_rows, op_call, ots, oend, ostream, okind, omk, ohm, ocorr))
-    is_graph_call = np.isin(names, GRAPH_LAUNCH_NAMES)
+    op_rows, op_call, ots, oend, ostream, ocorr = (a[o] for a in (op_rows, op_call, ots, oend, ostream, ocorr))
+    # the string columns indexed once, already in that order
+    okind, omk, ohm = (trace.device_str(c)[op_rows] for c in ("kind", "memcpy_kind", "host_memory"))
+    is_graph_call = _names_in(names, GRAPH_LAUNCH_NAMES)
     # items: one per graph launch call (or per correlation id among the unlinked ops), one per op otherwise
     prior = op_call < 0
     g_op = np.where(prior, True, is_graph_call[np.maximum(op_call, 0)])
@@ -278,8 +288,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     # blocking calls and what each one waits for
     nitem_before = np.searchsorted(item_call, np.arange(K), side="left")  # items launched by calls < k
     nitem_through = np.searchsorted(item_call, np.arange(K), side="right")  # items launched by calls <= k
-    name_s = pd.Series(names, dtype=object)
-    blocking = name_s.str.match(SYNC_NAMES).to_numpy(dtype=bool).copy()
+    blocking = _match_names(names, SYNC_NAMES)
     await_items = np.where(blocking, nitem_before, 0)
     # copies: by the kind of the copy they launched
     cp_item = np.full(K, -1)
@@ -288,7 +297,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     has_cp = cp_item >= 0
     ci = np.maximum(cp_item, 0)
     mk, hm = omk[first][ci], ohm[first][ci]
-    sync_name = np.isin(names, MEMCPY_SYNC_NAMES)
+    sync_name = _names_in(names, MEMCPY_SYNC_NAMES)
     dtoh = has_cp & (mk == "DtoH") & (sync_name | (hm == "Pageable"))
     htod = has_cp & (mk == "HtoD") & (hm == "Pageable")
     blocking |= dtoh | htod
@@ -298,8 +307,8 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     pm = np.concatenate(([-np.inf], np.maximum.accumulate(item_end))) if I else np.array([-np.inf])
     # event syncs: the latest record before the call whose prefix completed by the call's return
     # (the records' prefix completions are non-decreasing, so the done records before k are a prefix of them)
-    rec = np.flatnonzero(name_s.str.match(EVENT_RECORD).to_numpy(dtype=bool))
-    ev_sync = np.flatnonzero(name_s.str.match(EVENT_SYNC).to_numpy(dtype=bool))
+    rec = np.flatnonzero(_match_names(names, EVENT_RECORD))
+    ev_sync = np.flatnonzero(_match_names(names, EVENT_SYNC))
     if len(ev_sync):
         rec_done = pm[nitem_before[rec]]
         j = np.minimum(np.searchsorted(rec_done, e[ev_sync] + RELEASE_EPS_US, side="right"),
@@ -474,8 +483,8 @@ def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.nd
     """(r,) trace-clock starts of the host user_annotation ranges called ``name`` on the model's thread, sorted
     (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`). Empty when there are none."""
     h = trace.host
-    m = ((h["cat"].to_numpy() == "user_annotation") & (h["rank"].to_numpy() == model.key[0])
-         & (h["name"].astype(str).to_numpy() == name) & (h["tid"].astype(str).to_numpy() == model.tid))
+    m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == model.key[0])
+         & trace.host_str_eq("name", name) & trace.host_str_eq("tid", model.tid))
     return np.sort(h["ts_us"].to_numpy()[m])
 
 

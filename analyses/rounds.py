@@ -214,7 +214,9 @@ def _round_annotations(trace: Trace, rank: int | None, name: str) -> tuple[pd.Da
     if rank is not None:
         keep = keep & (h["rank"].to_numpy() == rank)
     ua = h[keep]
-    match = ua["name"].astype(str).str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool)
+    # the pattern tested once per distinct name
+    codes, uniq = pd.factorize(trace.host_str("name")[keep])
+    match = pd.Series(uniq, dtype=object).str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool)[codes]
     return ua, match, np.flatnonzero(keep)
 
 

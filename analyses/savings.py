@@ -199,13 +199,13 @@ def _body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.n
     ``ProfilerStep#N``, a forward range). A site that holds most of them holds the loop body."""
     h = trace.host
     lo, hi = ctx.window
-    m = ((h["cat"].to_numpy() == "user_annotation") & (h["rank"].to_numpy() == ctx.model.key[0])
-         & (h["tid"].astype(str).to_numpy() == ctx.model.tid)
+    m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == ctx.model.key[0])
+         & trace.host_str_eq("tid", ctx.model.tid)
          & (h["ts_us"].to_numpy() >= lo) & (h["ts_us"].to_numpy() < hi))
     rows = np.flatnonzero(m)
     if not len(rows) or hi <= lo:
         return []
-    names = h["name"].astype(str).to_numpy()[rows]
+    names = trace.host_str("name")[rows]
     ts, te = h["ts_us"].to_numpy()[rows], h["end_us"].to_numpy()[rows]
     n_rounds = max(len(ctx.starts) - 1, 1)
     out = []

@@ -39,6 +39,7 @@ decoded, plus the prefill). None without Python stacks (the trace cannot tell).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -83,6 +84,11 @@ def to_jsonable(obj: Any) -> Any:
     """numpy / pandas scalars and containers -> plain JSON types (NaN / inf -> None), for the ``to_dict`` methods of
     this module, :mod:`.verdicts`, :mod:`.thread_waits` and :mod:`.launch_idle` (kept here so that analyses import
     nothing from the command layer)."""
+    t = type(obj)
+    if t is str or t is int or obj is None:
+        return obj
+    if t is float:
+        return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -234,7 +234,8 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     # the device-side gaps between two nodes of one graph launch (a node gap under a launch call still running, a
     # profiler-inflated cudaGraphLaunch, is host-wait idle like every gap under a launch call)
     node = occupancy.graph_node_gaps(trace, key, exact) & occupancy.device_side_gaps(trace, key, exact)
-    node_dur = exact.gaps()["dur_us"].to_numpy()[node]
+    g0, g1 = exact.gap_bounds()
+    node_dur = (g1 - g0)[node]
     links = occupancy.launch_links(trace, key, exact.t0_us, exact.t1_us)
     out["idle_split"] = {"idle_us": idle_total, "host_wait_us": tl.idle_us, "device_side_us": device_side_us,
                          "device_side_share": device_side_us / idle_total if idle_total > 0 else 0.0,
@@ -426,13 +427,13 @@ def _range_findings(trace: Trace, attribution: pd.DataFrame, st: Any, key: tuple
     ts, te = h["ts_us"].to_numpy(), h["end_us"].to_numpy()
     rt = np.flatnonzero(h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & rk & (ts >= win[0]) & (ts < win[1]))
     rt = rt[_name_mask(trace, rt, is_launch_call)]
-    tid = h["tid"].astype(str).to_numpy()
+    tid = trace.host_str("tid")
     out = []
     for r in ua.itertuples(index=False):
         name = str(r.frame)
         if name in own or re.fullmatch(r"ProfilerStep#\d+", name) or re.sub(r"\d+", "#", name) in own:
             continue
-        occ = np.flatnonzero((h["cat"].to_numpy() == "user_annotation") & rk & (h["name"].astype(str).to_numpy() == name))
+        occ = np.flatnonzero(trace.host_str_eq("cat", "user_annotation") & rk & trace.host_str_eq("name", name))
         inside = np.zeros(len(rt), dtype=bool)
         for o in occ:
             inside |= (ts[rt] >= ts[o]) & (ts[rt] < te[o]) & (tid[rt] == tid[o])

@@ -293,7 +293,10 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
         ev = ds.groupby(["rank", "correlation"], observed=True)["device"].first().rename("ev_device").reset_index()
         m = rt[["rank", "correlation"]].merge(ev, on=["rank", "correlation"], how="left")
         # CUPTI also records an "Event Sync" for cudaEventQuery / cudaStreamQuery, which poll and never block
-        polls = rt["name"].astype(str).str.contains("Query", regex=False).to_numpy()
+        # tested once per distinct name (a missing name reads "nan": no poll)
+        poll_name = np.array(["Query" in str(c) for c in name_cats], dtype=bool)
+        polls = np.where(name_codes >= 0, poll_name[np.maximum(name_codes, 0)], False) if len(poll_name) else (
+            np.zeros(len(rt), dtype=bool))
         has_event = m["ev_device"].notna().to_numpy() & (rt["correlation"].to_numpy() >= 0) & ~polls
         ev_device = m["ev_device"].fillna(-1).to_numpy(np.int64)
 

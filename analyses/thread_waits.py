@@ -216,8 +216,8 @@ def _others(trace: Trace, w: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     n = len(w)
     if not n:
         return [], []
-    key = pd.DataFrame({"rank": h["rank"].to_numpy(), "pid": h["pid"].astype(str).to_numpy(),
-                        "tid": h["tid"].astype(str).to_numpy()})
+    key = pd.DataFrame({"rank": h["rank"].to_numpy(), "pid": trace.host_str("pid"),
+                        "tid": trace.host_str("tid")})
     ts, te = h["ts_us"].to_numpy(np.float64), h["end_us"].to_numpy(np.float64)
     py = (h["cat"] == "python_function").to_numpy()
     ws, we = w["start_us"].to_numpy(np.float64), w["end_us"].to_numpy(np.float64)

@@ -54,6 +54,13 @@ class BusyTimeline:
                        t1_us: float | None = None) -> "BusyTimeline":
         """Merge intervals and clip them to [t0_us, t1_us] (default: first start to last end)."""
         s, e = merge_intervals(starts, ends)
+        return cls.from_merged(s, e, t0_us, t1_us)
+
+    @classmethod
+    def from_merged(cls, s: np.ndarray, e: np.ndarray, t0_us: float | None = None,
+                    t1_us: float | None = None) -> "BusyTimeline":
+        """:meth:`from_intervals` of spans already merged (:func:`merge_intervals`' output, which may be shared
+        between windows: it is not modified)."""
         if t0_us is None:
             t0_us = float(s[0]) if len(s) else 0.0
         if t1_us is None:
@@ -162,12 +169,37 @@ class BusyTimeline:
         """Number of idle gaps, ``len(self.gaps())`` without building the frame."""
         return int(np.count_nonzero(np.r_[self.span_start_us, self.t1_us] > np.r_[self.t0_us, self.span_end_us]))
 
-    def gaps(self) -> pd.DataFrame:
-        """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""
+    def gap_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """(start_us, end_us) of the idle gaps, (g,) each: :meth:`gaps` without building the frame."""
         s = np.r_[self.t0_us, self.span_end_us]
         e = np.r_[self.span_start_us, self.t1_us]
         keep = e > s
-        s, e = s[keep], e[keep]
+        return s[keep], e[keep]
+
+    def with_gaps_filled(self, fill: np.ndarray) -> "BusyTimeline":
+        """This timeline with the gaps where ``fill`` ((g,) bool over :meth:`gap_bounds`) is True counted as busy:
+        ``from_intervals(spans + those gaps, t0, t1)`` without a sort. Gap k lies between span k-1 and span k (gap 0
+        from t0, gap m to t1; spans never touch, so every inner gap is a gap): a run of spans joined by filled inner
+        gaps becomes one span, from t0 when gap 0 is filled, to t1 when gap m is."""
+        m = len(self.span_start_us)
+        keep = np.r_[self.span_start_us, self.t1_us] > np.r_[self.t0_us, self.span_end_us]
+        filled = np.zeros(m + 1, dtype=bool)
+        filled[np.flatnonzero(keep)[np.asarray(fill, dtype=bool)]] = True
+        if m == 0:
+            whole = np.array([self.t0_us, self.t1_us]) if filled[0] else np.empty(0)
+            return BusyTimeline.from_merged(whole[:1], whole[1:], self.t0_us, self.t1_us)
+        brk = np.flatnonzero(~filled[1:m])  # span brk + 1 starts a new run
+        ms = self.span_start_us[np.r_[0, brk + 1]]
+        me = self.span_end_us[np.r_[brk, m - 1]]
+        if filled[0]:
+            ms[0] = self.t0_us
+        if filled[m]:
+            me[-1] = self.t1_us
+        return BusyTimeline.from_merged(ms, me, self.t0_us, self.t1_us)
+
+    def gaps(self) -> pd.DataFrame:
+        """Idle gaps: maximal idle intervals inside the window. Columns start_us, end_us, dur_us."""
+        s, e = self.gap_bounds()
         return pd.DataFrame({"start_us": s, "end_us": e, "dur_us": e - s})
 
     def busy_fraction_bins(self, n_bins: int) -> pd.DataFrame:

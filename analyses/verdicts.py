@@ -72,7 +72,6 @@ from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace
 
 from . import stacks
 from .occupancy import busy_timeline, resolve_device
-from .timeline import merge_intervals
 
 __all__ = ["Verdicts", "step_verdicts", "GPU_BOUND_SHARE", "LAUNCH_GAP_US", "MIN_EAGER_LAUNCHES", "LAG_SHARE",
            "VERDICTS"]
@@ -118,29 +117,6 @@ class Verdicts:
 def _ms(us: float) -> str:
     us = float(us)
     return f"{us / 1e6:.2f} s" if us >= 1e6 else f"{us / 1e3:.2f} ms" if us >= 1e3 else f"{us:.0f} µs"
-
-
-def _union_idle(tl, s: np.ndarray, e: np.ndarray, lo: float, hi: float) -> float:
-    """Idle of ``tl`` under the union of intervals [s, e] clipped to [lo, hi]."""
-    s, e = np.maximum(s, lo), np.minimum(e, hi)
-    ok = e > s
-    if not ok.any():
-        return 0.0
-    ms, me = merge_intervals(s[ok], e[ok])
-    return float(tl.idle_between(ms, me).sum())
-
-
-def _union_len(s: np.ndarray, e: np.ndarray, lo: float, hi: float) -> float:
-    s, e = np.maximum(s, lo), np.minimum(e, hi)
-    ok = e > s
-    if not ok.any():
-        return 0.0
-    ms, me = merge_intervals(s[ok], e[ok])
-    return float((me - ms).sum())
-
-
-def _overlapping(s: np.ndarray, e: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    return (s < hi) & (e > lo)
 
 
 def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None = None,
@@ -208,7 +184,7 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
     graph = _name_mask(trace, rt, lambda n: n in GRAPH_LAUNCH_NAMES or "GraphLaunch" in n)
     eager = rt[~graph]
     e_ts, e_end = h["ts_us"].to_numpy()[eager], h["end_us"].to_numpy()[eager]
-    e_tid = h["tid"].astype(str).to_numpy()[eager]
+    e_tid = trace.host_str("tid")[eager]
     o = np.lexsort((e_ts, e_tid))
     e_ts, e_end, e_tid = e_ts[o], e_end[o], e_tid[o]
     nxt_same = np.r_[e_tid[1:] == e_tid[:-1], False]
@@ -228,56 +204,77 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
     else:  # no device activity joins a launch (correlation ids absent or broken): no lag is known
         lag = np.full(len(corr), np.nan)
 
-    rows = []
     ends = _interval_ends(t)
-    for r, e in zip(t.itertuples(index=False), ends):
-        s = float(r.start_us)
-        step_us = e - s
-        busy = float(tl.busy_between(np.array([s]), np.array([e]))[0])
-        hw_idle = float(hw.idle_between(np.array([s]), np.array([e]))[0])
-        dev_side = max(step_us - busy - hw_idle, 0.0)
-        mc = _overlapping(c_s, c_tail, s, e)
-        mk = _overlapping(k_s, k_e, s, e)
-        mw = _overlapping(w_s, w_e, s, e)
-        mp = _overlapping(p_s, p_e, s, e)
-        mg = _overlapping(g_ts, g_end, s, e)
-        # the sync's own call first, its serialized tail after the compile and thread-wait parts: a tail the host
-        # spent waiting on another thread (or compiling) is that wait's, not the read-back's
-        sets = [(c_s[mc], c_e[mc]), (g_ts[mg], g_end[mg]), (k_s[mk], k_e[mk]), (w_s[mw], w_e[mw]),
-                (c_e[mc], c_tail[mc]), (p_s[mp], p_e[mp])]
-        parts, acc_s, acc_e, prev = [], np.empty(0), np.empty(0), 0.0
-        for a, b in sets:
-            acc_s, acc_e = np.r_[acc_s, a], np.r_[acc_e, b]
-            cur = _union_idle(hw, acc_s, acc_e, s, e)
-            parts.append(max(cur - prev, 0.0))
-            prev = cur
-        parts.append(max(hw_idle - prev, 0.0))
-        sync_under, graph_i, comp_i, wait_i, sync_tail, launch_i, other_i = parts
-        sync_i = sync_under + sync_tail
-        own = mw & (w_tid == str(r.tid))
-        wait_us = _union_len(w_s[own], w_e[own], s, e)
-        in_c = mc & (calls["tid"].astype(str).to_numpy() == str(r.tid)) & (c_s >= s) & (c_s < e) if len(calls) else mc
-        blocked = float(calls["blocked_us"].to_numpy()[in_c].sum()) if len(calls) else 0.0
-        host_us = max(step_us - blocked - wait_us, 0.0)
-        n_eager = int(((e_ts >= s) & (e_ts < e)).sum())
-        n_graph = int(((g_ts >= s) & (g_ts < e)).sum())
-        paced_us = _union_len(p_s[mp], p_e[mp], s, e)
-        in_l = (l_ts >= s) & (l_ts < e) & np.isfinite(lag)
-        dev_lag = float(np.median(lag[in_l])) if in_l.any() else float("nan")
-        top_sync = c_label[int(np.flatnonzero(mc)[np.argmax(calls["blocked_us"].to_numpy()[mc])])] if mc.any() else ""
-        top_comp = str(k_name[np.flatnonzero(mk)[np.argmax((k_e - k_s)[mk])]]) if mk.any() else ""
-        top_wait = str(w_name[np.flatnonzero(mw)[np.argmax((w_e - w_s)[mw])]]) if mw.any() else ""
-        row = {"step": int(r.step), "interval_start_us": s, "interval_end_us": e, "step_us": step_us, "gpu_busy_us": busy,
-               "gpu_busy_share": busy / step_us if step_us > 0 else 0.0, "device_side_us": dev_side,
-               "host_wait_idle_us": hw_idle, "sync_idle_us": sync_i, "graph_launch_idle_us": graph_i,
-               "compile_idle_us": comp_i,
-               "thread_wait_idle_us": wait_i, "launch_idle_us": launch_i, "other_host_idle_us": other_i,
-               "blocked_us": blocked, "wait_us": wait_us, "host_us": host_us, "eager_launches": n_eager,
-               "graph_launches": n_graph, "launch_paced_us": paced_us,
-               "launch_paced_share": paced_us / host_us if host_us > 0 else 0.0,
-               "host_us_per_launch": paced_us / n_eager if n_eager else float("nan"), "device_lag_us": dev_lag,
-               "top_sync": top_sync, "top_compile": top_comp, "top_wait": top_wait,
-               "top_host": _top_host(tree, hw, int(r.host_row), s, e, other_i + graph_i)}
+    S = t["start_us"].to_numpy(np.float64)
+    G = len(S)
+    step_us = ends - S
+    busy = tl.busy_between(S, ends)
+    hw_idle = hw.idle_between(S, ends)
+    dev_side = np.maximum(step_us - busy - hw_idle, 0.0)
+    step_tid = t["tid"].astype(str).to_numpy()
+    pc, pk, pw, pp, pg = (_pairs(S, ends, a, b) for a, b in ((c_s, c_tail), (k_s, k_e), (w_s, w_e), (p_s, p_e),
+                                                                (g_ts, g_end)))
+    # the sync's own call first, its serialized tail after the compile and thread-wait parts: a tail the host
+    # spent waiting on another thread (or compiling) is that wait's, not the read-back's
+    sets = [(pc, c_s, c_e), (pg, g_ts, g_end), (pk, k_s, k_e), (pw, w_s, w_e), (pc, c_e, c_tail), (pp, p_s, p_e)]
+    parts, acc_g, acc_s, acc_e, prev = [], np.empty(0, np.int64), np.empty(0), np.empty(0), np.zeros(G)
+    for (g, i), a, b in sets:
+        acc_g, acc_s, acc_e = np.r_[acc_g, g], np.r_[acc_s, a[i]], np.r_[acc_e, b[i]]
+        mg_, ms_, me_ = _grouped_union(acc_g, acc_s, acc_e, S, ends)
+        cur = _group_sums(G, mg_, hw.idle_between(ms_, me_))
+        parts.append(np.maximum(cur - prev, 0.0))
+        prev = cur
+    parts.append(np.maximum(hw_idle - prev, 0.0))
+    sync_under, graph_i, comp_i, wait_i, sync_tail, launch_i, other_i = parts
+    sync_i = sync_under + sync_tail
+    own = w_tid[pw[1]] == step_tid[pw[0]]
+    og, os_, oe = _grouped_union(pw[0][own], w_s[pw[1][own]], w_e[pw[1][own]], S, ends)
+    wait_us = _group_sums(G, og, oe - os_)
+    if len(calls):
+        c_tid = calls["tid"].astype(str).to_numpy()
+        c_blocked = calls["blocked_us"].to_numpy()
+        g, i = pc
+        in_c = (c_tid[i] == step_tid[g]) & (c_s[i] >= S[g]) & (c_s[i] < ends[g])
+        blocked = _group_sums(G, g[in_c], c_blocked[i[in_c]])
+    else:
+        c_blocked, blocked = np.empty(0), np.zeros(G)
+    host_us = np.maximum(step_us - blocked - wait_us, 0.0)
+
+    def count_in(ts: np.ndarray) -> np.ndarray:
+        st = np.sort(ts)
+        return np.maximum(np.searchsorted(st, ends, side="left") - np.searchsorted(st, S, side="left"), 0)
+
+    n_eager, n_graph = count_in(e_ts), count_in(g_ts)
+    pg_, ps_, pe_ = _grouped_union(pp[0], p_s[pp[1]], p_e[pp[1]], S, ends)
+    paced_us = _group_sums(G, pg_, pe_ - ps_)
+    lg, li = _points(S, ends, l_ts)
+    fin = np.isfinite(lag[li])
+    dev_lag = _group_medians(G, lg[fin], lag[li[fin]])
+    top_c = _group_first_max(G, pc[0], c_blocked[pc[1]] if len(calls) else np.empty(0))
+    top_k = _group_first_max(G, pk[0], (k_e - k_s)[pk[1]])
+    top_w = _group_first_max(G, pw[0], (w_e - w_s)[pw[1]])
+    host_nodes = tree.nodes(t["host_row"].to_numpy(np.int64)) if tree.n else np.zeros(G, np.int64)
+    ordered_tree = bool(tree.n == 0 or (tree.end_us >= tree.start_us).all())
+
+    rows = []
+    for j, r in enumerate(t.itertuples(index=False)):
+        s, e, su, b = float(S[j]), float(ends[j]), float(step_us[j]), float(busy[j])
+        hu, ne, pu = float(host_us[j]), int(n_eager[j]), float(paced_us[j])
+        row = {"step": int(r.step), "interval_start_us": s, "interval_end_us": e, "step_us": su, "gpu_busy_us": b,
+               "gpu_busy_share": b / su if su > 0 else 0.0, "device_side_us": float(dev_side[j]),
+               "host_wait_idle_us": float(hw_idle[j]), "sync_idle_us": float(sync_i[j]),
+               "graph_launch_idle_us": float(graph_i[j]), "compile_idle_us": float(comp_i[j]),
+               "thread_wait_idle_us": float(wait_i[j]), "launch_idle_us": float(launch_i[j]),
+               "other_host_idle_us": float(other_i[j]),
+               "blocked_us": float(blocked[j]), "wait_us": float(wait_us[j]), "host_us": hu, "eager_launches": ne,
+               "graph_launches": int(n_graph[j]), "launch_paced_us": pu,
+               "launch_paced_share": pu / hu if hu > 0 else 0.0,
+               "host_us_per_launch": pu / ne if ne else float("nan"), "device_lag_us": float(dev_lag[j]),
+               "top_sync": c_label[int(pc[1][top_c[j]])] if top_c[j] >= 0 else "",
+               "top_compile": str(k_name[int(pk[1][top_k[j]])]) if top_k[j] >= 0 else "",
+               "top_wait": str(w_name[int(pw[1][top_w[j]])]) if top_w[j] >= 0 else "",
+               "top_host": _top_host(tree, hw, int(host_nodes[j]), s, e, float(other_i[j] + graph_i[j]),
+                                     ordered_tree)}
         row["verdict"] = _verdict(row)
         row["figure"] = _figure(row, compile_kind)
         rows.append(row)
@@ -299,17 +296,21 @@ def _interval_ends(t: pd.DataFrame) -> np.ndarray:
     return end
 
 
-def _top_host(tree, hw, host_row: int, s: float, e: float, target_us: float) -> str:
-    """The deepest host event on the step's thread inside [s, e] reached by following, from the step's own event,
-    the child with the most host-wait idle while that child holds at least half of ``target_us`` (the step's
-    other host idle); its frame name when it is a range (user_annotation, record_function label) or a Python frame
-    with a source file, else the deepest such frame above it; "" when no child holds that much."""
+def _top_host(tree, hw, node: int, s: float, e: float, target_us: float, ordered: bool = True) -> str:
+    """The deepest host event on the step's thread inside [s, e] reached by following, from the step's own event
+    (tree node ``node``), the child with the most host-wait idle while that child holds at least half of
+    ``target_us`` (the step's other host idle); its frame name when it is a range (user_annotation, record_function
+    label) or a Python frame with a source file, else the deepest such frame above it; "" when no child holds that
+    much. Nodes of a thread are sorted by start, so the candidates are the slice starting in [s, e + EPS]
+    (``ordered``: no node ends before it starts; else the thread's nodes from s on)."""
     if target_us <= 0 or tree.n == 0:
         return ""
-    node = int(tree.nodes(np.array([host_row]))[0])
     k = int(tree.thread[node])
     lo, hi = int(tree.thread_bounds[k]), int(tree.thread_bounds[k + 1])
-    inside = lo + np.flatnonzero((tree.start_us[lo:hi] >= s) & (tree.end_us[lo:hi] <= e + stacks.EPS_US))
+    st = tree.start_us[lo:hi]
+    a = lo + int(np.searchsorted(st, s, side="left"))
+    b = lo + int(np.searchsorted(st, e + stacks.EPS_US, side="right")) if ordered else hi
+    inside = a + np.flatnonzero(tree.end_us[a:b] <= e + stacks.EPS_US)
     inside = inside[inside != node]
     if not len(inside):
         return ""
@@ -435,3 +436,133 @@ def _overall(tab: pd.DataFrame, steps_table: pd.DataFrame, compile_kind) -> dict
         overall["with_outliers"] = {"steps": len(tab), "mean": num.mean().to_dict(),
                                     "verdict_counts": {str(k): int(v) for k, v in tab["verdict"].value_counts().items()}}
     return overall
+
+
+# ---------------------------------------------------------------- per-step set operations, all steps at once
+# Each helper below answers, for every step g with interval [lo[g], hi[g]], what the per-step loop of
+# :func:`step_verdicts` asked of one step; results are the same floats (sums run per step over that step's values in
+# the same order as ``ndarray.sum`` of one step's array, see :func:`_group_sums`).
+
+def _pairs(lo: np.ndarray, hi: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (step g, interval i) with a[i] < hi[g] and b[i] > lo[g] (the step's overlapping intervals), sorted by
+    (g, i). Shapes: lo, hi (G,); a, b (n,) µs -> (p,), (p,) int64.
+
+    Intervals no longer than ``cut`` (the 99th percentile of durations) are found by searchsorted: sorted by start,
+    a step's candidates start in (lo − cut, hi) and after the first one whose running maximal end passes lo; the few
+    longer ones are compared with every step.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    G, n = len(lo), len(a)
+    if G == 0 or n == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    dur = b - a
+    cut = float(np.quantile(dur, 0.99)) if n > 100 else float("inf")
+    short = np.flatnonzero(dur <= cut) if np.isfinite(cut) else np.arange(n)
+    long_ = np.flatnonzero(~(dur <= cut)) if np.isfinite(cut) else np.empty(0, np.int64)
+    gs, is_ = [], []
+    if len(short):
+        o = short[np.argsort(a[short], kind="stable")]
+        sa, sb = a[o], b[o]
+        cmax = np.maximum.accumulate(sb)
+        first = np.searchsorted(cmax, lo, side="right")
+        last = np.searchsorted(sa, hi, side="left")
+        cnt = np.maximum(last - first, 0)
+        g = np.repeat(np.arange(G, dtype=np.int64), cnt)
+        off = np.cumsum(cnt) - cnt
+        k = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(off, cnt) + np.repeat(first, cnt)
+        ok = (sb[k] > lo[g]) & (sa[k] < hi[g])
+        gs.append(g[ok])
+        is_.append(o[k[ok]])
+    for j in long_:  # few: each against every step
+        g = np.flatnonzero((a[j] < hi) & (b[j] > lo))
+        gs.append(g.astype(np.int64))
+        is_.append(np.full(len(g), j, dtype=np.int64))
+    g, i = np.concatenate(gs), np.concatenate(is_)
+    o = np.lexsort((i, g))
+    return g[o], i[o]
+
+
+def _points(lo: np.ndarray, hi: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (step g, point i) with lo[g] <= t[i] < hi[g], sorted by (g, i). Shapes: (G,), (G,), (n,) -> (p,), (p,)."""
+    t = np.asarray(t, dtype=np.float64)
+    o = np.argsort(t, kind="stable")
+    st = t[o]
+    first = np.searchsorted(st, lo, side="left")
+    cnt = np.maximum(np.searchsorted(st, hi, side="left") - first, 0)
+    g = np.repeat(np.arange(len(lo), dtype=np.int64), cnt)
+    off = np.cumsum(cnt) - cnt
+    k = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(off, cnt) + np.repeat(first, cnt)
+    i = o[k]
+    s = np.lexsort((i, g))
+    return g[s], i[s]
+
+
+def _group_sums(G: int, g: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(G,) float64: sum of x over each group, as ``x[g == k].sum()`` (numpy's pairwise order, per group; 0.0 for an
+    empty group). ``g`` sorted."""
+    out = np.zeros(G)
+    if not len(g):
+        return out
+    bounds = np.searchsorted(g, np.arange(G + 1))
+    for k in np.flatnonzero(bounds[1:] > bounds[:-1]):
+        out[k] = x[bounds[k]:bounds[k + 1]].sum()
+    return out
+
+
+def _group_first_max(G: int, g: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(G,) int64: for each group the position (into g / x) of its largest x, the first one on ties (as
+    ``np.argmax``; NaN counts as largest), -1 for an empty group. ``g`` sorted, positions in order within a group."""
+    out = np.full(G, -1, dtype=np.int64)
+    if not len(g):
+        return out
+    key = np.where(np.isnan(x), np.inf, x)
+    o = np.lexsort((np.arange(len(g)), -key, g))
+    head = np.r_[True, g[o][1:] != g[o][:-1]]
+    out[g[o][head]] = o[head]
+    return out
+
+
+def _grouped_union(g: np.ndarray, s: np.ndarray, e: np.ndarray, lo: np.ndarray,
+                   hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group, the union of intervals [s, e] clipped to [lo[g], hi[g]] as disjoint spans, as
+    :func:`.timeline.merge_intervals` gives it for one group (empty clipped intervals dropped): (group, start, end),
+    sorted by (group, start). The running maximal end restarts at each group: ends are ranked, and the maximum of
+    group·n + rank accumulates."""
+    s = np.maximum(s, lo[g])
+    e = np.minimum(e, hi[g])
+    ok = e > s
+    g, s, e = g[ok], s[ok], e[ok]
+    if not len(g):
+        return g, s, e
+    o = np.lexsort((s, g))
+    g, s, e = g[o], s[o], e[o]
+    n = len(g)
+    by_end = np.argsort(e, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_end] = np.arange(n, dtype=np.int64)
+    run = np.maximum.accumulate(g * n + rank) - g * n
+    run_end = e[by_end[run]]
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    new[1:] = (g[1:] != g[:-1]) | (s[1:] > run_end[:-1])
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, n - 1]
+    return g[first], s[first], run_end[last]
+
+
+def _group_medians(G: int, g: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(G,) float64: ``np.median`` of x over each group (NaN for an empty group); ``g`` sorted, x finite."""
+    out = np.full(G, np.nan)
+    if not len(g):
+        return out
+    o = np.lexsort((x, g))
+    gs, xs = g[o], x[o]
+    bounds = np.searchsorted(gs, np.arange(G + 1))
+    cnt = bounds[1:] - bounds[:-1]
+    has = cnt > 0
+    lo = bounds[:-1] + (cnt - 1) // 2
+    hi = bounds[:-1] + cnt // 2
+    lo, hi = lo[has], hi[has]
+    out[has] = np.where(lo == hi, xs[lo], (xs[lo] + xs[hi]) / 2.0)
+    return out

@@ -71,16 +71,16 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
     cpu_op whose name equals or contains ``site``. TraceError (one line) when nothing matches."""
     h = trace.host
     on = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
-        (h["rank"].to_numpy() == model.key[0]) & (h["tid"].astype(str).to_numpy() == model.tid)))
+        (h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)))
     # names matched once per distinct name (a trace has thousands of names over millions of events)
     uniq, inv = name_codes(trace)
     ann = trace.memo(("whatif_ann", model.key[0], model.tid), h,
-                     lambda: on & (h["cat"].to_numpy() == "user_annotation"))
+                     lambda: on & trace.host_str_eq("cat", "user_annotation"))
     exact = uniq == site
     m = ann & exact[inv]
     if not m.any():
         fr = trace.memo(("whatif_frames", model.key[0], model.tid), h,
-                        lambda: on & np.isin(h["cat"].to_numpy(), ("python_function", "cpu_op")))
+                        lambda: on & h["cat"].isin(("python_function", "cpu_op")).to_numpy())
         m = fr & (exact | (np.char.find(uniq, site) >= 0))[inv]
     if not m.any():
         raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
@@ -253,8 +253,8 @@ class Context:
         self.step_name = round_name
         if len(self.starts) >= 2:
             h = trace.host
-            m = ((h["cat"].to_numpy() == "user_annotation") & (h["name"].astype(str).to_numpy() == round_name)
-                 & (h["tid"].astype(str).to_numpy() == self.model.tid))
+            m = (trace.host_str_eq("cat", "user_annotation") & trace.host_str_eq("name", round_name)
+                 & trace.host_str_eq("tid", self.model.tid))
             self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
         else:
             # no verify rounds: the loop's steps (analyses/steps.py find_steps: ProfilerStep#N, an engine's step

@@ -64,6 +64,11 @@ def escape_json_controls(text: str) -> str:
 
 def to_jsonable(obj: Any) -> Any:
     """numpy/pandas scalars and containers -> plain JSON types (NaN/inf -> None); dict keys become strings."""
+    t = type(obj)
+    if t is str or t is int or obj is None:
+        return obj
+    if t is float:
+        return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

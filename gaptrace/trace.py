@@ -148,6 +148,39 @@ class Trace:
         self._memo[key] = (source, value)
         return value
 
+    def host_str(self, column: str) -> np.ndarray:
+        """``self.host[column].astype(str).to_numpy()`` ((n,) object array of str), computed once per column while
+        ``self.host`` is the same frame (:meth:`memo`) and read-only: analyses compare thread ids, names and
+        categories of millions of rows as strings many times."""
+        def build() -> np.ndarray:
+            out = self.host[column].astype(str).to_numpy()
+            out.flags.writeable = False
+            return out
+        return self.memo(("host_str", column), self.host, build)
+
+    def host_str_eq(self, column: str, value: str) -> np.ndarray:
+        """(n,) bool: ``self.host_str(column) == value``, from the column's categorical codes when it is one (the
+        categories whose string is ``value``; a missing value's string is "nan"), else from the strings."""
+        col = self.host[column]
+        if not isinstance(col.dtype, pd.CategoricalDtype):
+            return self.host_str(column) == value
+        cats = np.asarray(col.cat.categories.astype(str), dtype=object)
+        hit = np.flatnonzero(cats == value)
+        codes = col.cat.codes.to_numpy()
+        if value == "nan":
+            hit = np.r_[hit, -1]
+        if len(hit) == 1:
+            return codes == hit[0]
+        return np.isin(codes, hit)
+
+    def device_str(self, column: str) -> np.ndarray:
+        """:meth:`host_str` of ``self.device``: ``self.device[column].astype(str).to_numpy()``, memoised, read-only."""
+        def build() -> np.ndarray:
+            out = self.device[column].astype(str).to_numpy()
+            out.flags.writeable = False
+            return out
+        return self.memo(("device_str", column), self.device, build)
+
     @property
     def device_ids(self) -> list[tuple[int, int]]:
         """Sorted (rank, device) pairs that have device activity (a new list each call; computed once per
