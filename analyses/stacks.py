@@ -168,6 +168,9 @@ class HostTree:
         return _partial(self.start_us, self.end_us, self.parent, self.open_top)
 
 
+COMPILED_MIN_NODES = 500_000  # from here on the compiled walk (numba is then imported anyway by the loader)
+
+
 def _prev_reaching(end: np.ndarray, first: np.ndarray, lo: np.ndarray, hi: np.ndarray | None,
                    seed: np.ndarray | None = None) -> np.ndarray:
     """For every i: the largest j < i on the same thread with ``end[j] > lo[i]`` and ``end[j] >= hi[i]``, or -1.
@@ -181,6 +184,15 @@ def _prev_reaching(end: np.ndarray, first: np.ndarray, lo: np.ndarray, hi: np.nd
     n = len(end)
     cand = np.arange(n, dtype=np.int64) - 1 if seed is None else seed.astype(np.int64, copy=True)
     cand[cand < first] = -1
+    if n >= COMPILED_MIN_NODES and bool((cand < np.arange(n)).all()):
+        # the same jumps one node after the other, each from its candidate's final answer (which the invariant
+        # allows): no round of numpy calls per jump, for the big traces whose load has compiled code anyway
+        from ._compiled import prev_reaching_walk
+
+        lo = np.ascontiguousarray(lo, dtype=np.float64)
+        hi_ = lo if hi is None else np.ascontiguousarray(hi, dtype=np.float64)
+        prev_reaching_walk(np.ascontiguousarray(end, dtype=np.float64), lo, hi_, hi is not None, cand)
+        return cand
     active = np.flatnonzero(cand >= 0)
     while len(active):
         c = cand[active]
