@@ -516,6 +516,7 @@ def _group_first_max(G: int, g: np.ndarray, x: np.ndarray) -> np.ndarray:
     out = np.full(G, -1, dtype=np.int64)
     if not len(g):
         return out
+    x = np.asarray(x, dtype=np.float64)  # an object column (blocked time where the split may be unavailable)
     key = np.where(np.isnan(x), np.inf, x)
     o = np.lexsort((np.arange(len(g)), -key, g))
     head = np.r_[True, g[o][1:] != g[o][:-1]]
