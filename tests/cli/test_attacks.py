@@ -24,10 +24,13 @@ BY_FUNC = {a.build.__name__: a for a in A.ATTACKS}
 @pytest.fixture(scope="module", autouse=True)
 def scanner_compiled():
     """The attacks time the CLI on inputs big enough for the compiled scanner; its one-off compile on a machine
-    whose numba cache is empty (about a minute, DESIGN.md 2.11) is paid here first, not inside an attack's bound."""
-    from gaptrace.eventscan import warm_up
+    whose numba cache is empty (about a minute, DESIGN.md 2.11) is paid here first, not inside an attack's bound.
+    In a process of its own: the compile's memory would otherwise stay in this one, and a forked child's peak RSS
+    (``ru_maxrss``, which the attacks bound) starts from its parent's."""
+    import subprocess
 
-    warm_up()
+    subprocess.run([sys.executable, "-c", "from gaptrace.eventscan import warm_up; warm_up()"], check=True,
+                   cwd=ROOT, timeout=600)
 
 
 def _run(tmp_path, func: str, scale: float, time_limit_s: float) -> A.Outcome:
