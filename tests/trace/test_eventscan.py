@@ -92,23 +92,6 @@ def test_scanner_threads_give_the_serial_columns():
     assert_same_raw(raw, reference_raw(PROBE))
 
 
-def test_a_dying_scanner_thread_changes_nothing_but_the_speed():
-    from gaptrace.decodepool import DecodePool
-    from gaptrace.eventcols import ColumnSink
-    from gaptrace.jsonstream import DocumentReader
-
-    sink = ColumnSink(scan=True)
-    pool = DecodePool(2, 3 << 16, sink.symbols)
-    try:
-        pool.kill_one_for_tests()
-        sink.start_rank(0)
-        DocumentReader(PROBE, sink, 1 << 16, pool).read()
-        assert not pool.usable
-    finally:
-        pool.close()
-    assert_same_raw(sink.finish(), reference_raw(PROBE))
-
-
 @pytest.mark.parametrize("workers,chunk", [(0, 1 << 12), (2, 1 << 14)])
 def test_odd_values_match_reference_with_the_scanner(tmp_path, workers, chunk):
     events = odd_events(PROBE)

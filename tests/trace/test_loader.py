@@ -402,12 +402,13 @@ def test_raw_strings_table_is_interned_once():
     assert len(set(raw.symbols)) == len(raw.symbols)
 
 
-def test_a_dying_worker_changes_nothing_but_the_speed():
+@pytest.mark.parametrize("scan", [False, True], ids=["processes", "scanner threads"])
+def test_a_dying_worker_changes_nothing_but_the_speed(scan):
     from gaptrace.decodepool import DecodePool
     from gaptrace.eventcols import ColumnSink
     from gaptrace.jsonstream import DocumentReader
 
-    sink = ColumnSink()
+    sink = ColumnSink(scan=scan)
     pool = DecodePool(2, 3 << 16, sink.symbols)
     try:
         pool.kill_one_for_tests()
