@@ -68,7 +68,9 @@ class ReplayModel:
     ``graph_nodes`` (N for graph launches, else 0).
     Device items, (I,) arrays in launch order: ``item_call`` (index into the chain), ``item_stream``,
     ``item_dur_us``, ``item_gap_us`` (q_i), ``item_lat_us`` (λ, or f for graph launches), ``item_after_end`` (True: l = S + f·(E − S),
-    graph launches; False: l = S + λ), ``item_prior`` (launched before the trace: l = its measured start),
+    graph launches; False: l = S + λ), ``item_prior`` (not tied to a call of the chain: launched before the trace or by another thread; l = its
+    measured start), ``item_pos`` (the chain position items are ordered by: the launch call, or for a prior item the
+    last call that started at or before its measured start, −1 before every call; non-decreasing),
     ``item_busy_us`` (Σ of its ops' durations), ``item_start_us`` / ``item_end_us`` (measured).
     Device ops, (n,) arrays: ``op_row`` (position in ``trace.device``), ``op_item``, ``op_offset_us`` (start minus
     its item's start), ``op_start_us`` (measured).
@@ -96,6 +98,7 @@ class ReplayModel:
     item_lat_us: np.ndarray
     item_after_end: np.ndarray
     item_prior: np.ndarray
+    item_pos: np.ndarray
     item_busy_us: np.ndarray
     item_start_us: np.ndarray
     item_end_us: np.ndarray
@@ -215,8 +218,10 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     oend = d["end_us"].to_numpy()[op_rows] - t0
     ostream = d["stream"].to_numpy()[op_rows]
     ocorr = dcorr
-    o = np.lexsort((ots, ocorr, op_call))
-    op_rows, op_call, ots, oend, ostream, ocorr = (a[o] for a in (op_rows, op_call, ots, oend, ostream, ocorr))
+    op_pos = _untied_positions(op_call, linked, ots, ostream, s)
+    o = np.lexsort((ots, ocorr, linked, op_pos))
+    op_rows, op_call, op_pos, ots, oend, ostream, ocorr = (a[o] for a in (op_rows, op_call, op_pos, ots, oend,
+                                                                            ostream, ocorr))
     # the string columns indexed once, already in that order
     okind, omk, ohm = (trace.device_str(c)[op_rows] for c in ("kind", "memcpy_kind", "host_memory"))
     is_graph_call = _names_in(names, GRAPH_LAUNCH_NAMES)
@@ -225,11 +230,13 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     g_op = np.where(prior, True, is_graph_call[np.maximum(op_call, 0)])
     new_item = np.ones(len(op_rows), dtype=bool)
     if len(op_rows) > 1:
-        new_item[1:] = ~(g_op[1:] & (op_call[1:] == op_call[:-1]) & (ocorr[1:] == ocorr[:-1]) & (ocorr[1:] >= 0))
+        new_item[1:] = ~(g_op[1:] & (op_call[1:] == op_call[:-1]) & (op_pos[1:] == op_pos[:-1])
+                         & (ocorr[1:] == ocorr[:-1]) & (ocorr[1:] >= 0))
     op_item = np.cumsum(new_item) - 1
     I = int(op_item[-1]) + 1 if len(op_item) else 0
     first = np.flatnonzero(new_item)
     item_call = op_call[first]
+    item_pos = op_pos[first]
     item_stream = ostream[first]
     item_start = ots[first]
     item_end = np.full(I, -np.inf)
@@ -286,8 +293,8 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     lat = np.where(item_prior, item_start, lat)
 
     # blocking calls and what each one waits for
-    nitem_before = np.searchsorted(item_call, np.arange(K), side="left")  # items launched by calls < k
-    nitem_through = np.searchsorted(item_call, np.arange(K), side="right")  # items launched by calls <= k
+    nitem_before = np.searchsorted(item_pos, np.arange(K), side="left")  # items launched by calls < k
+    nitem_through = np.searchsorted(item_pos, np.arange(K), side="right")  # items launched by calls <= k
     blocking = _match_names(names, SYNC_NAMES)
     await_items = np.where(blocking, nitem_before, 0)
     # copies: by the kind of the copy they launched
@@ -336,7 +343,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
         trace_path=trace.path, key=key, tid=tid, t0_us=t0, call_row=rows, call_name=names, call_start_us=s,
         call_end_us=e, work_us=work, cost_us=cost, blocking=blocking, await_items=await_items.astype(np.int64),
         graph_nodes=gnodes, item_call=item_call, item_stream=item_stream, item_dur_us=item_dur,
-        item_gap_us=item_gap, item_lat_us=lat, item_after_end=after_end, item_prior=item_prior,
+        item_gap_us=item_gap, item_lat_us=lat, item_after_end=after_end, item_prior=item_prior, item_pos=item_pos,
         item_busy_us=np.bincount(op_item, weights=oend - ots, minlength=I) if I else np.zeros(0), item_start_us=item_start,
         item_end_us=item_end, op_row=op_rows, op_item=op_item, op_offset_us=op_offset, op_start_us=ots,
         latency_us=latency, warnings=warnings)
@@ -373,6 +380,32 @@ def _stream_scan(l: np.ndarray, u: np.ndarray, d: np.ndarray, carry: float) -> n
     U = np.cumsum(u)
     x = np.maximum.accumulate(l + d - U)
     return U + np.maximum(carry, x)
+
+
+def _untied_positions(op_call: np.ndarray, linked: np.ndarray, ots: np.ndarray, ostream: np.ndarray,
+                      call_start: np.ndarray) -> np.ndarray:
+    """(n,) int64 chain position each device op is ordered by: its launch call when ``linked``; an op tied to no
+    call takes the position of the first tied op on its stream that started after it (measured), sorted before
+    it, so each stream keeps its measured order (a trace of two capture windows, another thread's launches: not
+    ahead of every tied op); with no tied op after it on its stream, the last call that started at or before it
+    (−1: before every call). ``ots`` and ``call_start`` on one clock."""
+    pos = np.where(linked, op_call, np.searchsorted(call_start, ots, side="right") - 1).astype(np.int64)
+    untied = ~linked
+    if not untied.any():
+        return pos
+    for st in np.unique(ostream[untied]):
+        tied = np.flatnonzero(linked & (ostream == st))
+        if not len(tied):
+            continue
+        o = np.argsort(ots[tied], kind="stable")
+        t_sorted = ots[tied][o]
+        # the smallest position among the tied ops that start at or after each time (a suffix minimum)
+        suffix_min = np.minimum.accumulate(op_call[tied][o][::-1])[::-1]
+        u = np.flatnonzero(untied & (ostream == st))
+        j = np.searchsorted(t_sorted, ots[u], side="left")
+        has = j < len(tied)
+        pos[u[has]] = suffix_min[j[has]]
+    return pos
 
 
 def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.ndarray | None = None,
@@ -419,7 +452,7 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
         if kb < K:
             S[kb] = t + work[kb]
         # items launched by calls up to kb (the waiting call's own copy included: its l uses S[kb])
-        hi = int(np.searchsorted(model.item_call, kb, side="right")) if kb < K else I
+        hi = int(np.searchsorted(model.item_pos, kb, side="right")) if kb < K else I
         need = int(model.await_items[kb]) if kb < K else I
         hi = max(hi if kb < K else I, pm_done)
         if hi > pm_done:
@@ -430,7 +463,11 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
             cs = S[cc]
             ce = np.where(c < kb, E[np.minimum(cc, max(kb - 1, 0))], cs) if kb < K else E[cc]
             l = np.where(model.item_after_end[sl], cs + lat * (ce - cs), cs + lat)
-            l = np.where(c < 0, lat, l)  # work launched before the trace: its measured start
+            # work tied to no call: its measured start, moved as the replayed chain around it moved (the shift of
+            # the call at its chain position; before every call: the measured start itself)
+            pp = model.item_pos[sl]
+            l_prior = np.where(pp >= 0, S[np.maximum(pp, 0)] - model.call_start_us[np.maximum(pp, 0)] + lat, lat)
+            l = np.where(model.item_prior[sl], l_prior, l)
             u = gaps[sl] + dur[sl]
             if single:
                 st = int(model.item_stream[pm_done]) if I else 0

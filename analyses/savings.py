@@ -251,6 +251,16 @@ def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) 
     return memo[site]
 
 
+def _overlap_us(gs: np.ndarray, ge: np.ndarray, us: np.ndarray, ue: np.ndarray) -> float:
+    """µs of the intervals [gs, ge) inside the merged, sorted intervals [us, ue) (both (n,) µs, one clock)."""
+    inside = 0.0
+    for a, b in zip(gs, ge):
+        j0, j1 = np.searchsorted(ue, a, side="right"), np.searchsorted(us, b, side="left")
+        if j1 > j0:
+            inside += float((np.minimum(ue[j0:j1], b) - np.maximum(us[j0:j1], a)).clip(min=0).sum())
+    return inside
+
+
 def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo: dict | None = None,
                      body: list | None = None, base: float | None = None) -> None:
     """A cause whose host intervals cover more than ENCLOSING_SHARE of the rounds' window and hold another
@@ -285,12 +295,11 @@ def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo:
             total = float((ge - gs).sum())
             if total <= 0:
                 continue
-            inside = 0.0
-            for a, b in zip(gs, ge):  # overlap of [a, b] with the merged intervals of f
-                j0, j1 = np.searchsorted(ue, a, side="right"), np.searchsorted(us, b, side="left")
-                if j1 > j0:
-                    inside += float((np.minimum(ue[j0:j1], b) - np.maximum(us[j0:j1], a)).clip(min=0).sum())
-            if inside >= 0.9 * total:
+            inside = _overlap_us(gs, ge, us, ue)
+            # two causes that hold each other (a range around one blocking call and that call) are one window named
+            # twice: neither is the loop body around the other
+            mutual = _overlap_us(us, ue, gs, ge) >= 0.9 * float((ue - us).sum())
+            if inside >= 0.9 * total and not mutual:
                 for k in ("saving_us", "one_off_saving_us", "saving_share", "saving_with_device_us",
                           "device_items_per_round", "saving_with_device_share"):
                     f[k] = None

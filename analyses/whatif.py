@@ -162,6 +162,26 @@ class WhatIf:
         return self.data
 
 
+def device_round_busy_us(model: ReplayModel, res: ReplayResult, starts_us: np.ndarray) -> np.ndarray:
+    """(len(starts_us) − 1,) µs: for each round [starts_us[r], starts_us[r+1]) (trace clock), the replayed device
+    busy time of the items launched by calls that start in it, summed per stream, on its busiest stream. A round
+    cannot repeat faster than this in steady state: once a change lets the host run ahead of the device (a blocking
+    read removed from a GPU-bound loop), a finite replay's host round starts outrun the device, and the period is
+    the device's (DESIGN.md 5.5). An item's busy time is its ops' durations, 0 when a change dropped it."""
+    r = len(starts_us) - 1
+    if r <= 0 or not len(model.item_call):
+        return np.zeros(max(r, 0))
+    # launch time relative to t0_us, as the calls are; an item tied to no call: its measured start
+    launch = np.where(model.item_call >= 0, model.call_start_us[np.maximum(model.item_call, 0)], model.item_start_us)
+    rnd = np.searchsorted(np.asarray(starts_us, dtype=np.float64) - model.t0_us, launch, side="right") - 1
+    busy = np.minimum(model.item_busy_us, np.maximum(res.item_end_us - res.item_start_us, 0.0))
+    ok = (rnd >= 0) & (rnd < r)
+    streams, sidx = np.unique(model.item_stream[ok], return_inverse=True)
+    per = np.zeros((r, max(len(streams), 1)))
+    np.add.at(per, (rnd[ok], sidx), busy[ok])
+    return per.max(axis=1)
+
+
 def _occupancy(model: ReplayModel, res: ReplayResult, t0: float, t1: float) -> float:
     """Device busy share of [t0, t1] (replayed, µs relative to t0_us): Σ clipped item busy time / (t1 − t0);
     the graph nodes of one launch run one after another on their stream, so an item's busy time is the sum of its
@@ -296,7 +316,10 @@ class Context:
                                     f"{SCALE_BOUNDS[1]:g}]: kept at {self.scale:g}")
 
     def periods(self, res: ReplayResult) -> np.ndarray:
-        return np.diff(host_time_map(self.model, res, self.starts))
+        """(rounds,) replayed round periods, µs: the host's round-start intervals, each at least the round's device
+        work on its busiest stream (:func:`device_round_busy_us`; DESIGN.md 5.5)."""
+        host = np.diff(host_time_map(self.model, res, self.starts))
+        return np.maximum(host, device_round_busy_us(self.model, res, self.starts))
 
     def run(self, changes: Iterable[Change]) -> ReplayResult:
         changes = list(changes)
@@ -367,8 +390,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "fitted_to_unprofiled": ctx.fitted,
         "unfitted_round_us": ctx.unfitted_round_us,
         "unfitted_error": (ctx.unfitted_round_us - unp) / unp if unp else None,
-        "occupancy_before": _occupancy(ctx.model, ctx.base, rs_b[0], rs_b[-1]),
-        "occupancy_after": _occupancy(ctx.model, after, rs_a[0], rs_a[-1]),
+        "occupancy_before": _occupancy(ctx.model, ctx.base, rs_b[0], rs_b[0] + float(p_before.sum())),
+        "occupancy_after": _occupancy(ctx.model, after, rs_a[0], rs_a[0] + float(p_after.sum())),
         "tau": tau,
         "tpot_before_us": med_b / tau if tau else None,
         "tpot_after_us": med_a / tau if tau else None,

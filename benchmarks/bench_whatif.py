@@ -94,7 +94,10 @@ def loop_pairs() -> list[dict]:
         pl = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.planted.m*.json")))]
         fx = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.fixed.m*.json")))]
         trace = os.path.join(LOOPS_DIR, f"{loop}.planted.trace.json.gz")
+        pr = json.load(open(pp, encoding="utf-8")).get("paired")
         out.append({"pair": f"loop {loop}", "site": None, "traces": [trace],
+                    "paired_saving_ms": pr["saving_ms"] if pr else None,
+                    "paired_range_ms": tuple(pr["saving_range_ms"]) if pr else None,
                     "measured_period_ms": [float(np.median(pl))],
                     "same_process_ms": [sidecar_period_ms(trace, "unprofiled_step_ms")],
                     "measured_saving_ms": float(np.median(pl) - np.median(fx)),
@@ -154,7 +157,10 @@ def judge(pair: dict, pred: dict) -> dict:
     includes0 = lo <= 0 <= hi
     wd = pred["with_device_saving_ms"]
     ok_with_device = abs(wd - ms) <= max(SAVING_GOAL * abs(ms), SAVING_FLOOR_US / 1e3)
-    return {"ok_with_device": ok_with_device, "with_device_err_ms": wd - ms,"period_err": perr, "same_err": serr, "saving_err_ms": err_ms,
+    pm = pair.get("paired_saving_ms")
+    ok_paired = None if pm is None else abs(ps - pm) <= max(SAVING_GOAL * abs(pm), SAVING_FLOOR_US / 1e3)
+    paired0 = pm is not None and pair["paired_range_ms"][0] <= 0 <= pair["paired_range_ms"][1]
+    return {"ok_paired": ok_paired, "paired_includes0": paired0, "ok_with_device": ok_with_device, "with_device_err_ms": wd - ms,"period_err": perr, "same_err": serr, "saving_err_ms": err_ms,
             "saving_err_rel": err_ms / ms if ms else math.nan, "ok_saving": ok_saving,
             "ok_period": all(abs(e) <= PERIOD_GOAL for e in (serr or perr)), "includes0": includes0,
             "in_range": lo <= ps <= hi, "sign_ok": includes0 or (ps > 0) == (ms > 0)}
@@ -168,9 +174,10 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
            f"{cal.device_op_us:.2f} µs", "",
            "| pair | removed | steps | measured period ms | same-process ms | predicted ms | error % (vs same process) "
            "| measured saving ms [range] | predicted saving ms (scale α) | error | unfitted saving ms "
-           "| with its device work ms (error) | within goal? |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| with its device work ms (error) | within goal? | paired saving ms [range] (error): within goal? |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     n_p = n_s = n_s_test = n_wd = 0
+    n_pair = n_pair_ok = 0
     for pair, pred, j in rows:
         lo, hi = pair["saving_range_ms"]
         same = [s for s in pair["same_process_ms"] if s is not None]
@@ -184,19 +191,30 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
             n_s += j["ok_saving"]
             n_wd += j["ok_saving"] or j["ok_with_device"]
         verdict = ("period yes" if j["ok_period"] else "period no") + "; saving " + verdict
+        pm = pair.get("paired_saving_ms")
+        if pm is None:
+            pcell = "-"
+        else:
+            plo, phi = pair["paired_range_ms"]
+            n_pair += 1
+            n_pair_ok += bool(j["ok_paired"])
+            pcell = (f"{pm:.3f} [{plo:.3f}, {phi:.3f}] ({(pred['saving_ms'] - pm) * 1e3:+.0f} µs): "
+                     + ("yes" if j["ok_paired"] else "no") + ("; range includes 0" if j["paired_includes0"] else ""))
         alpha = "/".join("unfitted" if a is None else f"α {a:.2f}" for a in pred["scales"])
         n_p += j["ok_period"]
         out.append(f"| {pair['pair']} | `{pair['site_used']}` | {pred['rule']} | {fmt(pair['measured_period_ms'])} | "
                    f"{fmt(same) if same else '-'} | {fmt(pred['periods_ms'])} | {err} | "
                    f"{pair['measured_saving_ms']:.3f} [{lo:.3f}, {hi:.3f}] | {pred['saving_ms']:.3f} ({alpha}) | "
                    f"{j['saving_err_ms'] * 1e3:+.0f} µs{rel} | {pred['unfitted_saving_ms']:.3f} | "
-                   f"{pred['with_device_saving_ms']:.3f} ({j['with_device_err_ms'] * 1e3:+.0f} µs) | {verdict} |")
+                   f"{pred['with_device_saving_ms']:.3f} ({j['with_device_err_ms'] * 1e3:+.0f} µs) | {verdict} | {pcell} |")
     out += ["", f"Summary: period within {PERIOD_GOAL:.0%} on {n_p} of {len(rows)} pairs (against the same process's "
             f"unprofiled periods where the capture has them); saving within {SAVING_GOAL:.0%} or "
             f"{SAVING_FLOOR_US:.0f} µs on {n_s} of {n_s_test} pairs whose measured range excludes 0 "
             f"({len(rows) - n_s_test} pairs' measured range includes 0), on {n_wd} of them by the saving or by the "
             f"saving with the cause's device work too; right sign on "
-            f"{sum(j['sign_ok'] for _, _, j in rows)} of {len(rows)}."]
+            f"{sum(j['sign_ok'] for _, _, j in rows)} of {len(rows)}."
+            + (f" Against the paired saving (both variants measured in the capture's own process): within the goal "
+               f"on {n_pair_ok} of {n_pair} loops." if n_pair else "")]
     return "\n".join(out)
 
 

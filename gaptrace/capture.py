@@ -8,8 +8,9 @@ This module is the torch side of the sidecar only: it writes it; :mod:`gaptrace.
             run_one_step(batch)
             cap.step()
 
-The profiler is armed only after ``warmup_steps`` unprofiled steps (graph capture, compile and allocator warm-up
-stay out of the trace) and one discarded profiler warm-up step; then ``active_steps`` steps are recorded with Python
+The profiler is entered only after ``warmup_steps`` unprofiled steps (graph capture, compile and allocator warm-up
+stay out of the trace, and no warm-up step pays an entered profiler's per-step cost) and one discarded profiler
+warm-up step; then ``active_steps`` steps are recorded with Python
 stacks (``with_stack=True``) and, where the installed torch supports it, CUDA sync events
 (``_ExperimentalConfig(enable_cuda_sync_events=True)``). The unprofiled step periods (wall time from one ``step()``
 to the next, no device sync added) are kept in the sidecar (``unprofiled_step_ms``, every warm-up step but the first,
@@ -129,30 +130,44 @@ class Capture:
         self._t_last: float | None = None
         self._prof = None
         self._failed = False
+        self._entered = False
+        self._exited = False
 
     def __enter__(self) -> "Capture":
-        import torch.profiler as tp
-
-        sched = tp.schedule(wait=self.warmup_steps, warmup=1, active=self.active_steps, repeat=1)
-        self._prof = tp.profile(schedule=sched, on_trace_ready=self._ready, **profiler_kwargs(self.with_stack))
-        self._prof.__enter__()
+        self._entered = True
+        if self.warmup_steps == 0:
+            self._start_profiler()
         self._t_last = time.perf_counter()
         return self
 
+    def _start_profiler(self) -> None:
+        # The profiler is entered only after the warm-up steps: under an entered torch.profiler (its schedule's
+        # wait phase) every step pays profile.step()'s Python, so the warm-up periods would not be unprofiled ones
+        # (docs/DESIGN.md "Fitted to the capture's own unprofiled rounds").
+        import torch.profiler as tp
+
+        sched = tp.schedule(wait=0, warmup=1, active=self.active_steps, repeat=1)
+        self._prof = tp.profile(schedule=sched, on_trace_ready=self._ready, **profiler_kwargs(self.with_stack))
+        self._prof.__enter__()
+
     def step(self) -> None:
         """Mark the end of one step (advances the profiler schedule; records the step's wall time)."""
-        if self.done or self._prof is None:
+        if self.done or not self._entered or self._exited:
             return
         now = time.perf_counter()
         dt_ms = (now - self._t_last) * 1e3 if self._t_last is not None else float("nan")
-        self._t_last = now
         if self._n < self.warmup_steps:
             if self._n > 0:  # the first step includes whatever ran before the loop
                 self.unprofiled_step_ms.append(dt_ms)
         elif self._n > self.warmup_steps:
             self.profiled_step_ms.append(dt_ms)
+        self._t_last = now
         self._n += 1
-        self._prof.step()
+        if self._prof is not None:
+            self._prof.step()
+        elif self._n == self.warmup_steps:
+            self._start_profiler()  # the next step is the profiler's warm-up step
+            self._t_last = time.perf_counter()  # the profiler's own start is no step's time
 
     def _ready(self, prof: Any) -> None:
         # torch also calls this when the profiler stops early (context exit): write only a complete capture
@@ -192,6 +207,7 @@ class Capture:
         }
 
     def __exit__(self, *exc: Any) -> None:
+        self._exited = True
         prof, self._prof = self._prof, None
         if prof is not None:
             prof.__exit__(*exc)

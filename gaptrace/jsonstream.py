@@ -446,6 +446,8 @@ class DocumentReader:
             start = self.pos
         try:
             value = json.loads(bytes(self.buf[start:end]))
+        except json.JSONDecodeError as e:
+            raise self._not_json(e.msg, start + e.pos) from None
         except (ValueError, UnicodeDecodeError) as e:
             raise self._not_json(str(e).split(":")[0], start) from None
         except RecursionError:
@@ -628,6 +630,10 @@ class DocumentReader:
     def _decode_generic(self, s: int, end: int) -> None:
         try:
             events = json.loads(b"[" + bytes(self.buf[s:end]) + b"]")
+        except json.JSONDecodeError as e:
+            # e's line, column and char are of this piece: name the file's byte instead (the piece is buf[s:end]
+            # behind one added '[')
+            raise self._not_json(f"in traceEvents: {e.msg}", s + max(e.pos - 1, 0)) from None
         except (ValueError, UnicodeDecodeError) as e:
             raise self._not_json(f"in traceEvents: {e}", s) from None
         except RecursionError:

@@ -70,9 +70,9 @@ def _env(device) -> dict:
             "python": sys.version.split()[0]}
 
 
-def measure(loop, device, warmup: int, steps: int) -> dict:
-    """Warm ``loop`` up for ``warmup`` steps, then time ``steps`` steps (see the module docstring). Periods in ms."""
-    loop.run(warmup, lambda: None)
+def timed_steps(loop, steps: int) -> tuple[list[float], float]:
+    """Run ``steps`` steps of ``loop``, the device synchronized before the first and after the last; returns the
+    step-start intervals (ms, ``steps - 1`` of them) and the synchronized wall time per step (ms)."""
     loop.sync()
     ts: list[float] = []
     t0 = time.perf_counter()
@@ -80,13 +80,39 @@ def measure(loop, device, warmup: int, steps: int) -> dict:
     loop.sync()
     t1 = time.perf_counter()
     starts = ts[:steps]
-    periods = [(b - a) * 1e3 for a, b in zip(starts, starts[1:])]
+    return [(b - a) * 1e3 for a, b in zip(starts, starts[1:])], (t1 - t0) * 1e3 / steps
+
+
+def measure(loop, device, warmup: int, steps: int) -> dict:
+    """Warm ``loop`` up for ``warmup`` steps, then time ``steps`` steps (see the module docstring). Periods in ms."""
+    loop.run(warmup, lambda: None)
+    periods, wall_ms = timed_steps(loop, steps)
     steady = periods[int(len(periods) * SKIP_FRACTION):] or periods
     q = statistics.quantiles(steady, n=10) if len(steady) >= 2 else [steady[0]] * 9
     return {"steps": steps, "warmup": warmup, "skip_fraction": SKIP_FRACTION,
             "median_period_ms": statistics.median(steady), "mean_period_ms": statistics.fmean(steady),
-            "p10_period_ms": q[0], "p90_period_ms": q[-1], "wall_period_ms": (t1 - t0) * 1e3 / steps,
+            "p10_period_ms": q[0], "p90_period_ms": q[-1], "wall_period_ms": wall_ms,
             "step_periods_ms": [round(p, 5) for p in periods]}
+
+
+def paired(loops: dict, blocks: int, steps: int) -> dict:
+    """Both variants' unprofiled step periods measured in one process: ``blocks`` rounds, each a block of ``steps``
+    steps of every variant, the variants' order alternating round by round (planted first in even rounds). A block's
+    figure is the median of its step-start intervals after the first ``skip_fraction`` of them; the saving of round
+    b is planted_b − fixed_b, and the pair's paired saving is the median over rounds, its range the min and max.
+    Pairing in one process removes the process-to-process spread of a host-bound loop's period from the
+    difference (both variants run on the same interpreter, allocator, CPU core and clocks). ``loops``: variant →
+    loop, both warmed up. Periods in ms."""
+    out = {v: [] for v in loops}
+    for b in range(blocks):
+        for v in (("planted", "fixed") if b % 2 == 0 else ("fixed", "planted")):
+            periods, _ = timed_steps(loops[v], steps)
+            out[v].append(statistics.median(periods[int(len(periods) * SKIP_FRACTION):] or periods))
+    diff = [p - f for p, f in zip(out["planted"], out["fixed"])]
+    return {"blocks": blocks, "block_steps": steps, "skip_fraction": SKIP_FRACTION,
+            "block_median_ms": out, "saving_per_block_ms": diff,
+            "saving_ms": statistics.median(diff), "saving_range_ms": [min(diff), max(diff)],
+            "median_ms": {v: statistics.median(x) for v, x in out.items()}}
 
 
 def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict) -> dict:
@@ -176,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--active", type=int, default=8, help="profiled steps (capture)")
     ap.add_argument("--out", required=True, help="the measurement JSON (measure) or the .json.gz trace (capture)")
     ap.add_argument("--info", help="capture: also write what was captured to this JSON file")
+    ap.add_argument("--paired-blocks", type=int, default=0,
+                    help="capture: first measure both variants in this process, this many rounds of blocks (0: no)")
+    ap.add_argument("--paired-steps", type=int, default=30, help="capture: steps per paired block (default 30)")
+    ap.add_argument("--paired-out", help="capture: write the paired measurement to this JSON file")
     ap.add_argument("--size", action="append", default=[], metavar="KEY=VALUE",
                     help="override one entry of the loop's size preset for this device (repeatable)")
     a = ap.parse_args(argv)
@@ -188,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(e))
     if a.warmup < 1 or a.steps < 3 or a.active < 1:
         ap.error("--warmup must be >= 1, --steps >= 3, --active >= 1")
+    if a.paired_blocks < 0 or a.paired_steps < 3 or (a.paired_blocks and (a.mode != "capture" or not a.paired_out)):
+        ap.error("--paired-blocks >= 0 needs capture mode and --paired-out; --paired-steps >= 3")
     if a.mode == "capture" and not a.out.endswith(".json.gz"):
         ap.error(f"--out {a.out}: a capture is written as .json.gz")
     if device.type == "cpu":
@@ -207,6 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             loop.run(a.warmup, lambda: None)  # as the measurement does; the capture's own wait steps follow
             loop.sync()
+            if a.paired_blocks:
+                other = "fixed" if a.variant == "planted" else "planted"
+                twin = mod.build(other, device, size)
+                try:
+                    twin.run(a.warmup, lambda: None)
+                    pr = paired({a.variant: loop, other: twin}, a.paired_blocks, a.paired_steps)
+                finally:
+                    if hasattr(twin, "close"):
+                        twin.close()
+                _write_json(a.paired_out, {**head, "trace": os.path.basename(a.out), **pr})
+                loop.run(a.warmup, lambda: None)  # the captured variant warm again after its twin ran
+                loop.sync()
             res = {**head, **capture(mod, loop, a.out, a.warmup, a.active,
                                      {"loop": a.loop, "variant": a.variant, "device": a.device})}
             if a.info:

@@ -120,6 +120,13 @@ def summarize_loop(loop: str, out: str) -> dict:
         res["separated"] = p["spread"]["min_ms"] > f["spread"]["max_ms"]  # every planted process slower
         res["saving_range_ms"] = [p["spread"]["min_ms"] - f["spread"]["max_ms"],
                                   p["spread"]["max_ms"] - f["spread"]["min_ms"]]
+    pp = os.path.join(out, f"{loop}.paired.json")
+    if os.path.exists(pp):  # both variants measured in the planted capture's own process (_worker.paired)
+        with open(pp) as fh:
+            m = json.load(fh)
+        res["paired"] = {k: m[k] for k in ("blocks", "block_steps", "saving_ms", "saving_range_ms", "median_ms",
+                                           "saving_per_block_ms")}
+        res["paired"]["file"] = os.path.basename(pp)
     return res
 
 
@@ -131,9 +138,11 @@ def summary_markdown(rows: list[dict], settings: dict) -> str:
              f"steps ({rows_steps} steps per process, the first 10% dropped); the variant's figure is the "
              f"median over its processes. Saving = planted - fixed; its range is [min planted - max fixed, "
              f"max planted - min fixed].", "",
+             "Paired: both variants in the planted capture's own process, blocks alternating (`LOOP.paired.json`):"
+             " the median over rounds of planted - fixed, [min, max] over rounds.", "",
              "| loop | planted ms (n) [min-max] | fixed ms (n) [min-max] | saving ms [range] | saving % | "
-             "planted/fixed (H200 estimate) | wall/median (planted, fixed) |",
-             "|---|---|---|---|---|---|---|"]
+             "planted/fixed (H200 estimate) | wall/median (planted, fixed) | paired saving ms [range] (rounds) |",
+             "|---|---|---|---|---|---|---|---|"]
 
     def cell(v):
         if v["median_ms"] is None:
@@ -152,7 +161,10 @@ def summary_markdown(rows: list[dict], settings: dict) -> str:
         exp = r.get("expected_ratio")
         ratio = (f"{r['ratio']:.2f}" if "ratio" in r else "—") + (f" ({exp[0]}-{exp[1]})" if exp else "")
         wr = ", ".join(f"{v['wall_median_ms'] / v['median_ms']:.2f}" if v["median_ms"] else "—" for v in (p, f))
-        lines.append(f"| {r['loop']} | {cell(p)} | {cell(f)} | {sav} | {pct} | {ratio} | {wr} |")
+        pr = r.get("paired")
+        pcell = (f"{pr['saving_ms']:.4f} [{pr['saving_range_ms'][0]:.4f}, {pr['saving_range_ms'][1]:.4f}] "
+                 f"({pr['blocks']})") if pr else "—"
+        lines.append(f"| {r['loop']} | {cell(p)} | {cell(f)} | {sav} | {pct} | {ratio} | {wr} | {pcell} |")
     big = [f"{t} ({os.path.getsize(os.path.join(settings['out'], t)) / 1e6:.1f} MB)" for r in rows
            for v in VARIANTS for t in [r[v].get("trace")] if t and "out" in settings
            and os.path.getsize(os.path.join(settings["out"], t)) > 2e6]
@@ -205,6 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="measured steps per process (default 300)")
     ap.add_argument("--warmup", type=int, default=30, help="unprofiled warm-up steps per process (default 30)")
     ap.add_argument("--trace-steps", type=int, default=8, help="profiled steps per capture (default 8)")
+    ap.add_argument("--paired-blocks", type=int, default=8,
+                    help="rounds of paired blocks in each planted capture's process, both variants (default 8; 0: none)")
+    ap.add_argument("--paired-steps", type=int, default=30, help="steps per paired block (default 30)")
     ap.add_argument("--no-capture", action="store_true", help="measure only")
     ap.add_argument("--no-measure", action="store_true", help="capture only")
     ap.add_argument("--round-offset", type=int, default=0,
@@ -226,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown loop {bad[0]!r} (known: {', '.join(LOOP_MODULES)})")
     if (not loops or a.processes < 0 or a.round_offset < 0 or a.steps < 3 or a.warmup < 1 or a.trace_steps < 1
-            or a.budget_s <= 0):
+            or a.budget_s <= 0 or a.paired_blocks < 0 or a.paired_steps < 3):
         ap.error("need at least one loop, --processes >= 0, --round-offset >= 0, --steps >= 3, --warmup >= 1, "
                  "--trace-steps >= 1, --budget-s > 0")
     sizes: dict[str, list[str]] = {}
@@ -270,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                 if left() <= 0:
                     print(f"budget: no time left for the capture of {loop}.{v}", flush=True)
                     continue
-                go("capture", loop, v, ["--active", str(a.trace_steps),
+                pair_args = (["--paired-blocks", str(a.paired_blocks), "--paired-steps", str(a.paired_steps),
+                              "--paired-out", os.path.join(a.out, f"{loop}.paired.json")]
+                             if v == "planted" and a.paired_blocks else [])
+                go("capture", loop, v, [*pair_args, "--active", str(a.trace_steps),
                                         "--out", os.path.join(a.out, f"{loop}.{v}.trace.json.gz"),
                                         "--info", os.path.join(a.out, f"{loop}.{v}.capture.json")])
     rounds = 0

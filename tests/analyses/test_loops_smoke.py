@@ -174,6 +174,33 @@ def test_measurement_figures_follow_from_the_periods(tmp_path):
     assert "| per_request_readback |" in md and f"{s['saving_ms']:.4f}" in md
 
 
+def test_paired_measurement_in_the_capture_process(tmp_path):
+    """``--paired-blocks``: both variants measured in the capture's process, blocks alternating; the file's per-round
+    savings are planted − fixed of its block medians, the saving their median, the range their min and max; the
+    summary carries it; the capture is still written."""
+    trace = tmp_path / "host_detokenize.planted.trace.json.gz"
+    out = tmp_path / "host_detokenize.paired.json"
+    assert _worker.main(["capture", "host_detokenize", "planted", "--device", "cpu", "--warmup", "2", "--active",
+                         "2", "--paired-blocks", "3", "--paired-steps", "11", "--paired-out", str(out),
+                         "--out", str(trace)]) == 0
+    m = json.loads(out.read_text())
+    bm = m["block_median_ms"]
+    assert m["blocks"] == 3 and len(bm["planted"]) == 3 and len(bm["fixed"]) == 3
+    diff = [a - b for a, b in zip(bm["planted"], bm["fixed"])]
+    assert m["saving_per_block_ms"] == pytest.approx(diff)
+    assert m["saving_ms"] == pytest.approx(statistics.median(diff))
+    assert m["saving_range_ms"] == pytest.approx([min(diff), max(diff)])
+    assert m["median_ms"]["planted"] == pytest.approx(statistics.median(bm["planted"]))
+    assert len(_ranges(_trace_events(trace), "step")) == 2
+    s = run_pairs.summarize_loop("host_detokenize", str(tmp_path))
+    assert s["paired"]["saving_ms"] == m["saving_ms"] and s["paired"]["blocks"] == 3
+    assert f"{m['saving_ms']:.4f}" in run_pairs.summary_markdown([s], {"device": "cpu", "steps": 11})
+    with pytest.raises(SystemExit) as e:  # paired needs a file to go to
+        _worker.main(["capture", "host_detokenize", "planted", "--device", "cpu", "--paired-blocks", "2",
+                      "--out", str(tmp_path / "x.json.gz")])
+    assert e.value.code == 2
+
+
 def test_size_override_reaches_the_loop(tmp_path):
     """``--size KEY=VALUE`` changes the preset the loop is built with and is recorded; an unknown key exits 2."""
     out = tmp_path / "m.json"

@@ -302,6 +302,19 @@ def test_invalid_json_inside_the_events(tmp_path, probe_json, workers):
     assert_one_line_error(p, "not valid JSON", workers=workers, chunk_bytes=1 << 18)
 
 
+@pytest.mark.parametrize("workers,scan", [(0, False), (2, False), (0, True)])
+def test_invalid_json_names_the_files_byte(tmp_path, probe_json, workers, scan):
+    """The position in the message is the file's byte offset, not a line or column inside an internal chunk."""
+    at = probe_json.index(b'"ph": "X"', 3 * len(probe_json) // 4)
+    bad = at + len(b'"ph": ')  # where the X without quotes starts
+    p = tmp_path / "flipped.json"
+    p.write_bytes(probe_json[:at] + b'"ph": X' + probe_json[at + 9:])
+    msg = assert_one_line_error(p, "not valid JSON", workers=workers, chunk_bytes=1 << 18, scan=scan)
+    assert "line " not in msg and "column" not in msg, msg
+    byte = int(re.search(r"near byte ([0-9,]+)", msg).group(1).replace(",", ""))
+    assert byte == bad, (byte, bad)
+
+
 def test_invalid_json_in_metadata(tmp_path, probe_json):
     p = tmp_path / "meta.json"
     p.write_bytes(probe_json.replace(b'"schemaVersion": 1', b'"schemaVersion": 1 2', 1))
