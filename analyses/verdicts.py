@@ -13,7 +13,8 @@ starts before this one ends; ``step_us`` = e − s:
 - The host-wait idle is split, each moment charged once, in this order (the first explanation that holds wins):
   ``sync_idle_us``   under a blocking call of the rank (:func:`.syncs.blocking_calls`), charged first, or in its
                      serialized tail (to the device's resumption, :meth:`.timeline.BusyTimeline.next_sustained_start`,
-                     as ``idle_after_us``), charged after the compile and thread-wait parts: a tail the host spent in
+                     as ``idle_after_us``, capped at the call's blocked time + ``SYNC_RELAUNCH_US``: DESIGN.md 3.11),
+                     charged after the compile and thread-wait parts: a tail the host spent in
                      a compile or waiting on another thread is that cause's (the host was not late because it had
                      read a value back, it was waiting for someone);
   ``graph_launch_idle_us`` under a graph launch call (cudaGraphLaunch & co.) of the rank: the part a
@@ -80,6 +81,7 @@ GPU_BOUND_SHARE = 0.85
 LAUNCH_GAP_US = 1000.0
 MIN_EAGER_LAUNCHES = 20
 LAG_SHARE = 0.5
+SYNC_RELAUNCH_US = 50.0  # a blocking read's serialized tail beyond its blocked time: the host's relaunch after it
 VERDICTS = ("gpu_bound", "sync_bound", "compile_bound", "thread_wait", "launch_bound", "host_bound", "unknown")
 _PARTS = ("sync_idle_us", "graph_launch_idle_us", "compile_idle_us", "thread_wait_idle_us", "launch_idle_us",
           "other_host_idle_us")
@@ -159,6 +161,11 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
     c_s = calls["ts_us"].to_numpy(np.float64) if len(calls) else np.empty(0)
     c_e = calls["end_us"].to_numpy(np.float64) if len(calls) else np.empty(0)
     c_tail = np.maximum(hw.next_sustained_start(c_e, syncs.RESUME_WINDOW_US), c_e) if len(calls) else np.empty(0)
+    # a read that had not blocked would have let the host do its work after it while the device finished what the
+    # read waited for: of the idle after the call, at most the call's blocked time (plus a relaunch) is the read's;
+    # the rest is host work that would have left the device idle anyway (a host-bound loop never resumes
+    # "sustained", so its tail would run to the next busy stretch and read as sync-bound)
+    c_tail = np.minimum(c_tail, c_e + (c_e - c_s) + SYNC_RELAUNCH_US) if len(calls) else c_tail
     c_label = ([f"{r.call}{' (' + r.aten_op + ')' if getattr(r, 'aten_op', '') else ''}"
                 f"{' from ' + r.site if getattr(r, 'site', '') else ''}" for r in calls.itertuples(index=False)]
                if len(calls) else [])

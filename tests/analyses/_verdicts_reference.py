@@ -11,8 +11,8 @@ import pandas as pd
 from gaptrace.analyses import stacks
 from gaptrace.analyses.occupancy import busy_timeline, resolve_device
 from gaptrace.analyses.timeline import merge_intervals
-from gaptrace.analyses.verdicts import (LAUNCH_GAP_US, VERDICT_COLUMNS, Verdicts, _figure, _interval_ends, _overall,
-                                        _verdict)
+from gaptrace.analyses.verdicts import (LAUNCH_GAP_US, SYNC_RELAUNCH_US, VERDICT_COLUMNS, Verdicts, _figure,
+                                        _interval_ends, _overall, _verdict)
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace
 
 
@@ -79,6 +79,8 @@ def step_verdicts_ref(trace: Trace, steps: Any, device: int | tuple[int, int] | 
     c_s = calls["ts_us"].to_numpy(np.float64) if len(calls) else np.empty(0)
     c_e = calls["end_us"].to_numpy(np.float64) if len(calls) else np.empty(0)
     c_tail = np.maximum(hw.next_sustained_start(c_e, syncs.RESUME_WINDOW_US), c_e) if len(calls) else np.empty(0)
+    # the read's share of the idle after it: at most its blocked time plus a relaunch (verdicts.SYNC_RELAUNCH_US)
+    c_tail = np.minimum(c_tail, c_e + (c_e - c_s) + SYNC_RELAUNCH_US) if len(calls) else c_tail
     c_label = ([f"{r.call}{' (' + r.aten_op + ')' if getattr(r, 'aten_op', '') else ''}"
                 f"{' from ' + r.site if getattr(r, 'site', '') else ''}" for r in calls.itertuples(index=False)]
                if len(calls) else [])

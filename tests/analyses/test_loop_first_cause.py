@@ -47,12 +47,12 @@ LOOPS = "h200_loops/{}.planted.trace"
 FIRST = [
     ("graph_readback", "sync_bound", "host_range", "planted_readback"),
     ("helper_thread", "thread_wait", "host_range", "planted_queue_wait"),
-    ("host_detokenize", "sync_bound", "idle_site", "benchmarks/loops/_common.py(153): logits"),
+    ("host_detokenize", "host_bound", "idle_site", "benchmarks/loops/_common.py(153): logits"),
     ("launch_bound", "launch_bound", "idle_site", "benchmarks/loops/launch_bound.py(56): _forward"),
     ("pageable_htod", "sync_bound", "blocking_sync", "aten::to"),
-    ("per_request_readback", "sync_bound", "idle_site", "benchmarks/loops/_common.py(153): logits"),
+    ("per_request_readback", "launch_bound", "idle_site", "benchmarks/loops/_common.py(153): logits"),
     ("train_step_logging", "launch_bound", "host_range", "Optimizer.step#AdamW.step"),
-    ("hf_generate", "sync_bound", "idle_site", "transformers/integrations/sdpa_attention.py(79): sdpa_attention_forward"),
+    ("hf_generate", "host_bound", "idle_site", "transformers/integrations/sdpa_attention.py(79): sdpa_attention_forward"),
 ]
 
 

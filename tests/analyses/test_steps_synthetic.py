@@ -201,19 +201,24 @@ def test_graph_launch_idle_split(tmp_path):
     assert none.totals["residual_idle_us"] == pytest.approx(100) and none.totals["kappa_idle_us"] == 0
 
 
-def _loop(with_readback: bool) -> list[dict]:
+def _loop(readback: str | None) -> list[dict]:
     """Three ProfilerStep#N steps of 40 eager launches 10 µs apart (5 µs kernels that each wait for their launch),
-    and, with_readback, then an ``aten::item`` read-back (copy + stream sync that waits for the last kernel) and
-    300 µs of Python before the next step; without it, the same 300 µs spent on 30 more launches."""
+    then:
+
+    * ``readback="short"``: an ``aten::item`` read-back (copy + stream sync that waits for the last kernel, ~20 µs)
+      and 260 µs of Python before the next step;
+    * ``readback="long"``: one more kernel of 400 µs, the read-back waiting ~400 µs for it, then 250 µs of Python
+      (the host could have done that Python while the kernel ran, had it not blocked);
+    * None: the same 300 µs spent on 30 more launches."""
     ev, t, corr = [], 0.0, 1
     for i in range(3):
         start = t
-        n = 40 if with_readback else 70
+        n = 70 if readback is None else 40
         for k in range(n):
             ev += [launch(t, corr, dur=4), kernel(t + 6, 5, corr)]
             corr += 1
             t += 10
-        if with_readback:
+        if readback == "short":
             last_end = t - 10 + 6 + 5
             ev += [X("cpu_op", "aten::item", t, 30),
                    X("cuda_runtime", "cudaMemcpyAsync", t + 1, 3, correlation=corr),
@@ -224,24 +229,45 @@ def _loop(with_readback: bool) -> list[dict]:
                    X("python_function", "loop.py(20): bookkeeping", t + 31, 260)]
             corr += 2
             t += 300
+        elif readback == "long":
+            ev += [launch(t, corr, dur=4), kernel(t + 6, 400, corr)]
+            corr += 1
+            ev += [X("cpu_op", "aten::item", t + 10, 402),
+                   X("cuda_runtime", "cudaMemcpyAsync", t + 11, 3, correlation=corr),
+                   {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": 7,
+                    "ts": t + 406, "dur": 2, "args": {"device": 0, "stream": 7, "correlation": corr, "bytes": 8}},
+                   X("cuda_runtime", "cudaStreamSynchronize", t + 15, 395, correlation=corr + 1),
+                   X("python_function", "loop.py(20): bookkeeping", t + 413, 250)]
+            corr += 2
+            t += 670
         ev.append(X("user_annotation", f"ProfilerStep#{i}", start, t - start))
     ev += [launch(t, corr, dur=4), kernel(t + 6, 5, corr)]
     return ev
 
 
-@pytest.mark.parametrize("with_readback,verdict", [(True, "sync_bound"), (False, "launch_bound")])
-def test_a_read_back_is_told_apart_from_eager_launching(tmp_path, with_readback, verdict):
-    tr = load(tmp_path, _loop(with_readback))
+@pytest.mark.parametrize("readback,verdict", [("long", "sync_bound"), ("short", "launch_bound"), (None, "launch_bound")])
+def test_a_read_back_is_told_apart_from_eager_launching(tmp_path, readback, verdict):
+    """A read-back is the step's cause only for the idle it serialized: after a read that blocked ~400 µs, the 250 µs
+    of Python the host could have run during the kernel; after one that blocked ~20 µs, at most its blocked time plus
+    a relaunch (verdicts.SYNC_RELAUNCH_US): the rest of the idle is the host's own work (DESIGN.md 3.11)."""
+    tr = load(tmp_path, _loop(readback))
     st = steps.find_steps(tr)
     v = verdicts.step_verdicts(tr, st)
     assert list(v.table["verdict"]) == [verdict] * 3
     r = v.table.iloc[1]
-    if with_readback:
-        # step 1 is [700, 1400): the copy call starts at 1101 and its tail runs to the next kernel (1406), idle
-        # 3 + 294 µs inside the step, plus the 6 µs the previous step's tail holds at its start (700-706); the 39
-        # gaps of 5 µs between the eager kernels are the launches'
-        assert r["sync_idle_us"] == pytest.approx(303) and r["launch_idle_us"] == pytest.approx(195)
-        assert r["gpu_busy_us"] == pytest.approx(202) and r["step_us"] == 700
+    if readback == "long":
+        # step 1 is [670, 1340): the kernel ends at 1076, the read returns at 1080; the device idles from the copy's
+        # end (1078) to the next step's first kernel (1346): 268 µs inside the step (to 1340) and the 6 µs the
+        # previous step's tail holds at its start (670-676) are the read's; the 40 gaps of 5 µs before the eager
+        # kernels are the launches'
+        assert r["sync_idle_us"] == pytest.approx(262 + 6) and r["launch_idle_us"] == pytest.approx(200)
+        assert r["top_sync"].startswith("cudaMemcpyAsync (aten::item)")
+    elif readback == "short":
+        # step 1 is [700, 1400): the read blocked from 1101 to 1125 (22 µs of idle under it: 1101-1104, 1106-1125);
+        # of the idle after it 24 + 50 µs are the read's (to 1199); the rest, to the next kernel at 1406, is the
+        # bookkeeping between two launches less than 1 ms apart: launch-paced host work (207 µs), with the 39 gaps
+        # of 5 µs between the eager kernels
+        assert r["sync_idle_us"] == pytest.approx(22 + 74) and r["launch_idle_us"] == pytest.approx(195 + 207)
         assert r["top_sync"].startswith("cudaMemcpyAsync (aten::item)")
     else:
         assert r["sync_idle_us"] == 0 and r["eager_launches"] == 70

@@ -36,7 +36,7 @@ CASES = [
     ("tracelens_vllm_prefilldecode_piecewise", "engine_step", 2, "gpu_bound"),
     ("tracelens_b200_eager", "engine_step", 0, "launch_bound"),
     ("hta_a100_graph_launches_rank0", "profiler_step", 0, "gpu_bound"),
-    ("tracelens_h100_owlv2", "profiler_step", 0, "sync_bound"),
+    ("tracelens_h100_owlv2", "profiler_step", 0, "host_bound"),
     ("hta_a100_trace_diff_control", "profiler_step", 3, "launch_bound"),
     ("hta_v100_trace_diff_test", "profiler_step", 1, "gpu_bound"),
     ("h200_pairs/bench_sync_bs8_B12", "round", 0, "sync_bound"),
