@@ -29,9 +29,9 @@ starts before this one ends; ``step_us`` = e − s:
                      ``LAUNCH_GAP_US`` apart, and under each launch call;
   ``other_host_idle_us`` the rest (host work that launches nothing: Python, the tokenizer, a scheduler).
 - ``eager_launches`` / ``graph_launches``: launch calls that start in the step on the rank; ``launch_paced_us``: the
-  union of the launch-paced intervals above; ``host_us``: step_us − blocked_us (time in blocking calls on the step's
-  thread) − wait_us (time in thread waits on it); ``launch_paced_share`` = launch_paced_us / host_us;
-  ``host_us_per_launch`` = launch_paced_us / eager_launches (what the host pays per kernel).
+  union of the launch-paced intervals above less the step thread's blocking calls inside them; ``host_us``: step_us
+  − blocked_us (time in blocking calls on the step's thread) − wait_us (time in thread waits on it);
+  ``launch_paced_share`` = launch_paced_us / host_us; ``host_us_per_launch`` = launch_paced_us / eager_launches (what the host pays per kernel).
 - ``device_lag_us``: median over the step's launch calls whose device work is in the trace (joined on the
   correlation id) of (first device start − launch call end): how far the device runs behind the host.
 
@@ -243,8 +243,10 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
         g, i = pc
         in_c = (c_tid[i] == step_tid[g]) & (c_s[i] >= S[g]) & (c_s[i] < ends[g])
         blocked = _group_sums(G, g[in_c], c_blocked[i[in_c]])
+        bc_g, bc_s, bc_e = g[in_c], c_s[i[in_c]], c_e[i[in_c]]  # the step thread's blocking calls in each step
     else:
         c_blocked, blocked = np.empty(0), np.zeros(G)
+        bc_g, bc_s, bc_e = np.empty(0, np.int64), np.empty(0), np.empty(0)
     host_us = np.maximum(step_us - blocked - wait_us, 0.0)
 
     def count_in(ts: np.ndarray) -> np.ndarray:
@@ -252,8 +254,10 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
         return np.maximum(np.searchsorted(st, ends, side="left") - np.searchsorted(st, S, side="left"), 0)
 
     n_eager, n_graph = count_in(e_ts), count_in(g_ts)
-    pg_, ps_, pe_ = _grouped_union(pp[0], p_s[pp[1]], p_e[pp[1]], S, ends)
-    paced_us = _group_sums(G, pg_, pe_ - ps_)
+    # the launch-paced stretches less the blocking calls inside them (host time, as host_us is): |A ∪ B| − |B|
+    bg_, bs_, be_ = _grouped_union(bc_g, bc_s, bc_e, S, ends)
+    ug_, us_, ue_ = _grouped_union(np.r_[pp[0], bc_g], np.r_[p_s[pp[1]], bc_s], np.r_[p_e[pp[1]], bc_e], S, ends)
+    paced_us = np.maximum(_group_sums(G, ug_, ue_ - us_) - _group_sums(G, bg_, be_ - bs_), 0.0)
     lg, li = _points(S, ends, l_ts)
     fin = np.isfinite(lag[li])
     dev_lag = _group_medians(G, lg[fin], lag[li[fin]])

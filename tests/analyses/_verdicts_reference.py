@@ -159,7 +159,11 @@ def step_verdicts_ref(trace: Trace, steps: Any, device: int | tuple[int, int] | 
         host_us = max(step_us - blocked - wait_us, 0.0)
         n_eager = int(((e_ts >= s) & (e_ts < e)).sum())
         n_graph = int(((g_ts >= s) & (g_ts < e)).sum())
-        paced_us = _union_len(p_s[mp], p_e[mp], s, e)
+        # the launch-paced stretches less the blocking calls inside them (host time, as host_us is)
+        b_us = _union_len(c_s[in_c], c_e[in_c], s, e) if len(calls) else 0.0
+        ab_us = (_union_len(np.r_[p_s[mp], c_s[in_c]], np.r_[p_e[mp], c_e[in_c]], s, e) if len(calls)
+                 else _union_len(p_s[mp], p_e[mp], s, e))
+        paced_us = max(ab_us - b_us, 0.0)
         in_l = (l_ts >= s) & (l_ts < e) & np.isfinite(lag)
         dev_lag = float(np.median(lag[in_l])) if in_l.any() else float("nan")
         top_sync = c_label[int(np.flatnonzero(mc)[np.argmax(calls["blocked_us"].to_numpy()[mc])])] if mc.any() else ""

@@ -91,6 +91,17 @@ def test_eager_forward_first_then_the_planted_range(loop, planted):
     assert second["idle_us"] == pytest.approx(range_idle(ev, 0, planted), rel=1e-6, abs=0.01)
 
 
+@pytest.mark.parametrize("loop", [f[0] for f in FIRST])
+def test_launch_paced_time_is_host_time(loop):
+    """The launch-paced stretches leave out the blocking calls between launches (per_request_readback's 16 reads a
+    step sit between its launches), so they are a part of the step's host time, never more; each step's figure is
+    recomputed from its own row."""
+    r, _ = analysed(LOOPS.format(loop))
+    for s in r["verdict"]["steps"]:
+        assert s["launch_paced_us"] <= s["host_us"] + 1e-6, s
+        assert s["launch_paced_share"] == pytest.approx(s["launch_paced_us"] / s["host_us"] if s["host_us"] else 0.0)
+
+
 def test_helper_thread_wait_is_a_finding_with_its_idle():
     """The main thread's queue.get waits on the producer: the host-wait idle under them, summed over the waits."""
     r, ev = analysed(LOOPS.format("helper_thread"))
