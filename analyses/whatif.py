@@ -59,7 +59,7 @@ def parse_speedup(text: str) -> Change:
         factor = float(f)
     except ValueError:
         factor = math.nan
-    if not sep or not site or not math.isfinite(factor) or factor <= 0:
+    if not sep or not site.strip() or not math.isfinite(factor) or factor <= 0:
         raise ValueError(f"--speedup {text!r}: expected SITE=FACTOR with FACTOR a number > 0")
     return Change(site, factor)
 

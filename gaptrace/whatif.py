@@ -79,6 +79,10 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     from gaptrace.sidecar import read_sidecar_checked
     from gaptrace.cli import fail, memory_limit_bytes
 
+    for opt, sites in (("--remove", removes), ("--remove-with-device", removes_all)):
+        for r in sites:
+            if not r.strip():  # a name "contains" the empty string: it would match every frame
+                fail(f"{opt} {r!r}: an empty site would match every host frame; name an NVTX range or a frame")
     try:
         changes = ([Change(r) for r in removes] + [Change(r, with_device=True) for r in removes_all]
                    + [parse_speedup(s) for s in speedups])

@@ -34,7 +34,9 @@ def test_bad_input_one_line_exit_2(tmp_path):
     bad_cal = tmp_path / "c.json"
     bad_cal.write_text("[]")
     for args in ([FAULT, "--remove", "no_such_range"], [FAULT, "--speedup", "plan=0"],
-                 [str(tmp_path / "missing.json")], [FAULT, "--calibration", str(bad_cal)]):
+                 [str(tmp_path / "missing.json")], [FAULT, "--calibration", str(bad_cal)],
+                 # an empty site would match every frame (a name contains ""): refused, not a whole-loop removal
+                 [FAULT, "--remove", ""], [FAULT, "--remove-with-device", "  "], [FAULT, "--speedup", " =2"]):
         r = _run(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("gaptrace: error:")
