@@ -131,27 +131,15 @@ def _raw_events(path: str) -> list[dict]:
 
 
 def _device_busy_per_round_us(ev: list[dict], round_name: str = "round") -> list[float]:
-    """Per round window [start of round r, start of round r+1): the device's busy time (union of its kernels,
-    copies and memsets, clipped to the window), from the raw events with stdlib only."""
+    """Per round window [start of round r, start of round r+1): the device's busy time, from the raw events with the
+    stdlib reference (tests/analyses/_steps_reference.py)."""
+    import sys
+    sys.path.insert(0, os.path.dirname(__file__))
+    import _steps_reference as ref
     starts = sorted(float(e["ts"]) for e in ev if e.get("ph") == "X" and e.get("cat") == "user_annotation"
                     and e.get("name") == round_name)
-    ops = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in ev if e.get("ph") == "X"
-                 and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
-    out = []
-    for a, b in zip(starts, starts[1:]):
-        busy, cur_s, cur_e = 0.0, None, None
-        for s, e in ops:
-            s, e = max(s, a), min(e, b)
-            if e <= s:
-                continue
-            if cur_e is None or s > cur_e:
-                busy += (cur_e - cur_s) if cur_e is not None else 0.0
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy += (cur_e - cur_s) if cur_e is not None else 0.0
-        out.append(busy)
-    return out
+    busy = ref.device_busy(ev, 0, starts[0], starts[-1])
+    return [ref.busy_in(busy, a, b) for a, b in zip(starts, starts[1:])]
 
 
 def test_removing_the_pacing_read_of_a_gpu_bound_loop_stops_at_the_device_work():
