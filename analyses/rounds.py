@@ -25,6 +25,11 @@ first period after the profiler starts begins on a drained device queue (the sta
 host's next round does not wait on a readback): short by a third on the shipped fused bs-8 capture, it made an
 all-round mean understate Tround by 7% there and the profiled round look faster than the unprofiled one. Other short
 or long rounds are the workload's own (a smaller batch bucket, a JIT compile) and stay in the mean.
+
+A trace of several profiler windows (:attr:`gaptrace.trace.Trace.windows`: a ``schedule`` with ``repeat``, joined
+files) has periods that run from a round in one window to a round in the next, across a stretch the profiler did
+not record: those periods (``window_join`` in the table, ``window_joins`` in the summary) are in no figure, and the
+first-period rule applies to each window's first period.
 """
 from __future__ import annotations
 
@@ -54,7 +59,8 @@ class RoundsReport:
     """Per-round table and the trace-level verdict. Times in µs.
 
     ``table`` columns: round, start_us, t_round_us, t_gpu_us, t_host_us, t_serial_us, blocked_us, launch_nodes
-    (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar).
+    (Σ graph nodes launched in the round), tau, tpot_us (NaN without a sidecar), window_join (the period spans
+    two profiler windows: module docstring).
     With κ: ``launch_inflation_us`` per round, Σ min(κ·N, host time) over its graph launches (the profiler's share
     of their host time), ``exposed_inflation_us``, Σ min(that, device idle during the launch's host call) (the part
     the device waited through: what the inflation can have added to the round; inflation under queued device work
@@ -163,9 +169,18 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
                           "tpot_us": np.divide(t_round, tau, out=np.full(len(ps), np.nan), where=tau > 0)})
     # the figures are means over the steady rounds (they add up: Tround = TGPU + Tserial); the verdict and the bound
     # use medians, so one warm-up or hiccup round (lazy loading, a JIT compile) cannot decide them
-    med = table.median(numeric_only=True)
-    steady = np.ones(len(t_round), dtype=bool)
-    steady[0] = len(t_round) < 3 or t_round[0] >= (1.0 - STEADY_TOLERANCE) * med["t_round_us"]
+    # a period whose two starts lie in different profiler windows spans a stretch the profiler did not record
+    # (Trace.window_joins): no round of the loop, kept in the table, out of every figure
+    joins = trace.window_joins(s, key[0])
+    table["window_join"] = joins
+    med = table[~joins].median(numeric_only=True) if (~joins).any() else table.median(numeric_only=True)
+    steady = ~joins
+    # the first period of each window may begin on a drained queue (module docstring)
+    for f in np.flatnonzero(np.concatenate(([True], joins[:-1]))):
+        if f < len(t_round) and not joins[f]:
+            steady[f] = len(t_round) < 3 or t_round[f] >= (1.0 - STEADY_TOLERANCE) * med["t_round_us"]
+    if not steady.any():
+        steady = ~joins if (~joins).any() else np.ones(len(t_round), dtype=bool)
     mean = table[steady].mean(numeric_only=True)
     bound = max(mean["t_gpu_us"], mean["t_host_us"])
     excess = (mean["t_round_us"] - bound) / mean["t_round_us"] if mean["t_round_us"] > 0 else 0.0
@@ -173,6 +188,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     tau_mean = float(np.nanmean(tau_s)) if np.isfinite(tau_s).any() else None
     summary: dict[str, Any] = {
         "rounds": len(table), "annotation": name, "rounds_steady": int(steady.sum()),
+        "window_joins": int(joins.sum()),
         "rounds_excluded": [int(i) for i in np.flatnonzero(~steady)],
         "t_round_us": mean["t_round_us"], "t_gpu_us": mean["t_gpu_us"], "t_host_us": mean["t_host_us"],
         "t_serial_us": mean["t_serial_us"], "blocked_us": mean["blocked_us"],

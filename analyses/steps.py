@@ -158,7 +158,7 @@ class Steps:
     (for folded names, the first occurrence's name; ``name_pattern`` the folded form) or None; ``reason``: one line,
     why this rule (or why none); ``table``: one row per step in time order: step (0..), name, rank, pid, tid,
     host_row (positional row of ``trace.host``), start_us, end_us, dur_us, period_us (start to the next step's
-    start; NaN for the last), outlier (bool), launches (cuda_runtime / cuda_driver launch calls inside the step on
+    start; NaN for the last and across a join of two profiler windows), outlier (bool), launches (cuda_runtime / cuda_driver launch calls inside the step on
     its rank: eager kernel launches plus graph launches), forwards (outermost ``nn.Module`` frames inside; -1 without
     Python stacks), generate (frames named ``generate`` inside; -1 without Python stacks).
     ``holds_request``: True when every step holds a ``generate`` frame, False when none does and the trace has
@@ -319,7 +319,10 @@ def find_steps(trace: Trace, device: int | tuple[int, int] | None = None, round_
     t = _rows_table(trace, np.asarray(rows, dtype=np.int64))
     t.insert(0, "step", np.arange(len(t)))
     t["dur_us"] = t["end_us"] - t["start_us"]
-    t["period_us"] = np.r_[np.diff(t["start_us"].to_numpy()), np.nan] if len(t) else []
+    period = np.r_[np.diff(t["start_us"].to_numpy()), np.nan] if len(t) else np.zeros(0)
+    if len(t) > 1:  # a period across two profiler windows is no step's (Trace.window_joins): NaN
+        period[:-1][trace.window_joins(t["start_us"].to_numpy(), rank)] = np.nan
+    t["period_us"] = period
     t["launches"], t["forwards"], t["generate"] = _per_step_counts(trace, t, rank)
     med = float(np.median(t["dur_us"])) if len(t) else 0.0
     t["outlier"] = (t["dur_us"] > OUTLIER_FACTOR * med) if len(t) >= 3 else False

@@ -182,17 +182,29 @@ def device_round_busy_us(model: ReplayModel, res: ReplayResult, starts_us: np.nd
     return per.max(axis=1)
 
 
-def _occupancy(model: ReplayModel, res: ReplayResult, t0: float, t1: float) -> float:
-    """Device busy share of [t0, t1] (replayed, µs relative to t0_us): Σ clipped item busy time / (t1 − t0);
-    the graph nodes of one launch run one after another on their stream, so an item's busy time is the sum of its
-    ops' durations, clipped to the window in proportion."""
-    if t1 <= t0:
-        return math.nan
+def _occupancy(model: ReplayModel, res: ReplayResult, starts_rel_us: np.ndarray, periods_us: np.ndarray,
+               joins: np.ndarray) -> float:
+    """Device busy share of the rounds (replayed): Σ clipped item busy time / Σ period, over each run of rounds
+    inside one profiler window [its first replayed start, that + the run's periods] (``starts_rel_us``: (r,) replayed
+    round starts, µs relative to t0_us; ``periods_us``: the kept periods, ``joins`` (r − 1,) the periods left out,
+    :meth:`gaptrace.trace.Trace.window_joins`). The graph nodes of one launch run one after another on their
+    stream, so an item's busy time is the sum of its ops' durations, clipped to the window in proportion."""
     s, e = res.item_start_us, res.item_end_us
     span = np.maximum(e - s, 1e-12)
-    inside = np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None) / span
     busy_item = np.minimum(model.item_busy_us, e - s)
-    return float(np.sum(inside * busy_item) / (t1 - t0))
+    busy = total = 0.0
+    # runs of kept periods: run k starts at the round after each join (or the first round)
+    idx = np.flatnonzero(~joins)
+    run_id = np.cumsum(np.concatenate(([1], np.diff(idx) > 1))) if len(idx) else idx
+    for k in np.unique(run_id):
+        sel = idx[run_id == k]
+        t0 = float(starts_rel_us[sel[0]])
+        t1 = t0 + float(np.sum(periods_us[np.searchsorted(idx, sel)]))
+        if t1 <= t0:
+            continue
+        busy += float(np.sum(np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None) / span * busy_item))
+        total += t1 - t0
+    return busy / total if total > 0 else math.nan
 
 
 def _tau(sidecar: "Sidecar | dict | None") -> float | None:
@@ -296,6 +308,11 @@ class Context:
             self.starts = np.sort(t["start_us"].to_numpy(dtype=np.float64))
             self.window = (float(self.starts[0]), float(t["end_us"].to_numpy(dtype=np.float64).max()))
             self.step_rule, self.step_name = st.rule, st.name_pattern or st.name
+        # a period across two profiler windows is no round (Trace.window_joins): out of every figure
+        self.joins = trace.window_joins(self.starts, self.model.key[0])
+        if self.joins.all():
+            raise TraceError(f"{trace.path}: every {round_name!r} period spans two profiler windows: no round "
+                             "period to predict")
         self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar)
         self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                            item_dur_us=self.unprof["item_dur_us"])
@@ -319,7 +336,11 @@ class Context:
         """(rounds,) replayed round periods, µs: the host's round-start intervals, each at least the round's device
         work on its busiest stream (:func:`device_round_busy_us`; DESIGN.md 5.5)."""
         host = np.diff(host_time_map(self.model, res, self.starts))
-        return np.maximum(host, device_round_busy_us(self.model, res, self.starts))
+        return np.maximum(host, device_round_busy_us(self.model, res, self.starts))[~self.joins]
+
+    def measured_periods(self) -> np.ndarray:
+        """(rounds,) profiled round periods, µs (start to start), the periods across window joins left out."""
+        return np.diff(self.starts)[~self.joins]
 
     def run(self, changes: Iterable[Change]) -> ReplayResult:
         changes = list(changes)
@@ -356,7 +377,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     ctx = context or Context(trace, sidecar, calibration)
     changes = list(changes)
     after = ctx.run(changes) if changes else ctx.base
-    p_meas = np.diff(ctx.starts)
+    p_meas = ctx.measured_periods()
     p_rep, p_before, p_after = ctx.periods(ctx.replayed), ctx.periods(ctx.base), ctx.periods(after)
     med_b, med_a = float(np.median(p_before)), float(np.median(p_after))
     saving = med_b - med_a
@@ -373,6 +394,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
                     for c in changes],
         "calibration": ctx.calibration.to_dict(),
         "rounds": int(len(p_meas)),
+        "window_joins": int(ctx.joins.sum()),
         "round_rule": ctx.step_rule,
         "round_name": ctx.step_name,
         "profiled_round_us": float(np.median(p_meas)),
@@ -390,8 +412,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "fitted_to_unprofiled": ctx.fitted,
         "unfitted_round_us": ctx.unfitted_round_us,
         "unfitted_error": (ctx.unfitted_round_us - unp) / unp if unp else None,
-        "occupancy_before": _occupancy(ctx.model, ctx.base, rs_b[0], rs_b[0] + float(p_before.sum())),
-        "occupancy_after": _occupancy(ctx.model, after, rs_a[0], rs_a[0] + float(p_after.sum())),
+        "occupancy_before": _occupancy(ctx.model, ctx.base, rs_b, p_before, ctx.joins),
+        "occupancy_after": _occupancy(ctx.model, after, rs_a, p_after, ctx.joins),
         "tau": tau,
         "tpot_before_us": med_b / tau if tau else None,
         "tpot_after_us": med_a / tau if tau else None,

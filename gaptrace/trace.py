@@ -9,6 +9,9 @@ nothing here rounds). gaptrace keeps five frames (HTA's "trace as tables", DESIG
 ``gpu_annotations``  gpu_user_annotation ranges (record_function projected onto GPU time; never busy time).
 ``device_syncs``     ``cuda_sync`` events (only with ``enable_cuda_sync_events``).
 ``overhead``  the profiler's own events (``Buffer Flush`` ...), reported, never counted as busy.
+``windows``   the profiler's capture windows: Kineto writes one ``cat: "Trace"`` event ("PyTorch Profiler (0)")
+              per window it recorded; a trace with several (a ``schedule`` with ``repeat``, files joined) has
+              stretches between them that the profiler did not see (:meth:`Trace.window_joins`).
 
 String columns (``name``, ``pid``, ``tid``) are pandas Categoricals over one shared symbol table
 (``Trace.symbols``), so ``frame["name"].cat.codes`` are comparable across frames and names are stored once.
@@ -23,6 +26,7 @@ device:          rank, kind ("kernel"|"memcpy"|"memset"), name, device, stream, 
 gpu_annotations: rank, name, device, stream, ts_us, dur_us, end_us, external_id
 device_syncs:    rank, name, device, stream, ts_us, dur_us, end_us, correlation, sync_kind
 overhead:        rank, name, ts_us, dur_us, end_us
+windows:         rank, name, ts_us, dur_us, end_us
 
 Loading goes through :func:`gaptrace.loader.load_trace` (a streaming typed decoder); this module holds the model
 and :func:`build_trace`, which turns raw event columns into the model and runs the integrity checks.
@@ -66,7 +70,8 @@ HOST_CATEGORIES = ("python_function", "cpu_op", "user_annotation", "cuda_runtime
 DEVICE_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 DEVICE_KINDS = ("kernel", "memcpy", "memset")
 # every category gaptrace keeps, in code order: host categories first, then device kinds, then the rest
-ALL_CATEGORIES = HOST_CATEGORIES + tuple(DEVICE_CATEGORIES) + ("gpu_user_annotation", "cuda_sync", "overhead")
+ALL_CATEGORIES = HOST_CATEGORIES + tuple(DEVICE_CATEGORIES) + ("gpu_user_annotation", "cuda_sync", "overhead",
+                                                              "Trace")
 GRAPH_LAUNCH_NAMES = ("cudaGraphLaunch", "cudaGraphLaunch_v10000", "hipGraphLaunch", "cuGraphLaunch")
 
 # "Memcpy DtoH (Device -> Pageable)" -> ("DtoH", "Pageable"); HIP writes "Memcpy DtoH (Device -> Host)".
@@ -118,6 +123,9 @@ class Trace:
     symbols: pd.Index
     metadata: dict[str, Any]
     warnings: list[str]
+    windows: pd.DataFrame = dataclasses.field(default_factory=lambda: pd.DataFrame(
+        {"rank": np.zeros(0, np.int32), "name": [], "ts_us": np.zeros(0), "dur_us": np.zeros(0),
+         "end_us": np.zeros(0)}))
     _memo: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
 
@@ -135,6 +143,26 @@ class Trace:
                 f"{len(self.gpu_annotations):,} GPU annotations, {len(self.device_syncs):,} device syncs; "
                 f"ranks {ranks}, devices {[f'{r}:{x}' for r, x in devs][:8]}{' …' if len(devs) > 8 else ''}{span}"
                 f"{f'; {len(self.warnings)} warnings' if self.warnings else ''})")
+
+    def window_joins(self, starts_us: np.ndarray, rank: int | None = None) -> np.ndarray:
+        """(len(starts_us) − 1,) bool: True where the period [starts_us[i], starts_us[i+1]) (trace clock, µs,
+        sorted) is not inside one profiler window of ``rank`` (every rank when None): its two starts lie in
+        different windows of :attr:`windows`, or one lies outside every window. Such a period spans a stretch the
+        profiler did not record (between two ``schedule`` cycles, two joined files): it is no round of the loop.
+        All False when the trace has fewer than two windows (one window, or none written)."""
+        starts = np.asarray(starts_us, dtype=np.float64)
+        out = np.zeros(max(len(starts) - 1, 0), dtype=bool)
+        w = self.windows
+        if rank is not None and len(w):
+            w = w[w["rank"].to_numpy() == rank]
+        if len(w) < 2 or not len(out):
+            return out
+        order = np.argsort(w["ts_us"].to_numpy(), kind="stable")
+        ws, we = w["ts_us"].to_numpy()[order], w["end_us"].to_numpy()[order]
+        k = np.searchsorted(ws, starts, side="right") - 1
+        inside = (k >= 0) & (starts <= we[np.maximum(k, 0)])
+        k = np.where(inside, k, -1)
+        return (k[:-1] != k[1:]) | (k[:-1] < 0)
 
     def memo(self, key: Any, source: Any, build: Callable[[], Any]) -> Any:
         """``build()``, computed once per ``key`` and kept on this trace while ``source`` (the frame the value is
@@ -464,6 +492,12 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
         copy=False,  # the columns are fresh arrays: skip pandas consolidating them into 2-D blocks (0.6 s/GB)
     )
 
+    # ---- the profiler's capture windows (Kineto's "Trace" span events)
+    c = cols(cat_code == cat_index["Trace"])
+    i = c["idx"]
+    windows = pd.DataFrame({"rank": raw.rank[i], "name": _categorical(raw.name_id[i], symbols), "ts_us": c["ts_us"],
+                            "dur_us": c["dur_us"], "end_us": c["end_us"]}, copy=False)
+
     trace = Trace(
         path=path,
         host=host,
@@ -474,6 +508,7 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
         symbols=symbols,
         metadata=metadata,
         warnings=warnings,
+        windows=windows,
     )
     trace.warnings.extend(integrity_warnings(trace))
     return trace

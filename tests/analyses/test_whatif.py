@@ -158,7 +158,8 @@ def test_removing_the_pacing_read_of_a_gpu_bound_loop_stops_at_the_device_work()
 def test_two_capture_windows_back_to_back_replay_alike(tmp_path):
     """A trace of two windows of the same capture, one after the other (the second window's ops in flight at its
     start, tied to no call): the second window replays as the first does, with no stall invented between them
-    (its untied ops stay in their stream's measured order, DESIGN.md 5.1)."""
+    (its untied ops stay in their stream's measured order, DESIGN.md 5.1), and the pause between the windows (a
+    stretch the profiler did not record, between the two Kineto window spans) is no round."""
     import subprocess
     import sys
     out = tmp_path / "two.json"
@@ -166,12 +167,13 @@ def test_two_capture_windows_back_to_back_replay_alike(tmp_path):
     subprocess.run([sys.executable, mk, str(out), "--source", FUSED, "--size-gb", "0.006"], check=True,
                    capture_output=True)
     one = W.whatif(load_trace(FUSED)).data
-    two = W.whatif(load_trace(str(out))).data
+    tr2 = load_trace(str(out))
+    assert len(tr2.windows) == 2
+    two = W.whatif(tr2).data
     n = len(one["periods_replayed_us"])
     rep2, meas2 = two["periods_replayed_us"], two["periods_profiled_us"]
-    assert len(rep2) == 2 * n + 1  # the pause between the windows is one period
+    assert two["window_joins"] == 1 and len(rep2) == len(meas2) == 2 * n
     np.testing.assert_allclose(rep2[:n], one["periods_replayed_us"], rtol=1e-6)
-    np.testing.assert_allclose(rep2[n + 1:], one["periods_replayed_us"], rtol=0.01)
-    # the pause itself replays as measured (within 1%), and no round after it stalls
-    assert rep2[n] == pytest.approx(meas2[n], rel=0.01)
-    assert max(rep2[n + 1:]) < 1.1 * max(one["periods_replayed_us"])
+    np.testing.assert_allclose(rep2[n:], one["periods_replayed_us"], rtol=0.01)
+    np.testing.assert_allclose(meas2[n:], one["periods_profiled_us"], rtol=1e-6)
+    assert max(rep2[n:]) < 1.1 * max(one["periods_replayed_us"])
