@@ -366,6 +366,7 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
     # less that cost); a graph replay whose unprofiled device span the capture timed takes that span instead (never
     # longer than the profiled one: the profiler only adds)
+    warnings: list[str] = []
     n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
     item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us * scale, 0.0)
     dev_by_size = sidecar_device_us(sidecar)
@@ -374,9 +375,43 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
         item_nodes = np.where(model.item_call >= 0, model.graph_nodes[np.maximum(model.item_call, 0)], 0)
         item_graph = (item_nodes > 0) & ~model.item_prior
         timed = np.array([dev_by_size.get(int(n), np.nan) for n in item_nodes[item_graph]], dtype=np.float64)
-        idx = np.flatnonzero(item_graph)[np.isfinite(timed)]
-        item_dur[idx] = np.minimum(model.item_dur_us[idx], timed[np.isfinite(timed)])
+        ok = np.isfinite(timed)
+        idx = np.flatnonzero(item_graph)[ok]
+        item_dur[idx], long_replays = _timed_graph_durations(model.item_dur_us[idx], item_nodes[idx], timed[ok])
+        if long_replays:
+            warnings.append(long_replays)
         device_source = "sidecar" if len(idx) else device_source
     removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
     return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
-            "launch_source": {str(k): v for k, v in sorted(sources.items())}, "device_source": device_source}
+            "launch_source": {str(k): v for k, v in sorted(sources.items())}, "device_source": device_source,
+            "warnings": warnings}
+
+
+LONG_REPLAY_FACTOR = 2.0  # a replay over twice its size's median profiled span is the workload's (or an edit)
+
+
+def _timed_graph_durations(profiled_us: np.ndarray, nodes: np.ndarray, timed_us: np.ndarray
+                           ) -> tuple[np.ndarray, str | None]:
+    """Unprofiled device durations of graph replays whose size the capture timed unprofiled (DESIGN.md 5.2).
+    ``profiled_us`` (n,) each replay's profiled span, ``nodes`` (n,) its CUDA graph node count, ``timed_us`` (n,)
+    the sidecar's unprofiled span for that size. The profiler's device cost of a size is what its typical replay
+    loses: c_N = max(median profiled span of size N − timed_N, 0); a replay becomes min(p, max(p − c_N, timed_N)):
+    the typical one the timed span, one that ran long (a stall, a hand-edited op) keeps its excess over the
+    typical one rather than being cut to the timed span, since the profiler cannot add more than it adds to every
+    replay of that size. Returns (durations (n,), one warning line or None for replays over ``LONG_REPLAY_FACTOR``
+    × their size's median)."""
+    out = np.minimum(profiled_us, timed_us)
+    if not len(profiled_us):
+        return out, None
+    sizes, inv = np.unique(nodes, return_inverse=True)
+    med = np.array([np.median(profiled_us[inv == j]) for j in range(len(sizes))])[inv]
+    c = np.maximum(med - timed_us, 0.0)
+    out = np.minimum(profiled_us, np.maximum(profiled_us - c, timed_us))
+    long_ = profiled_us > LONG_REPLAY_FACTOR * med
+    if not long_.any():
+        return out, None
+    j = int(np.argmax(np.where(long_, profiled_us / np.maximum(med, 1e-9), -np.inf)))
+    return out, (f"{int(long_.sum())} CUDA graph replays ran over {LONG_REPLAY_FACTOR:g}x their size's median "
+                 f"profiled device span (the longest {profiled_us[j]:,.1f} µs against {med[j]:,.1f} µs for "
+                 f"{int(nodes[j])} nodes): kept as measured less the profiler's cost per replay of that size, not "
+                 "cut to the unprofiled timing (a device stall or an edited trace, not the profiler)")

@@ -158,7 +158,8 @@ class Steps:
     (for folded names, the first occurrence's name; ``name_pattern`` the folded form) or None; ``reason``: one line,
     why this rule (or why none); ``table``: one row per step in time order: step (0..), name, rank, pid, tid,
     host_row (positional row of ``trace.host``), start_us, end_us, dur_us, period_us (start to the next step's
-    start; NaN for the last and across a join of two profiler windows), outlier (bool), launches (cuda_runtime / cuda_driver launch calls inside the step on
+    start; NaN for the last and across a join of two profiler windows), outlier (bool), launches (cuda_runtime /
+    cuda_driver launch calls inside the step on
     its rank: eager kernel launches plus graph launches), forwards (outermost ``nn.Module`` frames inside; -1 without
     Python stacks), generate (frames named ``generate`` inside; -1 without Python stacks).
     ``holds_request``: True when every step holds a ``generate`` frame, False when none does and the trace has

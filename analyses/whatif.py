@@ -424,7 +424,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "removed_us": ctx.unprof["removed_us"],
         "launch_source": ctx.unprof["launch_source"],
         "latency_us": ctx.model.latency_us,
-        "warnings": list(ctx.model.warnings) + ([ctx.fit_warning] if ctx.fit_warning else []),
+        "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.unprof.get("warnings", ()))
+                     + ([ctx.fit_warning] if ctx.fit_warning else [])),
     }
     return WhatIf(data)
 
