@@ -518,11 +518,13 @@ def host_time_map(model: ReplayModel, res: ReplayResult, t_us: np.ndarray) -> np
 
 def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.ndarray:
     """(r,) trace-clock starts of the host user_annotation ranges called ``name`` on the model's thread, sorted
-    (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`). Empty when there are none."""
+    (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`), each start once: two ranges of one name that
+    start at the same µs on one thread are one range written twice (:func:`gaptrace.analyses.rounds.duplicate_ranges`),
+    not a round of no length. Empty when there are none."""
     h = trace.host
     m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == model.key[0])
          & trace.host_str_eq("name", name) & trace.host_str_eq("tid", model.tid))
-    return np.sort(h["ts_us"].to_numpy()[m])
+    return np.unique(h["ts_us"].to_numpy()[m])
 
 
 def round_periods(model: ReplayModel, res: ReplayResult, starts_us: np.ndarray) -> np.ndarray:

@@ -47,7 +47,7 @@ from gaptrace.trace import Trace
 from .launch_fit import launch_inflation_us, launch_points
 from .occupancy import busy_timeline, resolve_device
 
-__all__ = ["RoundsReport", "rounds", "SERIAL_BLOCKED_SHARE", "STEADY_TOLERANCE", "ROUND_NAME"]
+__all__ = ["RoundsReport", "rounds", "duplicate_ranges", "SERIAL_BLOCKED_SHARE", "STEADY_TOLERANCE", "ROUND_NAME"]
 
 ROUND_NAME = "round"
 SERIAL_BLOCKED_SHARE = 0.05
@@ -106,7 +106,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     if trace.device.empty:
         return None
     key = resolve_device(trace, device)
-    ua, match, ua_rows = _round_annotations(trace, key[0], name)
+    ua, match, ua_rows, n_dup = _round_annotations(trace, key[0], name)
     sel = ua[match].sort_values("ts_us", kind="stable")
     if len(sel) < 2:
         return None
@@ -188,7 +188,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     tau_mean = float(np.nanmean(tau_s)) if np.isfinite(tau_s).any() else None
     summary: dict[str, Any] = {
         "rounds": len(table), "annotation": name, "rounds_steady": int(steady.sum()),
-        "window_joins": int(joins.sum()),
+        "window_joins": int(joins.sum()), "duplicate_rounds": n_dup,
         "rounds_excluded": [int(i) for i in np.flatnonzero(~steady)],
         "t_round_us": mean["t_round_us"], "t_gpu_us": mean["t_gpu_us"], "t_host_us": mean["t_host_us"],
         "t_serial_us": mean["t_serial_us"], "blocked_us": mean["blocked_us"],
@@ -221,10 +221,13 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     return RoundsReport(table=table, summary=summary, host_ranges=ranges)
 
 
-def _round_annotations(trace: Trace, rank: int | None, name: str) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+def _round_annotations(trace: Trace, rank: int | None, name: str
+                       ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, int]:
     """The host user_annotation rows of ``rank`` (every rank when None), a bool mask of the round ranges among them
     (``name``, or numbered ranges such as "round_3" / "round 3": one name per round), and their positions in
-    ``trace.host``."""
+    ``trace.host``, and how many exact copies were left out: a copy of a round range (the same rank, thread, start
+    and end as another: a trace written or joined twice over) is one round, only its first row matches
+    (:func:`duplicate_ranges`)."""
     h = trace.host
     keep = (h["cat"] == "user_annotation").to_numpy()
     if rank is not None:
@@ -233,7 +236,24 @@ def _round_annotations(trace: Trace, rank: int | None, name: str) -> tuple[pd.Da
     # the pattern tested once per distinct name
     codes, uniq = pd.factorize(trace.host_str("name")[keep])
     match = pd.Series(uniq, dtype=object).str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool)[codes]
-    return ua, match, np.flatnonzero(keep)
+    n_dup = 0
+    if match.any():
+        m = np.flatnonzero(match)
+        dup = duplicate_ranges(ua.iloc[m])
+        match[m[dup]] = False
+        n_dup = int(dup.sum())
+    return ua, match, np.flatnonzero(keep), n_dup
+
+
+def duplicate_ranges(rows: pd.DataFrame) -> np.ndarray:
+    """(len(rows),) bool: the host rows that repeat an earlier row's (rank, tid, ts_us, end_us) exactly. Two ranges
+    of one thread cannot both start and end at the same µs unless one is a copy of the other (a nested range of the
+    same name would have to have the same length too)."""
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    key = pd.DataFrame({"rank": rows["rank"].to_numpy(), "tid": rows["tid"].astype(str).to_numpy(),
+                        "ts": rows["ts_us"].to_numpy(), "end": rows["end_us"].to_numpy()})
+    return key.duplicated(keep="first").to_numpy()
 
 
 def range_inclusive_us(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] | None = None
@@ -245,7 +265,7 @@ def range_inclusive_us(trace: Trace, name: str = ROUND_NAME, device: int | tuple
     ``runtime.annotate.HostRangeTimes`` (same ranges, host clock, no profiler)."""
     if trace.host.empty:
         return {}
-    ua, match, _ = _round_annotations(trace, resolve_device(trace, device)[0] if not trace.device.empty else None,
+    ua, match, _, _ = _round_annotations(trace, resolve_device(trace, device)[0] if not trace.device.empty else None,
                                       name)
     names = ua["name"].astype(str)
     starts = np.sort(ua["ts_us"].to_numpy(dtype=np.float64)[match])

@@ -285,14 +285,14 @@ def find_steps(trace: Trace, device: int | tuple[int, int] | None = None, round_
     Never raises for a trace without annotations: ``rule`` is then "none" with ``reason`` saying why. Cost: one
     pass over the user_annotation / cpu_op rows of the rank plus :func:`gaptrace.analyses.stacks.host_tree`.
     """
-    from .rounds import ROUND_NAME, _round_annotations
+    from .rounds import ROUND_NAME, _round_annotations, duplicate_ranges
 
     h = trace.host
     rank = _rank_of(trace, device)
     in_rank = h["rank"].to_numpy() == rank
     rule, rows, pattern, reason = "none", None, None, ""
     round_name = round_name or ROUND_NAME
-    ua, match, ua_rows = _round_annotations(trace, rank, round_name)
+    ua, match, ua_rows, _ = _round_annotations(trace, rank, round_name)
     if int(match.sum()) >= 2:
         rule, rows, pattern = "round", ua_rows[match], round_name
         reason = f"the trace carries the runtime's verify-round range '{round_name}' ({int(match.sum())}×)"
@@ -318,6 +318,10 @@ def find_steps(trace: Trace, device: int | tuple[int, int] | None = None, round_
         return Steps(rule="none", name=None, name_pattern=None, reason=reason,
                      table=pd.DataFrame({c: [] for c in STEP_COLUMNS}), summary={"steps": 0})
     t = _rows_table(trace, np.asarray(rows, dtype=np.int64))
+    dup = duplicate_ranges(trace.host.iloc[t["host_row"].to_numpy()])
+    if dup.any():  # an exact copy of a step range is one step (rounds.duplicate_ranges)
+        t = t[~dup].reset_index(drop=True)
+        reason += f"; {int(dup.sum())} exact copies of a step range (same thread, start and end) counted once"
     t.insert(0, "step", np.arange(len(t)))
     t["dur_us"] = t["end_us"] - t["start_us"]
     period = np.r_[np.diff(t["start_us"].to_numpy()), np.nan] if len(t) else np.zeros(0)

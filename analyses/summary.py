@@ -323,6 +323,8 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
         warnings.append(f"what-if replay: {why}; findings carry no saving_us")
     if ctx is not None and getattr(ctx, "fit_warning", None):
         warnings.append(f"what-if replay: {ctx.fit_warning}")
+    if ctx is not None:
+        warnings += [f"what-if replay: {w}" for w in list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))]
     out["whatif"] = savings.whatif_block(trace, ctx, calibration, sidecar)
     if ctx is not None:
         out["whatif"]["step_rule"], out["whatif"]["step_name"] = ctx.step_rule, ctx.step_name

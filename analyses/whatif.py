@@ -283,11 +283,15 @@ class Context:
         self.starts = round_starts(trace, self.model, round_name)
         self.step_rule = "round"
         self.step_name = round_name
+        self.warnings: list[str] = []
         if len(self.starts) >= 2:
             h = trace.host
             m = (trace.host_str_eq("cat", "user_annotation") & trace.host_str_eq("name", round_name)
-                 & trace.host_str_eq("tid", self.model.tid))
+                 & trace.host_str_eq("tid", self.model.tid) & (h["rank"].to_numpy() == self.model.key[0]))
             self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
+            if int(m.sum()) > len(self.starts):
+                self.warnings.append(f"{int(m.sum()) - len(self.starts)} {round_name!r} ranges start at the same µs "
+                                     "as another on the launching thread (one range written twice): counted once")
         else:
             # no verify rounds: the loop's steps (analyses/steps.py find_steps: ProfilerStep#N, an engine's step
             # range, or a host range that repeats with a regular period), on the launching thread
@@ -305,7 +309,9 @@ class Context:
             if len(t) < 2:
                 raise TraceError(f"{trace.path}: fewer than two {round_name!r} ranges or loop steps on the "
                                  f"launching thread: no round period to predict ({st.reason})")
-            self.starts = np.sort(t["start_us"].to_numpy(dtype=np.float64))
+            self.starts = np.unique(t["start_us"].to_numpy(dtype=np.float64))
+            if "exact copies" in st.reason:
+                self.warnings.append(st.reason.rsplit("; ", 1)[-1])
             self.window = (float(self.starts[0]), float(t["end_us"].to_numpy(dtype=np.float64).max()))
             self.step_rule, self.step_name = st.rule, st.name_pattern or st.name
         # a period across two profiler windows is no round (Trace.window_joins): out of every figure
@@ -399,7 +405,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "round_name": ctx.step_name,
         "profiled_round_us": float(np.median(p_meas)),
         "replayed_round_us": float(np.median(p_rep)),
-        "replay_error": float(np.median(np.abs(p_rep - p_meas) / p_meas)),
+        "replay_error": float(np.median(np.abs(p_rep - p_meas)[p_meas > 0] / p_meas[p_meas > 0]))
+        if (p_meas > 0).any() else math.nan,
         "before_round_us": med_b,
         "after_round_us": med_a,
         "saving_us": saving,
@@ -424,7 +431,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "removed_us": ctx.unprof["removed_us"],
         "launch_source": ctx.unprof["launch_source"],
         "latency_us": ctx.model.latency_us,
-        "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.unprof.get("warnings", ()))
+        "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))
                      + ([ctx.fit_warning] if ctx.fit_warning else [])),
     }
     return WhatIf(data)

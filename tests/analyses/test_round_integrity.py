@@ -1,4 +1,6 @@
-"""Traces of several profiler windows (Kineto's ``cat: "Trace"`` span per window, :attr:`Trace.windows`): a period
+"""Rounds a trace cannot hold: periods across profiler windows, copies of one round range.
+
+Traces of several profiler windows (Kineto's ``cat: "Trace"`` span per window, :attr:`Trace.windows`): a period
 from a round in one window to a round in the next spans a stretch the profiler did not record, and no figure may
 count it (docs/DESIGN.md "Rounds"). The two-window traces here are real H200 captures written twice, the second
 copy shifted past the first by a pause, its ids moved out of the first copy's range (what joining two windows'
@@ -107,3 +109,26 @@ def test_whatif_and_steps_leave_the_join_out(tmp_path):
     st = find_steps(tr2)
     p = st.table["period_us"].to_numpy()
     assert np.isnan(p).sum() == 2 and np.nanmax(p) < PAUSE_US  # the join and the last step
+
+
+def test_a_round_range_written_twice_is_one_round(tmp_path):
+    """One ``round`` event of a real capture copied into the trace again: before, it made a 0 µs period (a replay
+    error of NaN) and one round more; now it is one round, and rounds, steps and whatif say so."""
+    with gzip.open(SYNC, "rt") as f:
+        d = json.load(f)
+    rr = [e for e in d["traceEvents"] if e.get("cat") == "user_annotation" and e.get("name") == "round"]
+    d["traceEvents"].append(copy.deepcopy(rr[3]))
+    out = tmp_path / "dup.json.gz"
+    with gzip.open(out, "wt") as f:
+        json.dump(d, f)
+    one, tr = load_trace(SYNC), load_trace(str(out))
+    r1, r2 = rounds(one), rounds(tr)
+    assert r2.summary["duplicate_rounds"] == 1 and r1.summary["duplicate_rounds"] == 0
+    pd.testing.assert_frame_equal(r2.table, r1.table)
+    assert len(find_steps(tr).table) == len(find_steps(one).table) == len(rr)
+    w1, w2 = W.whatif(one).data, W.whatif(tr).data
+    assert w2["rounds"] == w1["rounds"] == len(rr) - 1
+    assert w2["replay_error"] == pytest.approx(w1["replay_error"]) and np.isfinite(w2["replay_error"])
+    assert min(w2["periods_profiled_us"]) > 0
+    assert any("written twice" in x for x in w2["warnings"])
+    assert not any("written twice" in x for x in w1["warnings"])
