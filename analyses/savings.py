@@ -36,7 +36,7 @@ from gaptrace.trace import Trace, TraceError
 
 from .findings import ms_text
 from .profiler_cost import Calibration, load_calibration
-from .whatif import Change, Context, device_items_launched, site_intervals, whatif
+from .whatif import Change, Context, device_items_launched, other_thread_intervals, site_intervals, whatif
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
            "finding_cause",
@@ -78,7 +78,8 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
     its ``unprofiled_step_ms`` × 1000 (a :class:`gaptrace.capture.Capture` sidecar), or None),
     rounds, calibration (source, measured_on and the per-event costs), fitted_to_unprofiled (whether the profiler's
     per-event costs were scaled to reproduce the sidecar's measured unprofiled rounds: then the prediction matches
-    them by construction), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
+    them by construction), profiler_cost_fit ("fitted" | "at_bound": no scale in the bounds reproduces them, the
+    scale is kept at the bound | "none"), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
     calibration alone: the figure whose error DESIGN.md "Error figures" states)}; the round fields None without
     ``ctx``."""
     cal = resolve_calibration(calibration) if ctx is None else ctx.calibration
@@ -87,14 +88,16 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
     meas_us = _measured_period_us(sidecar)
     out = {"profiled_round_us": None, "predicted_unprofiled_round_us": None, "replayed_round_us": None,
            "measured_unprofiled_round_us": meas_us, "rounds": None,
-           "fitted_to_unprofiled": None, "profiler_cost_scale": None, "unfitted_round_us": None,
+           "fitted_to_unprofiled": None, "profiler_cost_fit": None, "profiler_cost_scale": None,
+           "unfitted_round_us": None,
            "calibration": (ctx.calibration if ctx is not None else cal).to_dict()}
     if ctx is None:
         return out
     d = whatif(trace, [], context=ctx).data
     out.update(profiled_round_us=d["profiled_round_us"], predicted_unprofiled_round_us=d["before_round_us"],
                replayed_round_us=d["replayed_round_us"], rounds=d["rounds"],
-               fitted_to_unprofiled=d["fitted_to_unprofiled"], profiler_cost_scale=d["profiler_cost_scale"],
+               fitted_to_unprofiled=d["fitted_to_unprofiled"], profiler_cost_fit=d["profiler_cost_fit"],
+               profiler_cost_scale=d["profiler_cost_scale"],
                unfitted_round_us=d["unfitted_round_us"])
     return out
 
@@ -225,7 +228,12 @@ def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) 
     if site in memo:
         return memo[site]
     try:
-        us, ue = site_intervals(trace, ctx.model, site)
+        try:
+            us, ue = site_intervals(trace, ctx.model, site)
+        except TraceError:  # on another thread: what the launching thread waited on it (whatif.other_thread_intervals)
+            other_thread_intervals(trace, ctx.model, site, ctx.window)
+            memo[site] = whatif(trace, [Change(site)], context=ctx).data
+            return memo[site]
         t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
         i = np.searchsorted(us, t, side="right") - 1
         held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)])))
@@ -379,7 +387,7 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
     if pred is None:
         return None
     meas = block.get("measured_unprofiled_round_us")
-    if meas is not None and block.get("fitted_to_unprofiled") and abs(pred - meas) > 0.05 * meas:
+    if meas is not None and block.get("profiler_cost_fit") == "at_bound":
         # the scale hit its bound: the prediction does not reproduce the measured rounds; say both
         round_text = (f"the predicted unprofiled round, {ms_text(pred)}; measured {ms_text(meas)}: the model could "
                       f"not be fitted to it (profiler cost scale {block.get('profiler_cost_scale'):g}, at its bound), "

@@ -36,8 +36,8 @@ from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
                      round_starts)
 
-__all__ = ["Change", "WhatIf", "site_intervals", "apply_changes", "device_items_launched",
-           "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup"]
+__all__ = ["Change", "WhatIf", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
+           "check_changes", "apply_changes", "device_items_launched", "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +50,19 @@ class Change:
     site: str
     factor: float | None = None
     with_device: bool = False
+
+
+def check_changes(changes: Iterable[Change]) -> None:
+    """ValueError (one line) when two changes name the same site: a site removed and also made faster, made faster
+    twice, or removed twice (its effect would depend on the order the changes apply in)."""
+    seen: dict[str, Change] = {}
+    for c in changes:
+        if c.site in seen:
+            def said(x: Change) -> str:
+                return (f"--speedup {x.site}={x.factor:g}" if x.factor is not None else
+                        f"--remove{'-with-device' if x.with_device else ''} {x.site}")
+            raise ValueError(f"{said(seen[c.site])} and {said(c)} name the same site: give each site one change")
+        seen[c.site] = c
 
 
 def parse_speedup(text: str) -> Change:
@@ -70,20 +83,7 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
     ``window`` (trace clock) when given. An NVTX range name matches exactly; otherwise any python_function /
     cpu_op whose name equals or contains ``site``. TraceError (one line) when nothing matches."""
     h = trace.host
-    on = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
-        (h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)))
-    # names matched once per distinct name (a trace has thousands of names over millions of events)
-    uniq, inv = name_codes(trace)
-    ann = trace.memo(("whatif_ann", model.key[0], model.tid), h,
-                     lambda: on & trace.host_str_eq("cat", "user_annotation"))
-    exact = uniq == site
-    m = ann & exact[inv]
-    if not m.any():
-        fr = trace.memo(("whatif_frames", model.key[0], model.tid), h,
-                        lambda: on & h["cat"].isin(("python_function", "cpu_op")).to_numpy())
-        m = fr & (exact | (np.char.find(uniq, site) >= 0))[inv]
-    if not m.any():
-        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
+    m, _how, _names = _site_rows(trace, model, site)
     s = h["ts_us"].to_numpy()[m]
     e = h["end_us"].to_numpy()[m]
     if window is not None:
@@ -92,6 +92,112 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
         s, e = s[keep], e[keep]
     s, e = _merge(s - model.t0_us, e - model.t0_us)
     return s, e
+
+
+def _site_rows(trace: Trace, model: ReplayModel, site: str) -> tuple[np.ndarray, str, list[str]]:
+    """(host row mask, how it matched: "range" | "frame" | "frames containing", the distinct names matched) of
+    ``site`` on the model's thread (:func:`site_intervals`). TraceError (one line) when nothing matches."""
+    h = trace.host
+    on = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
+        (h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)))
+    # names matched once per distinct name (a trace has thousands of names over millions of events)
+    uniq, inv = name_codes(trace)
+    ann = trace.memo(("whatif_ann", model.key[0], model.tid), h,
+                     lambda: on & trace.host_str_eq("cat", "user_annotation"))
+    exact = uniq == site
+    m, how, names = ann & exact[inv], "range", exact
+    if not m.any():
+        fr = trace.memo(("whatif_frames", model.key[0], model.tid), h,
+                        lambda: on & h["cat"].isin(("python_function", "cpu_op")).to_numpy())
+        m, how = fr & exact[inv], "frame"
+        if not m.any():
+            names = np.char.find(uniq, site) >= 0
+            m, how = fr & names[inv], "frames containing"
+    if not m.any():
+        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
+    hit = np.zeros(len(uniq), dtype=bool)
+    hit[np.unique(inv[m])] = True
+    return m, how, [str(x) for x in uniq[hit & names]]
+
+
+def site_matches(trace: Trace, model: ReplayModel, site: str) -> dict[str, Any]:
+    """How ``site`` matched on the model's thread: {"how": "range" (an NVTX range of that name) | "frame" (frames
+    of exactly that name) | "frames containing" (frames whose name contains it) | "other thread" (not on the
+    launching thread: its waits on another thread inside the site, :func:`other_thread_intervals`, with
+    ``waited_us`` their total), "names": the distinct names matched (sorted), "events": the host events matched on
+    the launching thread}. TraceError (one line) when no thread of the rank has it."""
+    try:
+        m, how, names = _site_rows(trace, model, site)
+    except TraceError:
+        us, ue = other_thread_intervals(trace, model, site)
+        return {"how": "other thread", "names": [site], "events": 0,
+                "waited_us": float(np.sum(ue - us))}
+    return {"how": how, "names": sorted(names), "events": int(m.sum())}
+
+
+def _intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intersection of two sets of sorted, disjoint intervals, as sorted, disjoint (starts, ends)."""
+    if not len(a_s) or not len(b_s):
+        return np.zeros(0), np.zeros(0)
+    pts = np.unique(np.concatenate((a_s, a_e, b_s, b_e)))
+    lo, hi = pts[:-1], pts[1:]
+    mid = 0.5 * (lo + hi)
+
+    def inside(s, e):
+        i = np.searchsorted(s, mid, side="right") - 1
+        return (i >= 0) & (mid < e[np.maximum(i, 0)])
+
+    k = inside(a_s, a_e) & inside(b_s, b_e)
+    return _merge(lo[k], hi[k])
+
+
+def other_thread_intervals(trace: Trace, model: ReplayModel, site: str,
+                           window: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """For a ``site`` that is not on the launching thread: the parts of the launching thread's lock waits
+    (:func:`.profiler_cost._thread_waits`: Queue.get, Condition.wait, Thread.join, at least
+    ``THREAD_WAIT_MIN_US``) during which another thread of the rank was inside ``site`` (merged, µs relative to
+    ``model.t0_us``, clipped to ``window``). The waited-for thread doing that work is what the launching thread
+    waited for; without it the wait ends sooner by that much (a first-order model: DESIGN.md 5.5). Empty when the
+    launching thread never waits while the site runs (removing it saves nothing on the critical path). TraceError
+    (one line) when no thread of the rank has an NVTX range or frame matching ``site``."""
+    from .profiler_cost import _thread_waits
+
+    h = trace.host
+    others = trace.memo(("whatif_others", model.key[0], model.tid), h, lambda: (
+        (h["rank"].to_numpy() == model.key[0]) & ~trace.host_str_eq("tid", model.tid)))
+    uniq, inv = name_codes(trace)
+    exact = uniq == site
+    m = others & trace.host_str_eq("cat", "user_annotation") & exact[inv]
+    if not m.any():
+        fr = others & h["cat"].isin(("python_function", "cpu_op")).to_numpy()
+        m = fr & exact[inv]
+        if not m.any():
+            m = fr & (np.char.find(uniq, site) >= 0)[inv]
+    if not m.any():
+        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on any thread of the launching "
+                         "rank")
+    s, e = h["ts_us"].to_numpy()[m], h["end_us"].to_numpy()[m]
+    if window is not None:
+        s, e = np.maximum(s, window[0]), np.minimum(e, window[1])
+        keep = e > s
+        s, e = s[keep], e[keep]
+    us, ue = _merge(s - model.t0_us, e - model.t0_us)
+    w = _thread_waits(trace, model)
+    if w is None:
+        return np.zeros(0), np.zeros(0)
+    return _intersect(us, ue, *_merge(np.asarray(w["ws"], dtype=np.float64), np.asarray(w["we"], dtype=np.float64)))
+
+
+def site_effect_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[float, float] | None = None
+                          ) -> tuple[np.ndarray, np.ndarray, str]:
+    """(starts, ends, where) of what a change to ``site`` takes out of the launching thread's host work:
+    ``site_intervals`` when the site is on the launching thread (where "launching"), else the launching thread's
+    waits on it (:func:`other_thread_intervals`, where "other thread"). TraceError (one line) when no thread of
+    the rank has it."""
+    try:
+        return (*site_intervals(trace, model, site, window), "launching")
+    except TraceError:
+        return (*other_thread_intervals(trace, model, site, window), "other thread")
 
 
 def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,
@@ -107,7 +213,7 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
     s, e = model.call_start_us, model.call_end_us
     a = np.concatenate(([s[0]], e[:-1]))  # the host work interval before call k: [e_{k-1}, s_k]
     for ch in changes:
-        us, ue = site_intervals(trace, model, ch.site, window)
+        us, ue, _where = site_effect_intervals(trace, model, ch.site, window)
         o = _coverage(us, ue, a, s)
         frac = np.divide(o, model.work_us, out=np.zeros_like(o), where=model.work_us > 0)
         frac = np.clip(frac, 0.0, 1.0)
@@ -332,11 +438,18 @@ class Context:
             self.scale, self.unprof = fit_profiler_scale(self, self.target_us)
             self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                item_dur_us=self.unprof["item_dur_us"])
-            self.fitted = True
-            if self.scale in SCALE_BOUNDS:
+            self.fitted = self.scale not in SCALE_BOUNDS
+            if not self.fitted:
                 self.fit_warning = (f"the profiler cost scale that matches the measured unprofiled round "
                                     f"({self.target_us / 1e3:.3f} ms) is out of [{SCALE_BOUNDS[0]:g}, "
                                     f"{SCALE_BOUNDS[1]:g}]: kept at {self.scale:g}")
+
+    @property
+    def fit_status(self) -> str:
+        """"fitted" (α reproduces the measured unprofiled round), "at_bound" (no α in :data:`SCALE_BOUNDS` does:
+        α is kept at the bound and the prediction misses the measured round), or "none" (no measured round, or
+        ``fit=False``)."""
+        return "fitted" if self.fitted else ("at_bound" if self.fit_warning else "none")
 
     def periods(self, res: ReplayResult) -> np.ndarray:
         """(rounds,) replayed round periods, µs: the host's round-start intervals, each at least the round's device
@@ -382,6 +495,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     matches nothing. Returns :class:`WhatIf`."""
     ctx = context or Context(trace, sidecar, calibration)
     changes = list(changes)
+    check_changes(changes)
     after = ctx.run(changes) if changes else ctx.base
     p_meas = ctx.measured_periods()
     p_rep, p_before, p_after = ctx.periods(ctx.replayed), ctx.periods(ctx.base), ctx.periods(after)
@@ -396,7 +510,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "trace": trace.path,
         "changes": [{"site": c.site, "factor": c.factor,
                      "action": ("speedup" if c.factor is not None else
-                                "remove_with_device" if c.with_device else "remove")}
+                                "remove_with_device" if c.with_device else "remove"),
+                     "matched": site_matches(trace, ctx.model, c.site)}
                     for c in changes],
         "calibration": ctx.calibration.to_dict(),
         "rounds": int(len(p_meas)),
@@ -417,6 +532,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "unprofiled_error": (med_b - unp) / unp if unp else None,
         "profiler_cost_scale": ctx.scale,
         "fitted_to_unprofiled": ctx.fitted,
+        "profiler_cost_fit": ctx.fit_status,
         "unfitted_round_us": ctx.unfitted_round_us,
         "unfitted_error": (ctx.unfitted_round_us - unp) / unp if unp else None,
         "occupancy_before": _occupancy(ctx.model, ctx.base, rs_b, p_before, ctx.joins),

@@ -27,16 +27,24 @@ def render_whatif(d: dict) -> str:
         return f"remove {c['site']}" + (" and its device work" if c.get("action") == "remove_with_device" else "")
 
     ch = ", ".join(said(c) for c in d["changes"]) or "no change"
-    lines = [f"{d['trace']}: {d['rounds']} rounds; {ch}",
+    lines = [f"{d['trace']}: {d['rounds']} rounds; {ch}"]
+    for c in d["changes"]:
+        m = c.get("matched") or {}
+        if m.get("how") == "other thread":
+            lines.append(f"  {c['site']} runs on another thread: the launching thread waited on it "
+                         f"{m.get('waited_us', 0.0) / 1e3:,.2f} ms in all (its lock waits while that thread was inside "
+                         "it); the change shortens those waits")
+        if m.get("how") == "frames containing":  # a substring match: say what it took
+            names = m.get("names", [])
+            lines.append(f"  {c['site']} matches {len(names)} frame name(s) containing it ({m.get('events', 0):,} "
+                         f"events): " + "; ".join(names[:5]) + (f"; … {len(names) - 5} more" if len(names) > 5 else ""))
+    lines += [
              f"  profiled round (measured, median)  {_us(d['profiled_round_us'])}",
              f"  replayed unchanged                 {_us(d['replayed_round_us'])} (error {d['replay_error']:.1%})",
              f"  predicted unprofiled round         {_us(d['before_round_us'])}"
              + (f" (measured unprofiled {_us(d['unprofiled_round_us'])}, error {d['unprofiled_error']:+.1%})"
                 if d.get("unprofiled_round_us") else ""),
-             (f"  profiler cost scale                {d['profiler_cost_scale']:.2f} (fitted to the measured "
-              f"unprofiled round; the calibration alone predicts {_us(d['unfitted_round_us'])}, error "
-              f"{d['unfitted_error']:+.1%})" if d.get("fitted_to_unprofiled") else
-              "  profiler cost scale                1 (the calibration as it is)"),
+             _scale_line(d),
              f"  after the change                   {_us(d['after_round_us'])}: saves {d['saving_us']:,.0f} µs a round"
              f" (one-off {d['one_off_saving_us']:,.0f} µs)",
              f"  occupancy                          {d['occupancy_before']:.1%} -> {d['occupancy_after']:.1%}"]
@@ -47,6 +55,20 @@ def render_whatif(d: dict) -> str:
     for w in d.get("warnings", []):
         lines.append(f"  warning: {w}")
     return "\n".join(lines)
+
+
+def _scale_line(d: dict) -> str:
+    """The profiler cost scale α and how it was set (fitted, at its bound, or the calibration as it is)."""
+    head = f"  profiler cost scale                {d['profiler_cost_scale']:.2f} "
+    alone = (f"the calibration alone predicts {_us(d['unfitted_round_us'])}, error {d['unfitted_error']:+.1%}"
+             if d.get("unfitted_error") is not None else "")
+    fit = d.get("profiler_cost_fit")
+    if fit == "fitted":
+        return head + f"(fitted to the measured unprofiled round; {alone})"
+    if fit == "at_bound":
+        return head + (f"(NOT fitted: no scale in its bounds reproduces the measured unprofiled round, kept at the "
+                       f"bound; {alone})")
+    return "  profiler cost scale                1 (the calibration as it is)"
 
 
 @click.command(name="whatif")
@@ -74,7 +96,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     """Predict the unprofiled verify round of TRACE, and the round without (or with faster) host sites."""
     from gaptrace import load_trace
     from gaptrace.analyses.profiler_cost import load_calibration
-    from gaptrace.analyses.whatif import Change, Context, parse_speedup
+    from gaptrace.analyses.whatif import Change, Context, check_changes, parse_speedup
     from gaptrace.analyses.whatif import whatif as run
     from gaptrace.sidecar import read_sidecar_checked
     from gaptrace.cli import fail, memory_limit_bytes
@@ -86,6 +108,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     try:
         changes = ([Change(r) for r in removes] + [Change(r, with_device=True) for r in removes_all]
                    + [parse_speedup(s) for s in speedups])
+        check_changes(changes)
         cal = load_calibration(calibration)
         tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         side, why = read_sidecar_checked(trace)

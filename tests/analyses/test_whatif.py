@@ -177,3 +177,64 @@ def test_two_capture_windows_back_to_back_replay_alike(tmp_path):
     np.testing.assert_allclose(rep2[n:], one["periods_replayed_us"], rtol=0.01)
     np.testing.assert_allclose(meas2[n:], one["periods_profiled_us"], rtol=1e-6)
     assert max(rep2[n:]) < 1.1 * max(one["periods_replayed_us"])
+
+
+def test_intersect_by_hand():
+    s, e = W._intersect(np.array([0.0, 10.0]), np.array([5.0, 20.0]), np.array([3.0, 12.0, 18.0]),
+                        np.array([11.0, 14.0, 30.0]))
+    np.testing.assert_allclose(s, [3.0, 10.0, 12.0, 18.0])
+    np.testing.assert_allclose(e, [5.0, 11.0, 14.0, 20.0])
+
+
+def test_two_changes_of_one_site_are_refused():
+    with pytest.raises(ValueError, match="name the same site"):
+        W.check_changes([W.Change("plan"), W.Change("plan", 2.0)])
+    with pytest.raises(ValueError, match="name the same site"):
+        W.check_changes([W.Change("plan", 2.0), W.Change("plan", 3.0)])
+    W.check_changes([W.Change("plan"), W.Change("rect_packed", 2.0)])
+
+
+def test_a_substring_site_says_what_it_matched(sync_ctx):
+    tr = sync_ctx.trace
+    w = W.whatif(tr, [W.Change("window")], context=sync_ctx).data
+    m = w["changes"][0]["matched"]
+    h = tr.host
+    frames = h[h["tid"].astype(str) == sync_ctx.model.tid]
+    frames = frames[frames["cat"].isin(("python_function", "cpu_op"))]
+    names = sorted({str(n) for n in frames["name"].astype(str) if "window" in n})
+    assert m["how"] == "frames containing" and m["names"] == names and len(names) >= 2
+    assert m["events"] == int(frames["name"].astype(str).str.contains("window", regex=False).sum())
+    exact = W.whatif(tr, [W.Change("plan")], context=sync_ctx).data["changes"][0]["matched"]
+    assert exact["how"] == "range" and exact["names"] == ["plan"]
+
+
+HELPER = os.path.join(ROOT, "h200_loops", "helper_thread.planted.trace.json.gz")
+
+
+def test_a_site_on_another_thread_shortens_the_waits_on_it():
+    """The helper-thread loop: the main thread waits on a queue while the helper thread builds the inputs in
+    ``_make_inputs``. Removing that frame takes out the parts of the main thread's lock waits during which the helper
+    was inside it (recomputed here from the raw frames), no more; before, whatif refused the site."""
+    from gaptrace.analyses.profiler_cost import THREAD_WAIT_MIN_US, THREAD_WAIT_PREFIX
+
+    tr = load_trace(HELPER)
+    ctx = W.Context(tr, read_sidecar_checked(HELPER)[0])
+    site = "benchmarks/loops/helper_thread.py(57): _make_inputs"
+    w = W.whatif(tr, [W.Change(site)], context=ctx).data
+    assert w["changes"][0]["matched"]["how"] == "other thread"
+    h = tr.host
+    main = ctx.model.tid
+    lo, hi = ctx.window
+    waits = h[(h["tid"].astype(str) == main) & (h["cat"] == "python_function")
+              & h["name"].astype(str).str.startswith(THREAD_WAIT_PREFIX) & (h["dur_us"] >= THREAD_WAIT_MIN_US)]
+    helper = h[(h["tid"].astype(str) != main) & (h["name"].astype(str) == site)]
+    # the overlap of the waits with the helper's frame, by pairs (both sets are disjoint on their thread)
+    ov = sum(max(0.0, min(a1, b1, hi) - max(a0, b0, lo))
+             for a0, a1 in zip(waits["ts_us"], waits["end_us"]) for b0, b1 in zip(helper["ts_us"], helper["end_us"]))
+    assert ov > 1000.0
+    us, ue = W.other_thread_intervals(tr, ctx.model, site, ctx.window)
+    assert float(np.sum(ue - us)) == pytest.approx(ov, rel=1e-6)
+    assert 0.0 < w["saving_us"] <= ov / w["rounds"] + 1.0
+    # a thread that is nowhere: one line
+    with pytest.raises(TraceError, match="on any thread"):
+        W.whatif(tr, [W.Change("no_such_frame_anywhere")], context=ctx)

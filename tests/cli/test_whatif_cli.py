@@ -18,7 +18,8 @@ def test_json_and_text():
     r = _run(FAULT, "--remove", "lengths_copy", "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["changes"] == [{"site": "lengths_copy", "factor": None, "action": "remove"}]
+    assert d["changes"] == [{"site": "lengths_copy", "factor": None, "action": "remove",
+                             "matched": {"how": "range", "names": ["lengths_copy"], "events": d["rounds"] + 1}}]
     assert d["after_round_us"] < d["before_round_us"] and d["calibration"]["source"].endswith(".json")
     # the clean twin's measured unprofiled round (the median of its sidecar's rounds, another process of the same
     # H200 session): the prediction is within 10% of it
@@ -36,7 +37,10 @@ def test_bad_input_one_line_exit_2(tmp_path):
     for args in ([FAULT, "--remove", "no_such_range"], [FAULT, "--speedup", "plan=0"],
                  [str(tmp_path / "missing.json")], [FAULT, "--calibration", str(bad_cal)],
                  # an empty site would match every frame (a name contains ""): refused, not a whole-loop removal
-                 [FAULT, "--remove", ""], [FAULT, "--remove-with-device", "  "], [FAULT, "--speedup", " =2"]):
+                 [FAULT, "--remove", ""], [FAULT, "--remove-with-device", "  "], [FAULT, "--speedup", " =2"],
+                 # one site, two changes: the result would depend on their order
+                 [FAULT, "--remove", "plan", "--speedup", "plan=2"], [FAULT, "--speedup", "plan=2", "--speedup",
+                                                                      "plan=3"]):
         r = _run(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("gaptrace: error:")
