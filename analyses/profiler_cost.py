@@ -36,7 +36,7 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.trace import Trace
 
 from .launch_fit import launch_fit
-from .replay import ReplayModel, _coverage, _merge
+from .replay import ReplayModel, _coverage, _intersect, _merge
 
 __all__ = ["Calibration", "load_calibration", "name_codes", "profiler_frames", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
            "thread_wait_cost", "THREAD_WAIT_PREFIX",
@@ -297,9 +297,83 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
     return res
 
 
+def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """(len(t),) bool: t inside one of the sorted, disjoint intervals [us, ue)."""
+    i = np.searchsorted(us, t, side="right") - 1
+    return (i >= 0) & (t < ue[np.maximum(i, 0)])
+
+
+def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict | None", work_us: np.ndarray,
+                    cost_us: np.ndarray, window: tuple[float, float] | None = None
+                    ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
+    """The host work inside the NVTX ranges the capture timed unprofiled (sidecar ``unprofiled_ranges``), set to
+    what was measured (DESIGN.md 5.2 "Measured ranges"). For a range R on the launching thread with measured mean
+    m_R µs per occurrence and n occurrences inside ``window`` (trace clock; the whole trace when None), its modeled
+    unprofiled host time is P_R = Σ_k work_k · f_k + Σ_{calls k starting inside R} cost_k (f_k: the share of host
+    work interval k that R covers); both are scaled by s_R = m_R · n / P_R, so that the replay's R takes what the
+    unprofiled run measured. A range is left as modeled when a call inside it blocks (its measured time holds the
+    wait, which the replay derives), when it holds another range applied here (innermost first: the outer one's
+    measurement holds the inner one's), or when it is not on the launching thread.
+
+    ``work_us`` / ``cost_us``: (K,) the unprofiled inputs after the calibration's costs. Returns (work, cost, {name:
+    {"measured_us_per_round", "modeled_us_per_round", "applied", "why", "scale" (s_R, when applied)}}, the applied
+    ranges as (merged starts, ends (µs from t0), s_R), disjoint: what :func:`site_share` needs), per round = per
+    occurrence × ``per_round``. Within a host work interval the profiler's cost is spread evenly: the range's part
+    of it is its share of the interval's profiled length."""
+    side = as_sidecar(sidecar)
+    work, cost = np.asarray(work_us, dtype=np.float64).copy(), np.asarray(cost_us, dtype=np.float64).copy()
+    info: dict[str, dict[str, Any]] = {}
+    if side is None or not side.unprofiled_ranges or not model.calls:
+        return work, cost, info, []
+    h = trace.host
+    on = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == model.key[0])
+          & trace.host_str_eq("tid", model.tid))
+    if window is not None:
+        ts = h["ts_us"].to_numpy()
+        on = on & (ts >= window[0]) & (ts < window[1])
+    names = trace.host_str("name")
+    s, e = model.call_start_us, model.call_end_us
+    a = np.concatenate(([s[0]], e[:-1]))  # host work interval k: [e_{k-1}, s_k]
+    found = []
+    for name, r in side.unprofiled_ranges.items():
+        m = on & (names == name)
+        row = {"measured_us_per_round": r.mean_us * r.per_round, "modeled_us_per_round": None,
+               "applied": False, "why": None}
+        info[name] = row
+        if not m.any():
+            row["why"] = "not on the launching thread inside the rounds"
+            continue
+        us, ue = _merge(h["ts_us"].to_numpy()[m] - model.t0_us, h["end_us"].to_numpy()[m] - model.t0_us)
+        found.append((float(np.sum(ue - us)), name, us, ue, int(m.sum()), r))
+    applied: list[tuple[np.ndarray, np.ndarray, float]] = []
+    for _span, name, us, ue, n, r in sorted(found, key=lambda x: x[0]):  # innermost (shortest in all) first
+        row = info[name]
+        inside = _starts_inside(us, ue, s)
+        f = np.clip(np.divide(_coverage(us, ue, a, s), model.work_us, out=np.zeros(len(s)),
+                              where=model.work_us > 0), 0.0, 1.0)
+        modeled = float(np.sum(work * f) + np.sum(cost[inside]))
+        row["modeled_us_per_round"] = modeled / n * r.per_round
+        if model.blocking[inside].any():
+            row["why"] = "a call inside it blocks: its measured time holds the wait, which the replay derives"
+            continue
+        if any(_starts_inside(us, ue, inner_s).any() for inner_s, _inner_e, _k in applied):
+            row["why"] = "it holds a range whose measured time is used: its own measurement holds that one's"
+            continue
+        if modeled <= 0:
+            row["why"] = "no host time inside it to scale"
+            continue
+        k = r.mean_us * n / modeled
+        work = work * (1.0 - f) + work * f * k
+        cost[inside] *= k
+        row["applied"] = True
+        row["scale"] = k
+        applied.append((us, ue, k))
+    return work, cost, info, applied
+
+
 def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration,
                       sidecar: dict | None = None, kappa_us_per_node: float | None = None,
-                      scale: float = 1.0) -> dict[str, Any]:
+                      scale: float = 1.0, window: tuple[float, float] | None = None) -> dict[str, Any]:
     """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
     ((I,): each item less ``device_op_us`` per op, or, for a graph replay whose size the sidecar timed unprofiled,
     min(its profiled span, the sidecar's ``unprofiled_device_us``): ``device_source`` says which) with the profiler's
@@ -363,6 +437,11 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     removed["profiler_overhead_events"] = float(ov_work.sum() - pf_work.sum() + ov_call[other].sum())
     removed["profiler_step_frames"] = float(pf_work.sum())
     removed["other_threads_waited"] = float(waited.sum())
+    # the ranges the capture timed without the profiler take their measured host time (measured_ranges)
+    before = float(work.sum() + new_cost.sum())
+    base_work = work
+    work, new_cost, ranges, applied = measured_ranges(trace, model, sidecar, work, new_cost, window)
+    removed["measured_ranges"] = before - float(work.sum() + new_cost.sum())
     # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
     # less that cost); a graph replay whose unprofiled device span the capture timed takes that span instead (never
     # longer than the profiled one: the profiler only adds)
@@ -384,7 +463,29 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
     return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
             "launch_source": {str(k): v for k, v in sorted(sources.items())}, "device_source": device_source,
-            "warnings": warnings}
+            "measured_ranges": ranges, "measured_scale": (base_work, applied), "warnings": warnings}
+
+
+def site_share(model: ReplayModel, us: np.ndarray, ue: np.ndarray, work_us: np.ndarray,
+               measured: tuple[np.ndarray, list] | None = None) -> np.ndarray:
+    """(K,) the share of each host work interval's unprofiled work ``work_us`` that the merged site intervals
+    [us, ue) (µs from t0) hold. Without measured ranges it is the site's share of the interval's profiled length,
+    o_k / work_k (the profiler's cost spread evenly); with them (``measured``: the unprofiled inputs'
+    ``measured_scale``, (the work before :func:`measured_ranges`, its applied ranges)) the site's part is b_k · (o_k +
+    Σ_R (s_R − 1) · |site ∩ R ∩ interval k|) with b_k the interval's unprofiled rate before the ranges, over
+    ``work_us``: a measured range's time counts as measured."""
+    s, e = model.call_start_us, model.call_end_us
+    a = np.concatenate(([s[0]], e[:-1]))
+    o = _coverage(us, ue, a, s)
+    if measured is None or not measured[1]:
+        return np.clip(np.divide(o, model.work_us, out=np.zeros_like(o), where=model.work_us > 0), 0.0, 1.0)
+    base, applied = measured
+    part = o.copy()
+    for rs, re_, k in applied:
+        i_s, i_e = _intersect(us, ue, rs, re_)
+        part += (k - 1.0) * _coverage(i_s, i_e, a, s)
+    rate = np.divide(base, model.work_us, out=np.zeros_like(o), where=model.work_us > 0)
+    return np.clip(np.divide(rate * part, work_us, out=np.zeros_like(o), where=work_us > 0), 0.0, 1.0)
 
 
 LONG_REPLAY_FACTOR = 2.0  # a replay over twice its size's median profiled span is the workload's (or an edit)

@@ -361,6 +361,22 @@ def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[idx], np.maximum.reduceat(e, idx)
 
 
+def _intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intersection of two sets of sorted, disjoint intervals, as sorted, disjoint (starts, ends)."""
+    if not len(a_s) or not len(b_s):
+        return np.zeros(0), np.zeros(0)
+    pts = np.unique(np.concatenate((a_s, a_e, b_s, b_e)))
+    lo, hi = pts[:-1], pts[1:]
+    mid = 0.5 * (lo + hi)
+
+    def inside(s, e):
+        i = np.searchsorted(s, mid, side="right") - 1
+        return (i >= 0) & (mid < e[np.maximum(i, 0)])
+
+    k = inside(a_s, a_e) & inside(b_s, b_e)
+    return _merge(lo[k], hi[k])
+
+
 def _coverage(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """µs of the merged intervals [us, ue) inside each [a, b): C(b) − C(a), C(t) the covered length before t."""
     cum = np.concatenate(([0.0], np.cumsum(ue - us)))

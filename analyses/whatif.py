@@ -31,9 +31,9 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 
 from gaptrace.trace import Trace, TraceError
 
-from .profiler_cost import Calibration, load_calibration, name_codes, unprofiled_inputs
+from .profiler_cost import Calibration, load_calibration, name_codes, site_share, unprofiled_inputs
 from .steps import find_steps
-from .replay import (ReplayModel, ReplayResult, _coverage, _merge, build_model, host_time_map, replay,
+from .replay import (ReplayModel, ReplayResult, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
 
 __all__ = ["Change", "WhatIf", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
@@ -135,22 +135,6 @@ def site_matches(trace: Trace, model: ReplayModel, site: str) -> dict[str, Any]:
     return {"how": how, "names": sorted(names), "events": int(m.sum())}
 
 
-def _intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The intersection of two sets of sorted, disjoint intervals, as sorted, disjoint (starts, ends)."""
-    if not len(a_s) or not len(b_s):
-        return np.zeros(0), np.zeros(0)
-    pts = np.unique(np.concatenate((a_s, a_e, b_s, b_e)))
-    lo, hi = pts[:-1], pts[1:]
-    mid = 0.5 * (lo + hi)
-
-    def inside(s, e):
-        i = np.searchsorted(s, mid, side="right") - 1
-        return (i >= 0) & (mid < e[np.maximum(i, 0)])
-
-    k = inside(a_s, a_e) & inside(b_s, b_e)
-    return _merge(lo[k], hi[k])
-
-
 def other_thread_intervals(trace: Trace, model: ReplayModel, site: str,
                            window: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """For a ``site`` that is not on the launching thread: the parts of the launching thread's lock waits
@@ -201,22 +185,21 @@ def site_effect_intervals(trace: Trace, model: ReplayModel, site: str, window: t
 
 
 def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,
-                  changes: Iterable[Change], window: tuple[float, float] | None = None
+                  changes: Iterable[Change], window: tuple[float, float] | None = None,
+                  measured: tuple[np.ndarray, list] | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(work, cost, wait, dropped) for :func:`.replay.replay` after ``changes`` (module docstring) on top of the
     given (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds.
     ``dropped`` ((I,) bool): the device items a removal ``with_device`` takes away (launched by a call inside the
-    site): replay them with no duration and no queue gap."""
+    site): replay them with no duration and no queue gap. ``measured``: the unprofiled inputs' ``measured_scale``
+    (ranges that take their measured host time: a site's share of an interval counts them as measured,
+    :func:`.profiler_cost.site_share`)."""
     work, cost = work_us.astype(np.float64).copy(), cost_us.astype(np.float64).copy()
     dropped = np.zeros(len(model.item_call), dtype=bool)
     wait = model.blocking.copy()
-    s, e = model.call_start_us, model.call_end_us
-    a = np.concatenate(([s[0]], e[:-1]))  # the host work interval before call k: [e_{k-1}, s_k]
     for ch in changes:
         us, ue, _where = site_effect_intervals(trace, model, ch.site, window)
-        o = _coverage(us, ue, a, s)
-        frac = np.divide(o, model.work_us, out=np.zeros_like(o), where=model.work_us > 0)
-        frac = np.clip(frac, 0.0, 1.0)
+        frac = site_share(model, us, ue, work_us, measured)
         inside = _calls_inside(model, us, ue)
         if ch.factor is None:
             work *= 1.0 - frac
@@ -354,7 +337,8 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     kappa = ctx.unprof.get("kappa_us_per_node") or 0.0
 
     def at(a: float) -> tuple[float, dict]:
-        u = unprofiled_inputs(ctx.trace, ctx.model, ctx.calibration, ctx.sidecar, kappa_us_per_node=kappa, scale=a)
+        u = unprofiled_inputs(ctx.trace, ctx.model, ctx.calibration, ctx.sidecar, kappa_us_per_node=kappa, scale=a,
+                              window=ctx.window)
         r = replay(ctx.model, u["work_us"], u["cost_us"], item_dur_us=u["item_dur_us"])
         return float(np.median(ctx.periods(r))), u
 
@@ -425,7 +409,7 @@ class Context:
         if self.joins.all():
             raise TraceError(f"{trace.path}: every {round_name!r} period spans two profiler windows: no round "
                              "period to predict")
-        self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar)
+        self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar, window=self.window)
         self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                            item_dur_us=self.unprof["item_dur_us"])
         self.replayed = replay(self.model)
@@ -464,7 +448,7 @@ class Context:
     def run(self, changes: Iterable[Change]) -> ReplayResult:
         changes = list(changes)
         w, c, wait, dropped = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                                            changes, self.window)
+                                            changes, self.window, self.unprof.get("measured_scale"))
         dur = np.where(dropped, 0.0, self.unprof["item_dur_us"])
         gap = np.where(dropped, 0.0, self.model.item_gap_us)
         return replay(self.model, w, c, wait, item_dur_us=dur, item_gap_us=gap)
@@ -546,6 +530,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "periods_after_us": p_after.tolist(),
         "removed_us": ctx.unprof["removed_us"],
         "launch_source": ctx.unprof["launch_source"],
+        "measured_ranges": ctx.unprof.get("measured_ranges", {}),
         "latency_us": ctx.model.latency_us,
         "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))
                      + ([ctx.fit_warning] if ctx.fit_warning else [])),

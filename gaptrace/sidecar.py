@@ -23,7 +23,7 @@ import os
 import stat
 from typing import Any, Mapping
 
-__all__ = ["Sidecar", "SidecarGraph", "SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "read_sidecar_checked",
+__all__ = ["Sidecar", "SidecarGraph", "SidecarRange", "SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "read_sidecar_checked",
            "load_sidecar_checked", "sidecar_problem", "sidecar_field_problems", "positive_number", "usable_tau",
            "as_sidecar", "check_sidecar", "sidecar_window_problem"]
 
@@ -122,7 +122,20 @@ def sidecar_field_problems(obj: dict) -> list[str]:
             out.append(f"graphs[{i}] (needs positive nodes and unprofiled_launch_us)")
         elif g.get("unprofiled_device_us") is not None and not positive_number(g.get("unprofiled_device_us")):
             out.append(f"graphs[{i}].unprofiled_device_us (not a positive number)")
+    ranges = obj.get("unprofiled_ranges")
+    if ranges is not None and not isinstance(ranges, list):
+        out.append("unprofiled_ranges (not a list)")
+    for i, r in enumerate(ranges if isinstance(ranges, list) else []):
+        if not _usable_range(r):
+            out.append(f"unprofiled_ranges[{i}] (needs a name, a positive mean_us and per_round)")
     return out
+
+
+def _usable_range(r: Any) -> bool:
+    """An ``unprofiled_ranges`` entry the replay can use: a non-empty string ``name``, positive ``mean_us`` and
+    ``per_round``."""
+    return (isinstance(r, dict) and isinstance(r.get("name"), str) and bool(r["name"])
+            and positive_number(r.get("mean_us")) and positive_number(r.get("per_round")))
 
 
 def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:
@@ -172,6 +185,17 @@ class SidecarGraph:
 
 
 @dataclasses.dataclass(frozen=True)
+class SidecarRange:
+    """One usable entry of the sidecar's ``unprofiled_ranges``: an NVTX range's host time without the profiler,
+    timed by the capture over its kept warm-up rounds: ``name``, ``mean_us`` (inclusive host µs per occurrence:
+    nested ranges and any wait inside count) and ``per_round`` (occurrences per round)."""
+
+    name: str
+    mean_us: float
+    per_round: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Sidecar:
     """A checked capture sidecar: only the values the analyses may use, each by the rules of
     :func:`sidecar_field_problems` (which names what was skipped).
@@ -186,7 +210,9 @@ class Sidecar:
       report's per-round τ when the analysis has none);
     - ``graphs``: the usable :class:`SidecarGraph` entries, in order (positive ``nodes`` and ``unprofiled_launch_us``);
     - ``unprofiled_round_ms``: the unprofiled round period in ms (the median of the usable values when a list),
-      or None.
+      or None;
+    - ``unprofiled_ranges``: the usable :class:`SidecarRange` entries (a later entry of one name replacing an
+      earlier one), {} when absent.
     """
 
     raw: Mapping[str, Any]
@@ -196,6 +222,7 @@ class Sidecar:
     round_record_taus: tuple[float | None, ...]
     graphs: tuple[SidecarGraph, ...]
     unprofiled_round_ms: float | None
+    unprofiled_ranges: Mapping[str, SidecarRange] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "Sidecar":
@@ -222,10 +249,14 @@ class Sidecar:
             unprof = float(np.median(vals)) if vals else None
         window = obj.get("analysis_window")
         config = obj.get("config")
+        ranges = obj.get("unprofiled_ranges")
+        by_name = {r["name"]: SidecarRange(r["name"], float(r["mean_us"]), float(r["per_round"]))
+                   for r in (ranges if isinstance(ranges, list) else []) if _usable_range(r)}
         return cls(raw=obj, config=config if isinstance(config, dict) else {},
                    analysis_window=window if isinstance(window, str) else None, round_taus=taus,
                    round_record_taus=records or (), graphs=usable,
-                   unprofiled_round_ms=float(unprof) if positive_number(unprof) else None)
+                   unprofiled_round_ms=float(unprof) if positive_number(unprof) else None,
+                   unprofiled_ranges=by_name)
 
     def unprofiled_launch_us(self) -> dict[int, float] | None:
         """{graph node count: unprofiled launch µs} for the launch fit

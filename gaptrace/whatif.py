@@ -34,6 +34,14 @@ def render_whatif(d: dict) -> str:
             lines.append(f"  {c['site']} runs on another thread: the launching thread waited on it "
                          f"{m.get('waited_us', 0.0) / 1e3:,.2f} ms in all (its lock waits while that thread was inside "
                          "it); the change shortens those waits")
+        mr = (d.get("measured_ranges") or {}).get(c["site"])
+        if mr and mr.get("applied"):
+            lines.append(f"  {c['site']}: host time as the capture measured it without the profiler, "
+                         f"{mr['measured_us_per_round']:,.0f} µs a round (the calibration's estimate "
+                         f"{mr['modeled_us_per_round']:,.0f} µs)")
+        elif mr and mr.get("why"):
+            lines.append(f"  {c['site']}: its unprofiled host time ({mr['measured_us_per_round']:,.0f} µs a round) "
+                         f"is not used: {mr['why']}")
         if m.get("how") == "frames containing":  # a substring match: say what it took
             names = m.get("names", [])
             lines.append(f"  {c['site']} matches {len(names)} frame name(s) containing it ({m.get('events', 0):,} "

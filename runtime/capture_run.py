@@ -4,8 +4,9 @@ The profiler is armed only after ``warmup_rounds`` rounds (graph capture and the
 in the engine's constructor) plus one discarded profiler warm-up round, then records ``rounds`` rounds with Python
 stacks (:class:`gaptrace.capture.Capture`, one ``step()`` per round). The unprofiled baseline is measured in the
 same process just before: the round periods of the warm-up rounds (the last :data:`UNPROFILED_ROUNDS`, outside the
-first quarter: :func:`unprofiled_block`), and the host cost of every graph launch in those rounds. The sidecar holds the config, per-round τ of the profiled rounds, each graph's node count and unprofiled
-launch cost. The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
+first quarter: :func:`unprofiled_block`), the host cost of every graph launch in those rounds, and the host time of
+every NVTX range in them (:func:`unprofiled_ranges`). The sidecar holds the config, per-round τ of the profiled
+rounds, each graph's node count and unprofiled launch cost, and those range times. The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
 ``EngineHooks``): the round events, the rounds read, and the graph node counts the engine reports.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import statistics
 from typing import Callable
 
+from .annotate import record_host_ranges
 from .engine import Engine, EngineHooks, RoundEvent
 from .session import DecodeSetup, encode_prompts, run_config
 
@@ -28,6 +30,24 @@ def unprofiled_block(periods_ms: list[float], keep: int = UNPROFILED_ROUNDS) -> 
     the default 40 warm-up rounds (39 periods: the first round's includes the set-up) that is 30 rounds."""
     n = len(periods_ms)
     return list(periods_ms[max(n - keep, n // 4):])
+
+
+def range_timing_from(warmup_rounds: int, keep: int = UNPROFILED_ROUNDS) -> int:
+    """The round hook index from which the NVTX ranges are timed unprofiled (``unprofiled_ranges``): the rounds
+    after it up to the last warm-up round, i.e. the rounds whose periods :func:`unprofiled_block` keeps and after
+    the device-timing rounds (:func:`device_timing_rounds`). With the default 40 warm-up rounds: rounds 10-40."""
+    n = warmup_rounds - 1
+    return max(n - keep, n // 4, device_timing_rounds(warmup_rounds, keep) + 1)
+
+
+def unprofiled_ranges(ranges, rounds: int) -> list[dict]:
+    """The sidecar's ``unprofiled_ranges``: per NVTX range timed unprofiled (:class:`runtime.annotate.HostRangeTimes`
+    over ``rounds`` warm-up rounds), {"name", "mean_us" (host µs per occurrence, inclusive: nested ranges and any
+    wait inside count), "per_round" (occurrences per round)}, sorted by name; [] when no round was timed."""
+    if not rounds or ranges is None:
+        return []
+    return [{"name": k, "mean_us": 1e6 * ranges.total_s[k] / ranges.count[k], "per_round": ranges.count[k] / rounds}
+            for k in sorted(ranges.total_s) if ranges.count[k]]
 
 
 def device_timing_rounds(warmup_rounds: int, keep: int = UNPROFILED_ROUNDS) -> int:
@@ -169,6 +189,11 @@ class CaptureHooks(EngineHooks):
         # graph replays timed on the device in the warm-up rounds whose periods the sidecar does not keep (the two
         # event records per replay stay out of the reference periods): rounds 3 .. device_timing_until
         self.device_timing_until = device_timing_rounds(warmup_rounds)
+        # unprofiled host time per NVTX range (runtime.annotate.HostRangeTimes), over the warm-up rounds whose
+        # periods the sidecar keeps (after the device-timing rounds): set by _run_capture
+        self.ranges = None
+        self.range_from = range_timing_from(warmup_rounds)
+        self.range_rounds = 0
 
     def on_round_read(self, index: int, taus: list[int]) -> None:
         self.round_tau.append(taus)
@@ -180,6 +205,10 @@ class CaptureHooks(EngineHooks):
                 self.launch_us.setdefault(key, []).extend(us)
         if self.device_timing_until and i in (2, self.device_timing_until):
             event.time_graph_device(i == 2)
+        if self.ranges is not None:
+            # the ranges between this hook and the next one belong to round i + 1
+            self.ranges.active = self.range_from <= i < self.warmup_rounds
+            self.range_rounds += self.ranges.active
         if i == self.shrink_at_round:
             live = [event.running[s] for s in sorted(event.running)]
             for r in live[(len(live) + 1) // 2:]:
@@ -210,11 +239,13 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
     cap.config = config
     hooks = CaptureHooks(cap, warmup_rounds, rounds, shrink_at_round, on_round)
 
-    with cap:
+    with cap, record_host_ranges() as ranges:
+        hooks.ranges = ranges
         try:
             engine.generate(ids, max_new_tokens, hooks=hooks)
         except _CaptureDone:
             pass
+        ranges.active = False
         if not cap.done:
             raise ValueError(f"the decode ended after {len(hooks.round_tau)} rounds, before the {warmup_rounds} "
                              f"warm-up + 1 + {rounds} profiled rounds the capture needs: raise --max-new-tokens "
@@ -240,6 +271,10 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                    for k, t in enumerate(profiled)],
         "graphs": graphs,
         "unprofiled_round_ms": periods or None,  # null: a warm-up too short to time a round
+        # host time per NVTX range in those warm-up rounds (no profiler): the replay takes a removed range's host
+        # time from it (docs/DESIGN.md 5.2)
+        "unprofiled_ranges": unprofiled_ranges(ranges, hooks.range_rounds),
+        "unprofiled_range_rounds": hooks.range_rounds,
         # the decode window: the profiled rounds, without the profiler's own start/stop synchronisation
         "analysis_window": "round",
         "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"

@@ -180,7 +180,7 @@ def test_two_capture_windows_back_to_back_replay_alike(tmp_path):
 
 
 def test_intersect_by_hand():
-    s, e = W._intersect(np.array([0.0, 10.0]), np.array([5.0, 20.0]), np.array([3.0, 12.0, 18.0]),
+    s, e = R._intersect(np.array([0.0, 10.0]), np.array([5.0, 20.0]), np.array([3.0, 12.0, 18.0]),
                         np.array([11.0, 14.0, 30.0]))
     np.testing.assert_allclose(s, [3.0, 10.0, 12.0, 18.0])
     np.testing.assert_allclose(e, [5.0, 11.0, 14.0, 20.0])

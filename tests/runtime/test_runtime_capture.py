@@ -33,6 +33,15 @@ def test_capture_on_cpu(tmp_path, scheduler):
         assert len(x["accepted"]) == 3 and x["tau"] == pytest.approx(sum(x["accepted"]) / 3)
         assert all(1 <= a <= 4 for a in x["accepted"])
     assert len(side["unprofiled_round_ms"]) >= 1 and side["graphs"] == []  # no CUDA graphs on the CPU
+    # the NVTX ranges timed without the profiler over the warm-up rounds after the first (3 warm-up rounds: 2, 3)
+    assert side["unprofiled_range_rounds"] == 2
+    ranges = {r["name"]: r for r in side["unprofiled_ranges"]}
+    assert {"round", "plan", "draft", "verify", "commit"} <= set(ranges)
+    assert ranges["round"]["per_round"] == 1.0 and ranges["plan"]["per_round"] == 1.0
+    assert all(r["mean_us"] > 0 for r in ranges.values())
+    # a range inside another takes no longer than it (inclusive host times of one clock)
+    assert ranges["plan"]["mean_us"] < ranges["round"]["mean_us"]
+    assert 1e3 * sum(side["unprofiled_round_ms"][-2:]) > ranges["round"]["mean_us"]
     trace = load_trace_reference(str(out))
     names = trace.host.loc[trace.host["cat"] == "user_annotation", "name"].astype(str)
     assert (names == "round").sum() == 4  # exactly the profiled rounds
