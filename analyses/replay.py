@@ -379,6 +379,8 @@ def _intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarra
 
 def _coverage(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """µs of the merged intervals [us, ue) inside each [a, b): C(b) − C(a), C(t) the covered length before t."""
+    if not len(us):
+        return np.zeros(np.shape(a), dtype=np.float64)
     cum = np.concatenate(([0.0], np.cumsum(ue - us)))
 
     def C(t: np.ndarray) -> np.ndarray:

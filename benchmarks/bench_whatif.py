@@ -41,12 +41,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 PAIRS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_pairs")
+# the same captures made again on another day, whose sidecars also time every NVTX range unprofiled
+# (``unprofiled_ranges``: the replay gives those ranges their measured host time, DESIGN.md 5.2)
+REPEAT_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_pairs_repeat")
 LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_loops")
 H200_CAL = os.path.join(PAIRS_DIR, "calibration_h200.json")  # the same figures as the shipped default
 CPU_CAL = os.path.join(ROOT, "analyses", "data", "calibration_cpu_epyc.json")
 PERIOD_GOAL = 0.10
 SAVING_GOAL = 0.35
 SAVING_FLOOR_US = 60.0
+MEASURED_RANGES = True  # --no-measured-ranges: the sidecars' unprofiled_ranges left out (the calibration alone)
 
 
 def mk_period_ms(path: str) -> float:
@@ -69,18 +73,19 @@ def sidecar_period_ms(trace_path: str, key: str) -> float | None:
     return float(np.median(v)) if isinstance(v, list) and v else None
 
 
-def runtime_pairs() -> list[dict]:
-    """The runtime's pairs: with-cause traces, the site to remove, measured saving and range (ms)."""
-    with open(os.path.join(PAIRS_DIR, "pairs.json"), encoding="utf-8") as f:
+def runtime_pairs(folder: str = PAIRS_DIR, label: str = "") -> list[dict]:
+    """The runtime's pairs of one folder: with-cause traces, the site to remove, measured saving and range (ms);
+    ``label`` is appended to each pair's name."""
+    with open(os.path.join(folder, "pairs.json"), encoding="utf-8") as f:
         d = json.load(f)
     out = []
     for p in d["pairs"]:
         site = list(p["cause"]) if isinstance(p["cause"], list) else [p["cause"]]
-        traces = [os.path.join(PAIRS_DIR, n + ".json.gz") for n in p["with_cause"]]
-        fixed = [sidecar_period_ms(os.path.join(PAIRS_DIR, n + ".json.gz"), "unprofiled_round_ms") for n in p["fixed"]]
+        traces = [os.path.join(folder, n + ".json.gz") for n in p["with_cause"]]
+        fixed = [sidecar_period_ms(os.path.join(folder, n + ".json.gz"), "unprofiled_round_ms") for n in p["fixed"]]
         meas = [sidecar_period_ms(t, "unprofiled_round_ms") for t in traces]
         lo, hi = min(meas) - max(fixed), max(meas) - min(fixed)
-        out.append({"pair": p["pair"], "site": site, "traces": traces, "measured_period_ms": meas,
+        out.append({"pair": p["pair"] + label, "site": site, "traces": traces, "measured_period_ms": meas,
                     "same_process_ms": meas, "measured_saving_ms": float(np.mean(meas) - np.mean(fixed)),
                     "saving_range_ms": (lo, hi), "round_name": "round"})
     return out
@@ -128,6 +133,8 @@ def predict(pair: dict, calibration, traces_cache: dict) -> dict:
         sites = pair["site"] or [planted_site(tr)]
         pair["site_used"] = "`, `".join(sites)
         side, _ = read_sidecar_checked(t)
+        if side is not None and not MEASURED_RANGES:
+            side = {k: v for k, v in side.items() if k != "unprofiled_ranges"}
         ctx = Context(tr, side, calibration, round_name=pair["round_name"])
         w = whatif(tr, [Change(x) for x in sites], context=ctx).data
         with_dev.append(whatif(tr, [Change(x, with_device=True) for x in sites], context=ctx).data["saving_us"] / 1e3)
@@ -218,6 +225,32 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
     return "\n".join(out)
 
 
+def range_table(calibration) -> str:
+    """Per NVTX range the repeat captures timed unprofiled (sidecar ``unprofiled_ranges``): its measured host time a
+    round against the calibration alone's estimate of it (the profiled range less the per-event costs, α = 1), for
+    the ranges the replay can give their measured time (no blocking call inside, no measured range nested)."""
+    from gaptrace import load_trace
+    from gaptrace.analyses.whatif import Context
+    from gaptrace.sidecar import read_sidecar_checked
+    rows, errs = [], []
+    for t in sorted(glob.glob(os.path.join(REPEAT_DIR, "*.json.gz"))):
+        side, _ = read_sidecar_checked(t)
+        ctx = Context(load_trace(t), side, calibration, fit=False)
+        for name, r in sorted(ctx.unprof["measured_ranges"].items()):
+            if not r["applied"] or name in ("round",):
+                continue
+            m, e = r["measured_us_per_round"], r["modeled_us_per_round"]
+            errs.append((e - m) / m)
+            rows.append(f"| {os.path.basename(t)[:-8]} | `{name}` | {m:,.0f} | {e:,.0f} | {(e - m) / m:+.0%} |")
+    big = [r for r, x in zip(rows, errs) if abs(x) > 0.25]
+    return "\n".join([f"Per-range host time, measured unprofiled against the calibration alone "
+                       f"({os.path.relpath(calibration.source, ROOT)}), on the repeat captures:", "",
+                       "| capture | range | measured µs a round | calibration estimate µs | error |",
+                       "| --- | --- | --- | --- | --- |"] + rows
+                      + ["", f"Median |error| {np.median(np.abs(errs)):.0%} over {len(errs)} ranges; "
+                             f"{len(big)} beyond ±25%."])
+
+
 def main(argv: list[str] | None = None) -> int:
     from gaptrace.analyses.profiler_cost import load_calibration
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -225,9 +258,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="calibration file(s); default: the shipped one (the H200's) and the CPU build machine's")
     ap.add_argument("--only", default=None, help="only pairs whose name contains this")
     ap.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    ap.add_argument("--no-measured-ranges", action="store_true",
+                    help="leave the sidecars' unprofiled_ranges out (the replay models every range from the "
+                         "calibration), to see what the measured range times change")
     a = ap.parse_args(argv)
+    global MEASURED_RANGES
+    MEASURED_RANGES = not a.no_measured_ranges
     cals = [load_calibration(c) for c in (a.calibration or [None, CPU_CAL])]
-    pairs = runtime_pairs() + loop_pairs()
+    pairs = runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
     if a.only:
         pairs = [p for p in pairs if a.only in p["pair"]]
     cache: dict = {}
@@ -239,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             pred = predict(p, cal, cache)
             rows.append((p, pred, judge(p, pred)))
         parts.append(table(rows, cal))
+        if MEASURED_RANGES and not a.only:
+            parts.append(range_table(cal))
     text = ("# What fixing it buys: predicted against measured (H200 traces)\n\n"
             "`.venv/bin/python benchmarks/bench_whatif.py` (docs/DESIGN.md \"The proof on measured fixes\"). "
             "Measured period: runtime = median of the capture's own `unprofiled_round_ms` (sidecar); loops = median "
