@@ -50,7 +50,6 @@ CPU_CAL = os.path.join(ROOT, "analyses", "data", "calibration_cpu_epyc.json")
 PERIOD_GOAL = 0.10
 SAVING_GOAL = 0.35
 SAVING_FLOOR_US = 60.0
-MEASURED_RANGES = True  # --no-measured-ranges: the sidecars' unprofiled_ranges left out (the calibration alone)
 
 
 def mk_period_ms(path: str) -> float:
@@ -86,6 +85,7 @@ def runtime_pairs(folder: str = PAIRS_DIR, label: str = "") -> list[dict]:
         meas = [sidecar_period_ms(t, "unprofiled_round_ms") for t in traces]
         lo, hi = min(meas) - max(fixed), max(meas) - min(fixed)
         out.append({"pair": p["pair"] + label, "site": site, "traces": traces, "measured_period_ms": meas,
+                    "fixed_traces": [os.path.join(folder, n + ".json.gz") for n in p["fixed"]],
                     "same_process_ms": meas, "measured_saving_ms": float(np.mean(meas) - np.mean(fixed)),
                     "saving_range_ms": (lo, hi), "round_name": "round"})
     return out
@@ -120,36 +120,61 @@ def planted_site(trace) -> str:
     return cand[0]
 
 
-def predict(pair: dict, calibration, traces_cache: dict) -> dict:
-    """Predicted period (ms, per with-cause trace) and saving (ms, mean over them) for one pair."""
+def _context(path: str, calibration, traces_cache: dict, round_name: str, measured_ranges: bool, fit: bool = True):
+    """(trace, Context) of one capture, its sidecar's ``unprofiled_ranges`` left out unless ``measured_ranges``."""
     from gaptrace import load_trace
-    from gaptrace.analyses.whatif import Change, Context, whatif
+    from gaptrace.analyses.whatif import Context
     from gaptrace.sidecar import read_sidecar_checked
+    if path not in traces_cache:
+        traces_cache[path] = load_trace(path)
+    tr = traces_cache[path]
+    side, _ = read_sidecar_checked(path)
+    if side is not None and not measured_ranges:
+        side = {k: v for k, v in side.items() if k != "unprofiled_ranges"}
+    return tr, Context(tr, side, calibration, round_name=round_name, fit=fit)
+
+
+def device_work_ms(ctx, res) -> float:
+    """Median over the rounds of a replay's device work a round on its busiest stream, ms (the floor of DESIGN.md
+    5.5, :func:`gaptrace.analyses.whatif.device_round_busy_us`)."""
+    from gaptrace.analyses.whatif import device_round_busy_us
+    return float(np.median(device_round_busy_us(ctx.model, res, ctx.starts))) / 1e3
+
+
+def predict(pair: dict, calibration, traces_cache: dict, measured_ranges: bool = True) -> dict:
+    """Predicted period (ms, per with-cause trace) and saving (ms, mean over them) for one pair; for a runtime pair
+    also the device work a round (ms, unprofiled replay) of the with-cause capture, of it with the cause's eager
+    device work removed, and of the fixed twins' own captures: what the fix changes on the device that the
+    with-cause trace cannot show."""
+    from gaptrace.analyses.whatif import Change, whatif
     periods, savings, raw, scales, rule, with_dev = [], [], [], [], None, []
+    dev_with, dev_after = [], []
     for t in pair["traces"]:
-        if t not in traces_cache:
-            traces_cache[t] = load_trace(t)
-        tr = traces_cache[t]
+        tr, ctx = _context(t, calibration, traces_cache, pair["round_name"], measured_ranges)
         sites = pair["site"] or [planted_site(tr)]
         pair["site_used"] = "`, `".join(sites)
-        side, _ = read_sidecar_checked(t)
-        if side is not None and not MEASURED_RANGES:
-            side = {k: v for k, v in side.items() if k != "unprofiled_ranges"}
-        ctx = Context(tr, side, calibration, round_name=pair["round_name"])
         w = whatif(tr, [Change(x) for x in sites], context=ctx).data
         with_dev.append(whatif(tr, [Change(x, with_device=True) for x in sites], context=ctx).data["saving_us"] / 1e3)
+        dev_with.append(device_work_ms(ctx, ctx.base))
+        dev_after.append(device_work_ms(ctx, ctx.run([Change(x, with_device=True) for x in sites])))
         periods.append(w["unfitted_round_us"] / 1e3)
         savings.append(w["saving_us"] / 1e3)
         scales.append(w["profiler_cost_scale"] if w["fitted_to_unprofiled"] else None)
         if w["fitted_to_unprofiled"]:
-            ctx0 = Context(tr, side, calibration, round_name=pair["round_name"], fit=False)
+            _tr, ctx0 = _context(t, calibration, traces_cache, pair["round_name"], measured_ranges, fit=False)
             raw.append(whatif(tr, [Change(x) for x in sites], context=ctx0).data["saving_us"] / 1e3)
         else:
             raw.append(w["saving_us"] / 1e3)
         rule = "range" if w["round_rule"] == "round" else w["round_rule"]
         rule = f"{rule} `{w['round_name']}`"
+    dev_fixed = []
+    for t in pair.get("fixed_traces", ()):
+        _tr, ctx = _context(t, calibration, traces_cache, pair["round_name"], measured_ranges)
+        dev_fixed.append(device_work_ms(ctx, ctx.base))
+    device = ({"with_cause": float(np.mean(dev_with)), "removed": float(np.mean(dev_after)),
+               "fixed": float(np.mean(dev_fixed))} if dev_fixed else None)
     return {"periods_ms": periods, "saving_ms": float(np.mean(savings)), "unfitted_saving_ms": float(np.mean(raw)),
-            "with_device_saving_ms": float(np.mean(with_dev)), "scales": scales, "rule": rule}
+            "with_device_saving_ms": float(np.mean(with_dev)), "scales": scales, "rule": rule, "device_ms": device}
 
 
 def judge(pair: dict, pred: dict) -> dict:
@@ -181,8 +206,9 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
            f"{cal.device_op_us:.2f} µs", "",
            "| pair | removed | steps | measured period ms | same-process ms | predicted ms | error % (vs same process) "
            "| measured saving ms [range] | predicted saving ms (scale α) | error | unfitted saving ms "
-           "| with its device work ms (error) | within goal? | paired saving ms [range] (error): within goal? |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| with its device work ms (error) | device work a round ms: with cause / its eager work removed / fixed twin "
+           "| within goal? | paired saving ms [range] (error): within goal? |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     n_p = n_s = n_s_test = n_wd = 0
     n_pair = n_pair_ok = 0
     for pair, pred, j in rows:
@@ -208,12 +234,15 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
             pcell = (f"{pm:.3f} [{plo:.3f}, {phi:.3f}] ({(pred['saving_ms'] - pm) * 1e3:+.0f} µs): "
                      + ("yes" if j["ok_paired"] else "no") + ("; range includes 0" if j["paired_includes0"] else ""))
         alpha = "/".join("unfitted" if a is None else f"α {a:.2f}" for a in pred["scales"])
+        dv = pred["device_ms"]
+        dcell = "-" if dv is None else f"{dv['with_cause']:.3f} / {dv['removed']:.3f} / {dv['fixed']:.3f}"
         n_p += j["ok_period"]
         out.append(f"| {pair['pair']} | `{pair['site_used']}` | {pred['rule']} | {fmt(pair['measured_period_ms'])} | "
                    f"{fmt(same) if same else '-'} | {fmt(pred['periods_ms'])} | {err} | "
                    f"{pair['measured_saving_ms']:.3f} [{lo:.3f}, {hi:.3f}] | {pred['saving_ms']:.3f} ({alpha}) | "
                    f"{j['saving_err_ms'] * 1e3:+.0f} µs{rel} | {pred['unfitted_saving_ms']:.3f} | "
-                   f"{pred['with_device_saving_ms']:.3f} ({j['with_device_err_ms'] * 1e3:+.0f} µs) | {verdict} | {pcell} |")
+                   f"{pred['with_device_saving_ms']:.3f} ({j['with_device_err_ms'] * 1e3:+.0f} µs) | {dcell} | {verdict} | "
+                   f"{pcell} |")
     out += ["", f"Summary: period within {PERIOD_GOAL:.0%} on {n_p} of {len(rows)} pairs (against the same process's "
             f"unprofiled periods where the capture has them); saving within {SAVING_GOAL:.0%} or "
             f"{SAVING_FLOOR_US:.0f} µs on {n_s} of {n_s_test} pairs whose measured range excludes 0 "
@@ -262,8 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="leave the sidecars' unprofiled_ranges out (the replay models every range from the "
                          "calibration), to see what the measured range times change")
     a = ap.parse_args(argv)
-    global MEASURED_RANGES
-    MEASURED_RANGES = not a.no_measured_ranges
+    measured_ranges = not a.no_measured_ranges
     cals = [load_calibration(c) for c in (a.calibration or [None, CPU_CAL])]
     pairs = runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
     if a.only:
@@ -274,10 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     for cal in cals:
         rows = []
         for p in pairs:
-            pred = predict(p, cal, cache)
+            pred = predict(p, cal, cache, measured_ranges)
             rows.append((p, pred, judge(p, pred)))
         parts.append(table(rows, cal))
-        if MEASURED_RANGES and not a.only:
+        if measured_ranges and not a.only:
             parts.append(range_table(cal))
     text = ("# What fixing it buys: predicted against measured (H200 traces)\n\n"
             "`.venv/bin/python benchmarks/bench_whatif.py` (docs/DESIGN.md \"The proof on measured fixes\"). "
