@@ -82,39 +82,49 @@ def site_intervals(trace: Trace, model: ReplayModel, site: str, window: tuple[fl
     """Merged host intervals (µs relative to ``model.t0_us``) of ``site`` on the model's thread, clipped to
     ``window`` (trace clock) when given. An NVTX range name matches exactly; otherwise any python_function /
     cpu_op whose name equals or contains ``site``. TraceError (one line) when nothing matches."""
-    h = trace.host
     m, _how, _names = _site_rows(trace, model, site)
-    s = h["ts_us"].to_numpy()[m]
-    e = h["end_us"].to_numpy()[m]
+    return _clipped_merged(trace, model, m, window)
+
+
+def _clipped_merged(trace: Trace, model: ReplayModel, m: np.ndarray, window: tuple[float, float] | None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The host rows ``m`` as merged intervals, µs relative to ``model.t0_us``, clipped to ``window`` (trace clock)."""
+    h = trace.host
+    s, e = h["ts_us"].to_numpy()[m], h["end_us"].to_numpy()[m]
     if window is not None:
         s, e = np.maximum(s, window[0]), np.minimum(e, window[1])
         keep = e > s
         s, e = s[keep], e[keep]
-    s, e = _merge(s - model.t0_us, e - model.t0_us)
-    return s, e
+    return _merge(s - model.t0_us, e - model.t0_us)
 
 
-def _site_rows(trace: Trace, model: ReplayModel, site: str) -> tuple[np.ndarray, str, list[str]]:
+def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = True
+               ) -> tuple[np.ndarray, str, list[str]]:
     """(host row mask, how it matched: "range" | "frame" | "frames containing", the distinct names matched) of
-    ``site`` on the model's thread (:func:`site_intervals`). TraceError (one line) when nothing matches."""
+    ``site`` on the model's thread (:func:`site_intervals`), or with ``launching=False`` on the rank's other threads
+    (:func:`other_thread_intervals`). An NVTX range of that exact name first, then frames (python_function /
+    cpu_op) of that exact name, then frames whose name contains it. TraceError (one line) when nothing matches."""
     h = trace.host
-    on = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
+    mine = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
         (h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)))
+    on = mine if launching else trace.memo(("whatif_others", model.key[0], model.tid), h, lambda: (
+        (h["rank"].to_numpy() == model.key[0]) & ~mine))
     # names matched once per distinct name (a trace has thousands of names over millions of events)
     uniq, inv = name_codes(trace)
-    ann = trace.memo(("whatif_ann", model.key[0], model.tid), h,
+    ann = trace.memo(("whatif_ann", model.key[0], model.tid, launching), h,
                      lambda: on & trace.host_str_eq("cat", "user_annotation"))
     exact = uniq == site
     m, how, names = ann & exact[inv], "range", exact
     if not m.any():
-        fr = trace.memo(("whatif_frames", model.key[0], model.tid), h,
+        fr = trace.memo(("whatif_frames", model.key[0], model.tid, launching), h,
                         lambda: on & h["cat"].isin(("python_function", "cpu_op")).to_numpy())
         m, how = fr & exact[inv], "frame"
         if not m.any():
             names = np.char.find(uniq, site) >= 0
             m, how = fr & names[inv], "frames containing"
     if not m.any():
-        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on the launching thread")
+        where = "the launching thread" if launching else "any thread of the launching rank"
+        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on {where}")
     hit = np.zeros(len(uniq), dtype=bool)
     hit[np.unique(inv[m])] = True
     return m, how, [str(x) for x in uniq[hit & names]]
@@ -146,26 +156,8 @@ def other_thread_intervals(trace: Trace, model: ReplayModel, site: str,
     (one line) when no thread of the rank has an NVTX range or frame matching ``site``."""
     from .profiler_cost import _thread_waits
 
-    h = trace.host
-    others = trace.memo(("whatif_others", model.key[0], model.tid), h, lambda: (
-        (h["rank"].to_numpy() == model.key[0]) & ~trace.host_str_eq("tid", model.tid)))
-    uniq, inv = name_codes(trace)
-    exact = uniq == site
-    m = others & trace.host_str_eq("cat", "user_annotation") & exact[inv]
-    if not m.any():
-        fr = others & h["cat"].isin(("python_function", "cpu_op")).to_numpy()
-        m = fr & exact[inv]
-        if not m.any():
-            m = fr & (np.char.find(uniq, site) >= 0)[inv]
-    if not m.any():
-        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on any thread of the launching "
-                         "rank")
-    s, e = h["ts_us"].to_numpy()[m], h["end_us"].to_numpy()[m]
-    if window is not None:
-        s, e = np.maximum(s, window[0]), np.minimum(e, window[1])
-        keep = e > s
-        s, e = s[keep], e[keep]
-    us, ue = _merge(s - model.t0_us, e - model.t0_us)
+    m, _how, _names = _site_rows(trace, model, site, launching=False)
+    us, ue = _clipped_merged(trace, model, m, window)
     w = _thread_waits(trace, model)
     if w is None:
         return np.zeros(0), np.zeros(0)
