@@ -299,6 +299,8 @@ def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:
 
 def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
     """(len(t),) bool: t inside one of the sorted, disjoint intervals [us, ue)."""
+    if not len(us):
+        return np.zeros(len(t), dtype=bool)
     i = np.searchsorted(us, t, side="right") - 1
     return (i >= 0) & (t < ue[np.maximum(i, 0)])
 

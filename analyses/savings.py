@@ -236,11 +236,13 @@ def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) 
             return memo[site]
         t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
         i = np.searchsorted(us, t, side="right") - 1
-        held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)])))
+        held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)]))) if len(us) else 0
         encloses = held > ENCLOSING_SHARE * len(t)
         for name, bs, be in body:
             if encloses or name == site:
                 continue
+            if not len(us):
+                break
             j = np.searchsorted(us, bs, side="right") - 1
             inside = (j >= 0) & (be <= ue[np.maximum(j, 0)] + 1e-6)
             encloses = int(inside.sum()) > ENCLOSING_SHARE * len(bs)
@@ -285,21 +287,24 @@ def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo:
     if span <= 0 or len(with_saving) < 2:
         return
     iv: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for f in with_saving:
-        c = f["cause"]
+
+    def intervals(c: str) -> tuple[np.ndarray, np.ndarray]:
+        # looked up as needed: a cause deferred below is renamed to its ATen op, which another pass then meets
         if c not in iv:
             try:
                 iv[c] = site_intervals(trace, ctx.model, c, ctx.window)
             except TraceError:
                 iv[c] = (np.empty(0), np.empty(0))
+        return iv[c]
+
     for f in with_saving:
-        us, ue = iv[f["cause"]]
+        us, ue = intervals(f["cause"])
         if float((ue - us).sum()) <= ENCLOSING_SHARE * span:
             continue
         for g in with_saving:
             if g is f or g["cause"] == f["cause"]:
                 continue
-            gs, ge = iv[g["cause"]]
+            gs, ge = intervals(g["cause"])
             total = float((ge - gs).sum())
             if total <= 0:
                 continue

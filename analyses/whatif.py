@@ -208,6 +208,8 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
 def _calls_inside(model: ReplayModel, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
     """(K,) bool: the chain's calls that start inside the merged intervals [us, ue) (µs from ``model.t0_us``)."""
     s = model.call_start_us
+    if not len(us):
+        return np.zeros(len(s), dtype=bool)
     i = np.searchsorted(us, s, side="right") - 1
     return (i >= 0) & (s < ue[np.maximum(i, 0)])
 

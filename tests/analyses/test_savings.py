@@ -232,3 +232,40 @@ def test_analyze_bad_calibration_is_one_line_exit_2(tmp_path):
     r = CliRunner().invoke(main, ["analyze", SYNC, "--calibration", str(bad)])
     assert r.exit_code == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and str(bad) in r.stderr
+
+
+REPEAT_DD = os.path.join(ROOT, "fixtures/traces/h200_pairs_repeat/bench_overlap_bs8_B12_dd-gather.json.gz")
+HELPER_FIXED = os.path.join(ROOT, "fixtures/traces/h200_loops/helper_thread.fixed.trace.json.gz")
+
+
+@pytest.mark.slow
+def test_two_enclosing_frames_deferred_to_one_aten_op():
+    """On the repeat dd-gather capture two frames span most rounds and hold the blocking read (``rect_packed`` and
+    ``_fill_rect``): the first is renamed to its ATen op, which the second then meets as a cause of its own. Both
+    defer to ``aten::item``, whose saving is whatif's removal of it on a fresh Context."""
+    tr = load_trace(REPEAT_DD)
+    side, why = read_sidecar_checked(REPEAT_DD)
+    assert why is None
+    res = summarize(tr, sidecar=side).to_json()
+    first = res["findings"][0]
+    assert first["kind"] == "blocking_sync" and first["cause"] == "aten::item"
+    w = whatif(tr, [Change("aten::item")], context=Context(tr, side)).data
+    assert first["saving_us"] == pytest.approx(w["saving_us"], rel=1e-9)
+    deferred = [f for f in res["findings"] if f.get("saving_note") and "aten::item" in f["saving_note"]]
+    assert {f["site"].rsplit(": ", 1)[-1] for f in deferred} >= {"rect_packed", "_fill_rect"}
+    assert all(f["saving_us"] is None for f in deferred)
+
+
+@pytest.mark.slow
+def test_a_frame_on_a_thread_the_loop_never_waits_on_saves_nothing():
+    """helper_thread's fixed twin: ``_make_inputs`` runs on the producer thread while the main thread never waits
+    in a lock (the fix): removing it matches "other thread" with 0 µs waited, and its finding saves exactly 0."""
+    tr = load_trace(HELPER_FIXED)
+    side, _ = read_sidecar_checked(HELPER_FIXED)
+    res = summarize(tr, sidecar=side).to_json()
+    mk = [f for f in res["findings"] if f.get("cause", "").endswith("_make_inputs")]
+    assert mk and mk[0]["saving_us"] == 0.0
+    w = whatif(tr, [Change("_make_inputs")], context=Context(tr, side, round_name="step"))
+    assert w.data["changes"][0]["matched"] == {"how": "other thread", "names": ["_make_inputs"], "events": 0,
+                                              "waited_us": 0.0}
+    assert w.data["saving_us"] == 0.0

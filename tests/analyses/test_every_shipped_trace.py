@@ -1,0 +1,36 @@
+"""Every shipped trace under fixtures/traces, with its capture sidecar where it has one, analyses to a result
+(analyses/summary.py): the JSON has no NaN or infinity, and no finding saves more than the predicted unprofiled
+round or less than nothing (docs/DESIGN.md 5.10). A crash here is a crash on a trace we give users."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+
+from gaptrace import load_trace
+from gaptrace.analyses.summary import summarize
+from gaptrace.sidecar import read_sidecar_checked
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRACES = sorted(glob.glob(os.path.join(ROOT, "fixtures", "traces", "**", "*.json.gz"), recursive=True))
+
+pytestmark = pytest.mark.slow  # ~60 traces, ~15 s here
+
+
+@pytest.mark.parametrize("path", TRACES, ids=[os.path.relpath(p, ROOT) for p in TRACES])
+def test_shipped_trace_analyses(path):
+    tr = load_trace(path)
+    side, _why = read_sidecar_checked(path)
+    res = summarize(tr, sidecar=side).to_json()
+    json.dumps(res, allow_nan=False)
+    pred = (res.get("whatif") or {}).get("predicted_unprofiled_round_us")
+    for f in res["findings"]:
+        s = f.get("saving_us")
+        if s is not None and pred:
+            assert 0.0 <= s <= pred * (1 + 1e-9), (f["kind"], f.get("cause"), s, pred)
+
+
+def test_the_set_is_not_empty():
+    assert len(TRACES) >= 50
