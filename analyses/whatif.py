@@ -37,7 +37,8 @@ from .replay import (ReplayModel, ReplayResult, _intersect, _merge, build_model,
                      round_starts)
 
 __all__ = ["Change", "WhatIf", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
-           "check_changes", "apply_changes", "device_items_launched", "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup"]
+           "check_changes", "apply_changes", "device_items_launched", "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup",
+           "SPEEDUP_BOUNDS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,15 +66,22 @@ def check_changes(changes: Iterable[Change]) -> None:
         seen[c.site] = c
 
 
+SPEEDUP_BOUNDS = (1.0, 1e6)  # a speedup F: the site's host time becomes 1/F of itself (1: unchanged; 1e6: ~removed)
+
+
 def parse_speedup(text: str) -> Change:
-    """``SITE=FACTOR`` → Change; ValueError (one line) when malformed or FACTOR is not a finite number > 0."""
+    """``SITE=FACTOR`` → Change; ValueError (one line) when malformed or FACTOR is not a number in
+    :data:`SPEEDUP_BOUNDS` (below 1 would be a slowdown, which ``--speedup`` does not model; above 1e6 is
+    ``--remove``; a factor like 1e-310 would overflow the replay's times)."""
     site, sep, f = text.rpartition("=")
     try:
         factor = float(f)
     except ValueError:
         factor = math.nan
-    if not sep or not site.strip() or not math.isfinite(factor) or factor <= 0:
-        raise ValueError(f"--speedup {text!r}: expected SITE=FACTOR with FACTOR a number > 0")
+    lo, hi = SPEEDUP_BOUNDS
+    if not sep or not site.strip() or not math.isfinite(factor) or not lo <= factor <= hi:
+        raise ValueError(f"--speedup {text!r}: expected SITE=FACTOR with FACTOR a number from {lo:g} to {hi:g} "
+                         "(how many times faster; --remove takes a site out)")
     return Change(site, factor)
 
 

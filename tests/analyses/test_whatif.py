@@ -33,7 +33,9 @@ def test_coverage_by_hand():
 
 def test_parse_speedup():
     assert W.parse_speedup("runtime/x.py(3): f=2.5") == W.Change("runtime/x.py(3): f", 2.5)
-    for bad in ("f", "f=0", "f=-1", "=2", "f=nan", "f=inf", "f=abc"):
+    assert W.parse_speedup("f=1").factor == 1.0 and W.parse_speedup("f=1e6").factor == 1e6
+    # below 1 is a slowdown; a subnormal factor (1e-310) overflowed the replay's times to inf / NaN
+    for bad in ("f", "f=0", "f=-1", "=2", "f=nan", "f=inf", "f=abc", "f=0.5", "f=1e-310", "f=5e-324", "f=1e7"):
         with pytest.raises(ValueError, match="SITE=FACTOR"):
             W.parse_speedup(bad)
 
