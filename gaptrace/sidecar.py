@@ -36,6 +36,7 @@ SIDECAR_MIN_NUMBER = 1e-9
 TAU_MAX = 1e6                # tokens accepted in one round
 TAU_MIN_NONZERO = 1e-6
 SIDECAR_MAX_BYTES = 64 * 10 ** 6
+NOT_POSITIVE = f"not a number from {SIDECAR_MIN_NUMBER:g} to {SIDECAR_MAX_NUMBER:g}"  # what positive_number() refuses
 
 
 def sidecar_path(trace_path: str) -> str:
@@ -95,20 +96,22 @@ def _finite(v: Any) -> bool:
 
 def sidecar_field_problems(obj: dict) -> list[str]:
     """The fields of a usable sidecar (:func:`sidecar_problem` passed) that the analyses will skip, each as
-    ``name (why)``: ``unprofiled_round_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
+    ``name (why)``: ``unprofiled_round_ms`` or ``unprofiled_step_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
     finite number >= 0 (an empty list too), a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
     unprofiled launch), ``rounds`` or ``graphs`` not a list. Empty when every field present is usable; the caller
     says what was skipped (one warning line), since a skipped field silently drops a figure (τ, TPOT, the
     profiler check, the launch fit's unprofiled points)."""
     out: list[str] = []
-    u = obj.get("unprofiled_round_ms")
-    if u is not None:
+    for key in ("unprofiled_round_ms", "unprofiled_step_ms"):
+        u = obj.get(key)
+        if u is None:
+            continue
         if isinstance(u, list) and not u:  # no unprofiled round: the profiler-cost check has nothing to compare
-            out.append("unprofiled_round_ms (an empty list)")
+            out.append(f"{key} (an empty list)")
         elif isinstance(u, list):
-            out += [f"unprofiled_round_ms[{i}] (not a positive number)" for i, v in enumerate(u) if not positive_number(v)]
+            out += [f"{key}[{i}] ({NOT_POSITIVE})" for i, v in enumerate(u) if not positive_number(v)]
         elif not positive_number(u):
-            out.append("unprofiled_round_ms (not a positive number)")
+            out.append(f"{key} ({NOT_POSITIVE})")
     for key in ("rounds", "graphs"):
         if key in obj and not isinstance(obj[key], list):
             out.append(f"{key} (not a list)")
@@ -121,7 +124,7 @@ def sidecar_field_problems(obj: dict) -> list[str]:
         if not isinstance(g, dict) or not positive_number(g.get("nodes")) or not (us is None or positive_number(us)):
             out.append(f"graphs[{i}] (needs positive nodes and unprofiled_launch_us)")
         elif g.get("unprofiled_device_us") is not None and not positive_number(g.get("unprofiled_device_us")):
-            out.append(f"graphs[{i}].unprofiled_device_us (not a positive number)")
+            out.append(f"graphs[{i}].unprofiled_device_us ({NOT_POSITIVE})")
     ranges = obj.get("unprofiled_ranges")
     if ranges is not None and not isinstance(ranges, list):
         out.append("unprofiled_ranges (not a list)")

@@ -106,8 +106,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     from gaptrace.analyses.profiler_cost import load_calibration
     from gaptrace.analyses.whatif import Change, Context, check_changes, parse_speedup
     from gaptrace.analyses.whatif import whatif as run
-    from gaptrace.sidecar import read_sidecar_checked
-    from gaptrace.cli import fail, memory_limit_bytes
+    from gaptrace.cli import fail, memory_limit_bytes, sidecar_or_warn
 
     for opt, sites in (("--remove", removes), ("--remove-with-device", removes_all)):
         for r in sites:
@@ -119,11 +118,14 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
         check_changes(changes)
         cal = load_calibration(calibration)
         tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
-        side, why = read_sidecar_checked(trace)
+        # the same checks and warning line as analyze: a sidecar of another capture is ignored, unusable fields
+        # are named (one warning line on stderr; with --json in the JSON's warnings too)
+        notes: list[str] = []
+        side = sidecar_or_warn(trace, tr, None, notes)
         ctx = Context(tr, side, cal, round_name=round_name, fit=not no_fit)
         res = run(tr, changes, context=ctx).data
-        if why:
-            res["warnings"].append(f"{why}; ignored")
+        if as_json:
+            res["warnings"].extend(notes)
     except (TraceError, ValueError) as e:
         fail(str(e))
     if as_json:

@@ -44,3 +44,24 @@ def test_bad_input_one_line_exit_2(tmp_path):
         r = _run(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("gaptrace: error:")
+
+
+def test_sidecar_checked_as_analyze_checks_it(tmp_path):
+    """A sidecar of another capture (its analysis_window names no annotation here) is ignored by whatif as by
+    analyze: the same warning line, no fit to its round times; a field it cannot use is named, in the JSON too."""
+    import shutil
+    t = tmp_path / "t.json.gz"
+    shutil.copy(FAULT, t)
+    with open(FAULT.replace(".json.gz", ".gaptrace.json")) as f:
+        side = json.load(f)
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps(dict(side, analysis_window="no_such_range")))
+    r = _run(str(t), "--remove", "lengths_copy", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert "capture sidecar ignored" in r.stderr and any("capture sidecar ignored" in w for w in d["warnings"])
+    assert d["unprofiled_round_us"] is None
+    assert d["profiler_cost_fit"] == "none" and not d["fitted_to_unprofiled"]
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps(dict(side, unprofiled_round_ms="4.4")))
+    r = _run(str(t), "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and any("unprofiled_round_ms (not a number" in w for w in d["warnings"])
