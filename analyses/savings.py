@@ -79,7 +79,7 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
     rounds, calibration (source, measured_on and the per-event costs), fitted_to_unprofiled (whether the profiler's
     per-event costs were scaled to reproduce the sidecar's measured unprofiled rounds: then the prediction matches
     them by construction), profiler_cost_fit ("fitted" | "at_bound": no scale in the bounds reproduces them, the
-    scale is kept at the bound | "none"), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
+    scale is kept at the bound | "unmatched": the round jumps across them with the scale, the closest is kept | "none"), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
     calibration alone: the figure whose error DESIGN.md "Error figures" states)}; the round fields None without
     ``ctx``."""
     cal = resolve_calibration(calibration) if ctx is None else ctx.calibration
@@ -392,10 +392,11 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
     if pred is None:
         return None
     meas = block.get("measured_unprofiled_round_us")
-    if meas is not None and block.get("profiler_cost_fit") == "at_bound":
-        # the scale hit its bound: the prediction does not reproduce the measured rounds; say both
+    if meas is not None and block.get("profiler_cost_fit") in ("at_bound", "unmatched"):
+        # no scale reproduces the measured rounds: the prediction does not; say both
+        where = "at its bound" if block.get("profiler_cost_fit") == "at_bound" else "the closest one"
         round_text = (f"the predicted unprofiled round, {ms_text(pred)}; measured {ms_text(meas)}: the model could "
-                      f"not be fitted to it (profiler cost scale {block.get('profiler_cost_scale'):g}, at its bound), "
+                      f"not be fitted to it (profiler cost scale {block.get('profiler_cost_scale'):g}, {where}), "
                       "so the savings are rough")
     elif meas is not None and block.get("fitted_to_unprofiled"):
         # the profiler's cost is scaled to reproduce the measured rounds: the prediction equals them by construction

@@ -361,6 +361,9 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     return a, at(a)[1]
 
 
+FIT_TOLERANCE = 0.01  # a fitted α reproduces the measured unprofiled round to within this share
+
+
 class Context:
     """The pieces one trace's counterfactuals share: model, rounds, unprofiled inputs (built once). ``fit``: scale
     the calibration's per-event costs so that the unchanged prediction matches the sidecar's measured unprofiled
@@ -424,18 +427,32 @@ class Context:
             self.scale, self.unprof = fit_profiler_scale(self, self.target_us)
             self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                item_dur_us=self.unprof["item_dur_us"])
-            self.fitted = self.scale not in SCALE_BOUNDS
-            if not self.fitted:
+            got = float(np.median(self.periods(self.base)))
+            err = (got - self.target_us) / self.target_us
+            at_bound = self.scale in SCALE_BOUNDS
+            # a fit is one that reproduces the measured round: the replayed round can jump with α (a wait that
+            # appears), and bisection then ends beside the jump, inside the bounds but off the target
+            self.fitted = not at_bound and abs(err) <= FIT_TOLERANCE
+            if at_bound:
                 self.fit_warning = (f"the profiler cost scale that matches the measured unprofiled round "
                                     f"({self.target_us / 1e3:.3f} ms) is out of [{SCALE_BOUNDS[0]:g}, "
                                     f"{SCALE_BOUNDS[1]:g}]: kept at {self.scale:g}")
+            elif not self.fitted:
+                self.fit_warning = (f"no profiler cost scale reproduces the measured unprofiled round "
+                                    f"({self.target_us / 1e3:.3f} ms) within {FIT_TOLERANCE:.0%}: the closest, "
+                                    f"{self.scale:.3g}, predicts {got / 1e3:.3f} ms ({err:+.1%})")
 
     @property
     def fit_status(self) -> str:
-        """"fitted" (α reproduces the measured unprofiled round), "at_bound" (no α in :data:`SCALE_BOUNDS` does:
-        α is kept at the bound and the prediction misses the measured round), or "none" (no measured round, or
-        ``fit=False``)."""
-        return "fitted" if self.fitted else ("at_bound" if self.fit_warning else "none")
+        """"fitted" (α reproduces the measured unprofiled round within :data:`FIT_TOLERANCE`), "at_bound" (no α in
+        :data:`SCALE_BOUNDS` does: α is kept at the bound and the prediction misses the measured round),
+        "unmatched" (α inside the bounds, but the replayed round jumps across the target with α: the closest α is
+        kept and misses it), or "none" (no measured round, or ``fit=False``)."""
+        if self.fitted:
+            return "fitted"
+        if self.fit_warning:
+            return "at_bound" if self.scale in SCALE_BOUNDS else "unmatched"
+        return "none"
 
     def periods(self, res: ReplayResult) -> np.ndarray:
         """(rounds,) replayed round periods, µs: the host's round-start intervals, each at least the round's device

@@ -76,6 +76,9 @@ def _scale_line(d: dict) -> str:
     if fit == "at_bound":
         return head + (f"(NOT fitted: no scale in its bounds reproduces the measured unprofiled round, kept at the "
                        f"bound; {alone})")
+    if fit == "unmatched":
+        return head + (f"(NOT fitted: no scale reproduces the measured unprofiled round within 1%, the closest "
+                       f"kept; {alone})")
     return "  profiler cost scale                1 (the calibration as it is)"
 
 

@@ -65,3 +65,19 @@ def test_sidecar_checked_as_analyze_checks_it(tmp_path):
     r = _run(str(t), "--json")
     d = json.loads(r.stdout)
     assert r.returncode == 0 and any("unprofiled_round_ms (not a number" in w for w in d["warnings"])
+
+
+def test_a_fit_that_misses_the_measured_round_is_not_called_fitted(tmp_path):
+    """An absurd calibration (1 s per ATen op): bisection over α ends beside a jump of the replayed round, inside the
+    bounds but 7.7% off the measured round; that is no fit ("unmatched", NOT fitted, a warning), not "fitted"."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "analyses", "data", "calibration_default.json")) as f:
+        cal = json.load(f)
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps(dict(cal, aten_op_us=1e6)))
+    sync = os.path.join(ROOT, "h200_pairs", "bench_sync_bs8_B12.json.gz")
+    r = _run(sync, "--calibration", str(p), "--json")
+    d = json.loads(r.stdout)
+    assert r.returncode == 0 and d["profiler_cost_fit"] == "unmatched" and not d["fitted_to_unprofiled"]
+    assert abs(d["before_round_us"] - d["unprofiled_round_us"]) / d["unprofiled_round_us"] > 0.01
+    assert any("no profiler cost scale reproduces" in w for w in d["warnings"])
+    assert "NOT fitted" in _run(sync, "--calibration", str(p)).stdout
