@@ -60,7 +60,7 @@ def annotate(trace: str, output: str | None, window: str | None, device: int | N
     chrome://tracing; gaptrace analyses the result exactly as TRACE."""
     from gaptrace.cli import fail, memory_limit_bytes
 
-    out = output or default_output(trace)
+    out = default_output(trace) if output is None else output  # an empty -o is refused by resolve_output
     try:
         info = annotate_trace(trace, out, window=window, device=device, round_name=round_name,
                               memory_limit_bytes=memory_limit_bytes(memory_limit_gb))

@@ -31,7 +31,8 @@ def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None
 
     from .fleet import render_fleet_report
 
-    out = output or default_output(paths[0] if len(paths) == 1 and os.path.isdir(paths[0]) else "fleet")
+    out = output if output is not None else default_output(
+        paths[0] if len(paths) == 1 and os.path.isdir(paths[0]) else "fleet")
     try:
         real = resolve_output(out, tuple(paths) + tuple(f for _, f in files))
         calibration = resolve_calibration(calibration)
@@ -98,7 +99,7 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
 
     from . import write_report
 
-    out = output or default_output(trace)
+    out = default_output(trace) if output is None else output  # an empty -o is refused by resolve_output
     if annotated is not None:  # checked before anything is written: a refused OUT leaves no report behind
         if os.path.realpath(annotated) == os.path.realpath(out):
             fail(f"{annotated}: --annotated names the report's own output; give another file")

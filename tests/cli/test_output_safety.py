@@ -476,3 +476,11 @@ def test_diff_gate_exit_code_survives_a_closed_pipe():
         err = p.stderr.read().decode()
         assert p.wait(timeout=600) == want, (gate, err)
         assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["report", "annotate"])
+def test_an_empty_output_path_is_refused(tmp_path, command):
+    """``-o ''`` is no file name: refused in one line (it used to fall back to the default name and write there)."""
+    r = _gaptrace(command, os.path.abspath(PROBE), "-o", "", cwd=tmp_path)
+    _one_error_line(r, "the output path is empty")
+    assert os.listdir(tmp_path) == []
