@@ -254,7 +254,8 @@ def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) 
             if n_items:
                 wd = whatif(trace, [Change(site, with_device=True)], context=ctx).data
                 w = dict(w, saving_with_device_us=wd["saving_us"],
-                         device_items_per_round=n_items / max(len(ctx.starts) - 1, 1))
+                         # the window holds len(starts) rounds (first start to the last round's end), not periods
+                         device_items_per_round=n_items / max(len(ctx.starts), 1))
             memo[site] = w
     except TraceError:
         memo[site] = None

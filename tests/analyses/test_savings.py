@@ -269,3 +269,26 @@ def test_a_frame_on_a_thread_the_loop_never_waits_on_saves_nothing():
     assert w.data["changes"][0]["matched"] == {"how": "other thread", "names": ["_make_inputs"], "events": 0,
                                               "waited_us": 0.0}
     assert w.data["saving_us"] == 0.0
+
+
+@pytest.mark.slow
+def test_device_items_per_round_counted_by_hand():
+    """eager-commit-glue (repeat set): its finding's eager device ops a round are the device ops whose launch call
+    (same correlation id) starts inside an ``eager_commit_glue`` range, over the rounds (``round`` ranges), counted
+    here from the raw trace: rounds, not periods, divide."""
+    path = os.path.join(ROOT, "fixtures/traces/h200_pairs_repeat/bench_overlap_bs8_B12_eager-commit-glue.json.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        ev = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    glue = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e.get("cat") == "user_annotation"
+            and e["name"] == "eager_commit_glue"]
+    rounds = [e for e in ev if e.get("cat") == "user_annotation" and e["name"] == "round"]
+    calls = {e["args"]["correlation"] for e in ev if e.get("cat") == "cuda_runtime"
+             and any(a <= e["ts"] < b for a, b in glue) and "correlation" in e.get("args", {})}
+    ops = [e for e in ev if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+           and e.get("args", {}).get("correlation") in calls]
+    tr = load_trace(path)
+    side, _ = read_sidecar_checked(path)
+    res = summarize(tr, sidecar=side).to_json()
+    (f,) = [x for x in res["findings"] if x.get("cause") == "eager_commit_glue"]
+    assert len(rounds) == 8 and len(ops) > 1000
+    assert f["device_items_per_round"] == pytest.approx(len(ops) / len(rounds))
