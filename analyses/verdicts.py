@@ -29,8 +29,8 @@ starts before this one ends; ``step_us`` = e − s:
                      ``LAUNCH_GAP_US`` apart, and under each launch call;
   ``other_host_idle_us`` the rest (host work that launches nothing: Python, the tokenizer, a scheduler).
 - ``eager_launches`` / ``graph_launches``: launch calls that start in the step on the rank; ``launch_paced_us``: the
-  union of the launch-paced intervals above less the step thread's blocking calls inside them; ``host_us``: step_us
-  − blocked_us (time in blocking calls on the step's thread) − wait_us (time in thread waits on it);
+  union of the launch-paced intervals above less the step thread's blocking calls and thread waits inside them; ``host_us``: step_us
+  less the union of the step thread's blocking calls and its thread waits (blocked_us, wait_us: each its own sum);
   ``launch_paced_share`` = launch_paced_us / host_us; ``host_us_per_launch`` = launch_paced_us / eager_launches (what the host pays per kernel).
 - ``device_lag_us``: median over the step's launch calls whose device work is in the trace (joined on the
   correlation id) of (first device start − launch call end): how far the device runs behind the host.
@@ -247,17 +247,21 @@ def step_verdicts(trace: Trace, steps: Any, device: int | tuple[int, int] | None
     else:
         c_blocked, blocked = np.empty(0), np.zeros(G)
         bc_g, bc_s, bc_e = np.empty(0, np.int64), np.empty(0), np.empty(0)
-    host_us = np.maximum(step_us - blocked - wait_us, 0.0)
 
     def count_in(ts: np.ndarray) -> np.ndarray:
         st = np.sort(ts)
         return np.maximum(np.searchsorted(st, ends, side="left") - np.searchsorted(st, S, side="left"), 0)
 
     n_eager, n_graph = count_in(e_ts), count_in(g_ts)
-    # the launch-paced stretches less the blocking calls inside them (host time, as host_us is): |A ∪ B| − |B|
-    bg_, bs_, be_ = _grouped_union(bc_g, bc_s, bc_e, S, ends)
-    ug_, us_, ue_ = _grouped_union(np.r_[pp[0], bc_g], np.r_[p_s[pp[1]], bc_s], np.r_[p_e[pp[1]], bc_e], S, ends)
-    paced_us = np.maximum(_group_sums(G, ug_, ue_ - us_) - _group_sums(G, bg_, be_ - bs_), 0.0)
+    # the launch-paced stretches less the step thread's blocking calls and thread waits inside them (host time, as
+    # host_us is): |A ∪ B| − |B|, B the blocking calls and waits; host_us less B's union too, so the share is <= 1
+    own_g, own_s, own_e = pw[0][own], w_s[pw[1][own]], w_e[pw[1][own]]
+    nb_g, nb_s, nb_e = np.r_[bc_g, own_g], np.r_[bc_s, own_s], np.r_[bc_e, own_e]
+    bg_, bs_, be_ = _grouped_union(nb_g, nb_s, nb_e, S, ends)
+    not_host = _group_sums(G, bg_, be_ - bs_)
+    ug_, us_, ue_ = _grouped_union(np.r_[pp[0], nb_g], np.r_[p_s[pp[1]], nb_s], np.r_[p_e[pp[1]], nb_e], S, ends)
+    paced_us = np.maximum(_group_sums(G, ug_, ue_ - us_) - not_host, 0.0)
+    host_us = np.maximum(step_us - not_host, 0.0)
     lg, li = _points(S, ends, l_ts)
     fin = np.isfinite(lag[li])
     dev_lag = _group_medians(G, lg[fin], lag[li[fin]])

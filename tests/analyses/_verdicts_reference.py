@@ -156,13 +156,15 @@ def step_verdicts_ref(trace: Trace, steps: Any, device: int | tuple[int, int] | 
         wait_us = _union_len(w_s[own], w_e[own], s, e)
         in_c = mc & (calls["tid"].astype(str).to_numpy() == str(r.tid)) & (c_s >= s) & (c_s < e) if len(calls) else mc
         blocked = float(calls["blocked_us"].to_numpy()[in_c].sum()) if len(calls) else 0.0
-        host_us = max(step_us - blocked - wait_us, 0.0)
         n_eager = int(((e_ts >= s) & (e_ts < e)).sum())
         n_graph = int(((g_ts >= s) & (g_ts < e)).sum())
-        # the launch-paced stretches less the blocking calls inside them (host time, as host_us is)
-        b_us = _union_len(c_s[in_c], c_e[in_c], s, e) if len(calls) else 0.0
-        ab_us = (_union_len(np.r_[p_s[mp], c_s[in_c]], np.r_[p_e[mp], c_e[in_c]], s, e) if len(calls)
-                 else _union_len(p_s[mp], p_e[mp], s, e))
+        # not host time: the step thread's blocking calls and its thread waits (their union)
+        bs_ = np.r_[c_s[in_c], w_s[own]] if len(calls) else w_s[own]
+        be_ = np.r_[c_e[in_c], w_e[own]] if len(calls) else w_e[own]
+        b_us = _union_len(bs_, be_, s, e)
+        host_us = max(step_us - b_us, 0.0)
+        # the launch-paced stretches less that (host time, as host_us is)
+        ab_us = _union_len(np.r_[p_s[mp], bs_], np.r_[p_e[mp], be_], s, e)
         paced_us = max(ab_us - b_us, 0.0)
         in_l = (l_ts >= s) & (l_ts < e) & np.isfinite(lag)
         dev_lag = float(np.median(lag[in_l])) if in_l.any() else float("nan")

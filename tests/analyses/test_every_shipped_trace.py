@@ -1,6 +1,6 @@
 """Every shipped trace under fixtures/traces, with its capture sidecar where it has one, analyses to a result
 (analyses/summary.py): the JSON has no NaN or infinity, and no finding saves more than the predicted unprofiled
-round or less than nothing (docs/DESIGN.md 5.10). A crash here is a crash on a trace we give users."""
+round or less than nothing (docs/DESIGN.md 5.10), and no step's launch-paced share exceeds its host time. A crash here is a crash on a trace we give users."""
 from __future__ import annotations
 
 import glob
@@ -25,6 +25,10 @@ def test_shipped_trace_analyses(path):
     side, _why = read_sidecar_checked(path)
     res = summarize(tr, sidecar=side).to_json()
     json.dumps(res, allow_nan=False)
+    # a share of the step's host time is at most all of it
+    v = res.get("verdict") or {}
+    for row in [v.get("overall") or {}] + list(v.get("steps") or []):
+        assert row.get("launch_paced_share") is None or 0.0 <= row["launch_paced_share"] <= 1.0 + 1e-12
     pred = (res.get("whatif") or {}).get("predicted_unprofiled_round_us")
     for f in res["findings"]:
         s = f.get("saving_us")
