@@ -8,7 +8,9 @@ Input: two dicts from :func:`gaptrace.analyses.summary.run_analysis`. Output (:f
 - ``frames``: idle by frame, {vanished: [...], appeared: [...], changed: [...] (frames in both whose idle differs)}
   (frame, a_us, b_us, delta_us),
   each sorted by |delta|; frames are matched without line numbers and step counters (:func:`_frame_key`), so
-  the same function in two versions of the code is one frame;
+  the same function in two versions of the code is one frame; the program's wrapper frames with no self idle are
+  folded (:func:`.gaps.frame_table`), and frames with the same idle in both traces (one chain of callers) are one
+  row, the one with the most self idle, ``same_idle_frames`` counting the others;
 - ``syncs``: the same for blocking-sync sites (keyed by call + site + ATen op);
 - ``bubbles``: the same for the bubbles between graph nodes by kernel pair (``node_bubbles``; rows carry
   ``before``, ``after`` and ``pair`` = "before -> after"): the boundaries a fusion removed (vanished) or added;
@@ -37,6 +39,8 @@ import operator
 import math
 import re
 from typing import Any
+
+from .gaps import frame_table
 
 __all__ = ["diff_analyses", "check_gates", "parse_gate", "GateError", "METRICS"]
 
@@ -82,6 +86,25 @@ def _delta(a: float | None, b: float | None) -> dict[str, float | None]:
     return {"a": a, "b": b, "delta": d, "rel": (d / a) if a else (0.0 if d == 0 else None)}
 
 
+def _one_per_chain(rows: list[dict], self_us: dict[str, float]) -> list[dict]:
+    """Frames with the same idle in A and in B (a chain of callers around one loop: ``engine.py: generate``,
+    ``engine.py: step``, the ``round`` range) as one row: the frame with the most self idle in A and B (then the
+    first by name), with ``same_idle_frames`` the count of the others; the rows' order is kept."""
+    best: dict[tuple[float, float], dict] = {}
+    count: dict[tuple[float, float], int] = {}
+    for r in rows:
+        g = (round(r["a_us"], 3), round(r["b_us"], 3))
+        count[g] = count.get(g, 0) + 1
+        if g not in best or self_us.get(r["key"], 0.0) > self_us.get(best[g]["key"], 0.0):
+            best[g] = r
+    out = []
+    for r in rows:
+        g = (round(r["a_us"], 3), round(r["b_us"], 3))
+        if best.get(g) is r:
+            out.append(dict(r, same_idle_frames=count[g] - 1))
+    return out
+
+
 def _keyed_diff(a_rows: list[dict], b_rows: list[dict], key, value: str, limit: int = 25) -> dict[str, list]:
     a = {key(r): r.get(value) or 0.0 for r in a_rows}
     b = {key(r): r.get(value) or 0.0 for r in b_rows}
@@ -91,6 +114,7 @@ def _keyed_diff(a_rows: list[dict], b_rows: list[dict], key, value: str, limit: 
                if b[k] != a[k]]  # an unchanged frame is not a change
     # largest change first; ties by key, so the order never depends on set iteration (the hash seed)
     srt = lambda rows: sorted(rows, key=lambda r: (-abs(r["delta_us"]), str(r["key"])))[:limit]  # noqa: E731
+    # (limit None: all of them)
     return {"vanished": srt(vanished), "appeared": srt(appeared), "changed": srt(changed)}
 
 
@@ -109,10 +133,18 @@ def diff_analyses(a: dict, b: dict) -> dict[str, Any]:
     """Compare analysis ``a`` (baseline) with ``b`` (candidate); see the module docstring for the fields."""
     sa, sb = _scalars(a), _scalars(b)
     metrics = {m: _delta(sa[m], sb[m]) for m in METRICS}
-    frames = _keyed_diff(a.get("gap_attribution") or [], b.get("gap_attribution") or [],
-                         lambda r: _frame_key(r["frame"]), "inclusive_idle_us")
-    for part in frames.values():
-        for r in part:
+    # the program's wrapper frames (runpy, click, thread bootstrap, <module>) with no self idle folded, as analyze
+    # folds them: their inclusive idle is everyone's and would fill the table with one number
+    fa, _ = frame_table(a.get("gap_attribution") or [], "inclusive")
+    fb, _ = frame_table(b.get("gap_attribution") or [], "inclusive")
+    frames = _keyed_diff(fa, fb, lambda r: _frame_key(r["frame"]), "inclusive_idle_us", limit=None)
+    self_us: dict[str, float] = {}
+    for r in fa + fb:
+        k = _frame_key(r["frame"])
+        self_us[k] = self_us.get(k, 0.0) + float(r.get("self_idle_us") or 0.0)
+    for kind, part in frames.items():
+        frames[kind] = _one_per_chain(part, self_us)[:25]
+        for r in frames[kind]:
             r["frame"] = r.pop("key")
     syncs = _keyed_diff(a.get("blocking_syncs") or [], b.get("blocking_syncs") or [],
                         lambda r: f"{r.get('call')} ({r.get('aten_op') or '-'}) from {_frame_key(r.get('site') or '-')}",

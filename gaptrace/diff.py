@@ -56,6 +56,8 @@ def render_diff(d: dict) -> str:
             for r in part[kind][:8]:
                 shown = (f"{short_kernel_name(r['before'])} -> {short_kernel_name(r['after'])}" if key == "pair"
                          else r[key])
+                more = r.get("same_idle_frames") or 0
+                shown += f" (and {more} more frame{'s' if more != 1 else ''} with the same idle: its callers)" if more else ""
                 lines.append(f"  {kind:<9} {r['delta_us']:>+14,.0f} µs  {shown}")
         if len(lines) == n:
             lines.append("  (no change)")

@@ -162,7 +162,7 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     res = json.loads(_cli("analyze", str(dst), "--json").stdout)
     assert res["window_source"] == "sidecar" and res["rounds"]["summary"]["tau"] > 0
     assert "unprofiled_round_us" not in res["rounds"]["summary"]
-    assert res["warnings"][0].startswith("capture sidecar fields skipped: unprofiled_round_ms (not a positive")
+    assert res["warnings"][0].startswith("capture sidecar fields skipped: unprofiled_round_ms (not a number from")
     # an empty list of unprofiled round times drops the profiler check too: named, not silent
     assert sidecar_field_problems({"unprofiled_round_ms": []}) == ["unprofiled_round_ms (an empty list)"]
     assert sidecar_field_problems({"unprofiled_round_ms": [3.9, 4.1]}) == []
@@ -212,3 +212,30 @@ def test_diff_rows_do_not_depend_on_the_hash_seed():
                            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
             for seed in ("1", "2")]
     assert outs[0] and outs[0] == outs[1]
+
+
+def test_frames_without_wrappers_one_row_per_chain():
+    """The README's A/B pair: the program's wrapper frames (runpy, click, <module>) do not fill the frame table,
+    and a chain of callers with the same idle in A and B is one row (the frame with the most self idle), the
+    count of the rest beside it; the vanished rect_packed and _fill_rect still lead."""
+    from gaptrace import load_trace
+    from gaptrace.analyses.gaps import WRAPPER_RE
+    from gaptrace.analyses.summary import run_analysis
+    from gaptrace.sidecar import read_sidecar_checked
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces", "h200_pairs")
+    res = []
+    for n in ("bench_sync_bs8_B12", "bench_overlap_bs8_B12_clean_a"):
+        p = os.path.join(root, n + ".json.gz")
+        res.append(run_analysis(load_trace(p), sidecar=read_sidecar_checked(p)[0]))
+    d = diff_analyses(*res)
+    for kind, rows in d["frames"].items():
+        assert not any(WRAPPER_RE.search(r["frame"]) for r in rows), kind
+        pairs = [(round(r["a_us"], 3), round(r["b_us"], 3)) for r in rows]
+        assert len(pairs) == len(set(pairs)), kind
+    assert [r["frame"] for r in d["frames"]["vanished"][:2]] == ["runtime/engine/model_runner.py: _fill_rect",
+                                                               "runtime/spec/plan.py: rect_packed"]
+    top = d["frames"]["changed"][0]
+    a_rows = {r["frame"]: r for r in res[0]["gap_attribution"]}
+    same = [f for f, r in a_rows.items() if round(r["inclusive_idle_us"], 3) == round(top["a_us"], 3)
+            and not (r.get("self_idle_us", 0) < 0.5 and WRAPPER_RE.search(f))]
+    assert top["same_idle_frames"] >= 1 and top["same_idle_frames"] <= len(same) - 1
