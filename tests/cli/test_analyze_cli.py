@@ -255,3 +255,22 @@ def test_gpu_events_all_dropped_names_the_drop_not_the_profiler(tmp_path):
     assert not (tmp_path / "r.html").exists()
     r = _cli("analyze", PROBE, "--device", "5")
     assert r.returncode == 2 and r.stderr.strip().endswith("no activity on device 5; devices with activity: 0")
+
+
+def test_readme_tour_figures_are_what_analyze_prints():
+    """The README's tour quotes `gaptrace analyze` on the shipped sync capture: every "saves ≈ X a round (Y%"
+    figure and the verdict line it quotes are in today's output (a README that drifts from the tool is a defect)."""
+    import os
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    block = readme.split("## A short tour", 1)[1].split("```", 2)[1]
+    r = _cli("analyze", os.path.join(root, "fixtures", "traces", "h200_pairs", "bench_sync_bs8_B12.json.gz"))
+    assert r.returncode == 0, r.stderr
+    out = " ".join(r.stdout.split())
+    quoted = re.findall(r"saves ≈ [\d,.]+ [µm]s a round \(\d+%", " ".join(block.split()))
+    assert len(quoted) >= 3
+    for q in quoted:
+        assert q in out, q
+    assert " ".join(block.split()).split(" removing")[0].strip() in out
