@@ -242,6 +242,13 @@ def _regular(starts: np.ndarray) -> tuple[bool, float, float]:
     return med > 0 and mad <= REGULAR_MAD_SHARE * med, med, mad
 
 
+def _one_name_or(trace: Trace, rows: np.ndarray, pattern: str) -> str:
+    """The steps' name: their one real name when every step range has it (``llama3_decode`` stays itself, so that
+    ``--window NAME`` takes it back), else the digit-folded ``pattern`` (``step[#]`` over step[1], step[2], ...)."""
+    names = trace.host["name"].iloc[np.asarray(rows, dtype=np.int64)].astype(str).unique()
+    return str(names[0]) if len(names) == 1 else pattern
+
+
 def _repeating(trace: Trace, rank: int) -> tuple[np.ndarray | None, str | None, str]:
     """The ``repeating_range`` rule: (rows, folded name, reason)."""
     h = trace.host
@@ -273,6 +280,7 @@ def _repeating(trace: Trace, rank: int) -> tuple[np.ndarray | None, str | None, 
                   f"no top-level host annotation repeats {MIN_REPEATS} or more times on one thread ({top_txt})")
         return None, None, "no round, ProfilerStep#N or engine step range; " + reason
     rows, pat = best
+    pat = _one_name_or(trace, rows, pat)
     return rows, pat, (f"no round, ProfilerStep#N or engine step range: '{pat}' is the most frequent top-level host "
                        f"range ({len(rows)}×, regular period)")
 
@@ -308,7 +316,7 @@ def find_steps(trace: Trace, device: int | tuple[int, int] | None = None, round_
         if len(es):
             es = _outermost(trace, es)
             rule, rows = "engine_step", es
-            pattern = _DIGITS_RE.sub("#", str(h["name"].iloc[es[0]]))
+            pattern = _one_name_or(trace, es, _DIGITS_RE.sub("#", str(h["name"].iloc[es[0]])))
             reason = f"a serving engine's per-step range (SGLang step[...] / vLLM execute_...), {len(es)}×"
     if rows is None:
         rows, pattern, reason = _repeating(trace, rank)

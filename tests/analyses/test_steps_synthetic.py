@@ -298,3 +298,18 @@ def test_idle_site_of_a_leaf_frame_is_the_frame_itself(tmp_path):
     got = {r["site"]: r["idle_us"] for r in idle_sites.idle_sites(res).to_dict("records")}
     assert got.get("app.py(9): plan") == pytest.approx(300.0)  # [200, 500]: the leaf frame itself
     assert got["app.py(1): run"] == pytest.approx(600.0)        # [110, 200] and [500, 1010], the builtin's included
+
+
+@pytest.mark.parametrize("name, pattern", [("llama3_decode", "llama3_decode"),
+                                           ("<script>alert(1)</script>", "<script>alert(1)</script>"),
+                                           (None, "decode_#")])
+def test_steps_keep_their_one_real_name(tmp_path, name, pattern):
+    """A repeating range with digits in its name is its own name when every step has it (it used to be shown
+    digit-folded, 'llama#_decode', a name ``--window`` then could not find); ranges whose names differ only in
+    their digits (decode_0, decode_1, ...) keep the folded pattern."""
+    ev = []
+    for i in range(6):
+        ev += [X("user_annotation", name or f"decode_{i}", i * 1000.0, 800), launch(i * 1000.0 + 10, i + 1),
+               kernel(i * 1000.0 + 20, 300, i + 1)]
+    st = steps.find_steps(load(tmp_path, ev))
+    assert st.rule == "repeating_range" and len(st.table) == 6 and st.name_pattern == pattern
