@@ -132,6 +132,11 @@ def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = Tr
             m, how = fr & names[inv], "frames containing"
     if not m.any():
         where = "the launching thread" if launching else "any thread of the launching rank"
+        rt = ((h["rank"].to_numpy() == model.key[0]) & h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy()
+              & exact[inv])
+        if rt.any():  # analyze's frame table lists runtime calls as frames; the replay models them as calls
+            raise TraceError(f"{trace.path}: {site!r} is a CUDA runtime call, which the replay keeps (its launch is "
+                             "the device work's); name the NVTX range or Python frame that makes the call")
         raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on {where}")
     hit = np.zeros(len(uniq), dtype=bool)
     hit[np.unique(inv[m])] = True

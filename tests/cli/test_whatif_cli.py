@@ -81,3 +81,10 @@ def test_a_fit_that_misses_the_measured_round_is_not_called_fitted(tmp_path):
     assert abs(d["before_round_us"] - d["unprofiled_round_us"]) / d["unprofiled_round_us"] > 0.01
     assert any("no profiler cost scale reproduces" in w for w in d["warnings"])
     assert "NOT fitted" in _run(sync, "--calibration", str(p)).stdout
+
+
+def test_a_runtime_call_is_named_as_one():
+    """analyze's frame table lists cudaGraphLaunch as a frame; whatif cannot remove a runtime call and says so."""
+    r = _run(FAULT, "--remove", "cudaGraphLaunch")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "'cudaGraphLaunch' is a CUDA runtime call" in r.stderr and "NVTX range or Python frame" in r.stderr
