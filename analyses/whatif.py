@@ -303,11 +303,20 @@ def _occupancy(model: ReplayModel, res: ReplayResult, starts_rel_us: np.ndarray,
     return busy / total if total > 0 else math.nan
 
 
-def _tau(sidecar: "Sidecar | dict | None") -> float | None:
-    """Mean τ over the sidecar's profiled rounds with a usable τ (:attr:`gaptrace.sidecar.Sidecar.round_taus`)."""
+def _tau(sidecar: "Sidecar | dict | None", periods: int | None = None, joins: np.ndarray | None = None
+         ) -> float | None:
+    """Mean τ over the sidecar's profiled rounds with a usable τ (:attr:`gaptrace.sidecar.Sidecar.round_taus`);
+    with ``periods`` only the rounds that begin a period (the first ``periods`` of them, in trace order) and, with
+    ``joins`` ((periods,) bool), not those whose period spans two profiler windows: the rounds whose periods the
+    prediction's median is over, as the rounds table takes τ over the rounds it times (analyses/rounds.py)."""
     side = as_sidecar(sidecar)
-    vals = [t for t in (side.round_taus or ()) if math.isfinite(t)] if side is not None else []
-    return float(np.mean(vals)) if vals else None
+    taus = np.asarray(side.round_taus or (), dtype=np.float64) if side is not None else np.zeros(0)
+    if periods is not None:
+        taus = taus[:periods]
+        if joins is not None:
+            taus = taus[~np.asarray(joins, dtype=bool)[:len(taus)]]
+    vals = taus[np.isfinite(taus)]
+    return float(np.mean(vals)) if len(vals) else None
 
 
 def _unprofiled_round_us(sidecar: "Sidecar | dict | None") -> float | None:
@@ -512,7 +521,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     one_off = one_off_saving_us(p_before - p_after, saving)
     rs_b = host_time_map(ctx.model, ctx.base, ctx.starts)
     rs_a = host_time_map(ctx.model, after, ctx.starts)
-    tau = _tau(ctx.sidecar)
+    tau = _tau(ctx.sidecar, len(ctx.starts) - 1, ctx.joins)
     unp = ctx.target_us
     data = {
         "trace": trace.path,
