@@ -514,13 +514,46 @@ def build_trace(raw: RawColumns, path: str, metadata: dict[str, Any]) -> Trace:
     return trace
 
 
+EARLY_DEVICE_US = 1.0  # a device activity may not start this long before its launch call (clock tolerance)
+
+
+def _device_before_launch(trace: "Trace") -> tuple[int, int] | None:
+    """(device activities that start more than EARLY_DEVICE_US before the start of the cuda_runtime / cuda_driver
+    call of the same rank and correlation id, those tied to one) or None when none is early. Correlation ids that
+    more than one call of a rank carries are left out (no call to compare with)."""
+    host, dev = trace.host, trace.device
+    if dev.empty or host.empty:
+        return None
+    rt = host[(trace.host_str_eq("cat", "cuda_runtime") | trace.host_str_eq("cat", "cuda_driver"))
+              & (host["correlation"].to_numpy() > 0)]
+    if rt.empty:
+        return None
+    key = rt["rank"].to_numpy().astype(np.int64) * (1 << 40) + rt["correlation"].to_numpy().astype(np.int64)
+    order = np.argsort(key, kind="stable")
+    k, ts = key[order], rt["ts_us"].to_numpy()[order]
+    uniq = np.r_[k[1:] != k[:-1], True] & np.r_[True, k[1:] != k[:-1]]  # ids one call carries
+    k, ts = k[uniq], ts[uniq]
+    if not len(k):
+        return None
+    dc = dev["correlation"].to_numpy()
+    dk = dev["rank"].to_numpy().astype(np.int64) * (1 << 40) + dc.astype(np.int64)
+    j = np.searchsorted(k, dk)
+    tied = (dc > 0) & (j < len(k)) & (k[np.minimum(j, len(k) - 1)] == dk)
+    if not tied.any():
+        return None
+    early = int((dev["ts_us"].to_numpy()[tied] < ts[j[tied]] - EARLY_DEVICE_US).sum())
+    return (early, int(tied.sum())) if early else None
+
+
 def integrity_warnings(trace: Trace) -> list[str]:
     """Checks that turn into warnings instead of silently wrong numbers (DESIGN.md "Integrity checks").
 
     - host events but no device events (occupancy cannot be computed);
     - graph launches whose correlation id owns no device activity (the launch's work is missing);
     - profiler buffer flush / overflow events (the profiler paused or dropped events);
-    - device activities that overlap on one stream (a stream executes in order; overlap means clock trouble).
+    - device activities that overlap on one stream (a stream executes in order; overlap means clock trouble);
+    - device activities that start before the launch call their correlation id names (work cannot run before it
+      is launched: the device clock is ahead of the host's).
     """
     out: list[str] = []
     host, dev = trace.host, trace.device
@@ -541,6 +574,11 @@ def integrity_warnings(trace: Trace) -> list[str]:
             total = float(trace.overhead.loc[flush, "dur_us"].sum())
             out.append(f"{int(flush.sum())} profiler buffer flush/overflow events ({total:,.0f} µs in all): "
                        "the profiler itself ran during these; idle time under them is the profiler's")
+    early = _device_before_launch(trace)
+    if early:
+        out.append(f"{early[0]} of {early[1]} device activities tied to a launch call start more than "
+                   f"{EARLY_DEVICE_US:g} µs before that call starts (device and host clocks out of step): the "
+                   "host-device ordering, gap attribution and the replay are off by as much")
     if not dev.empty:
         d = dev.sort_values(["rank", "device", "stream", "ts_us"], kind="stable")
         same = ((d["rank"].to_numpy()[1:] == d["rank"].to_numpy()[:-1])
