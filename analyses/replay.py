@@ -428,7 +428,7 @@ def _untied_positions(op_call: np.ndarray, linked: np.ndarray, ots: np.ndarray, 
 
 def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.ndarray | None = None,
            wait: np.ndarray | None = None, item_dur_us: np.ndarray | None = None,
-           item_gap_us: np.ndarray | None = None) -> ReplayResult:
+           item_gap_us: np.ndarray | None = None, compiled: bool = True) -> ReplayResult:
     """Replay ``model`` (docs/DESIGN.md "The replay model"), optionally with the host work before each call
     (``work_us``, (K,)), each call's own cost (``cost_us``, (K,)), which blocking calls still wait (``wait``, (K,)
     bool; default: all of them), the device items' durations (``item_dur_us``, (I,)) or their queued-launch gaps
@@ -436,16 +436,28 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
 
     The host chain runs S_k = E_{k−1} + work_k, E_k = S_k + cost_k, except a blocking call that waits:
     E_k = max(S_k, R_k) + cost_k with R_k the replayed completion of items [0, await_items[k]). Items follow the
-    stream recurrence of the module docstring. One numpy step per blocking call that waits (O(n log n) overall for
-    a bounded number of streams). Returns a :class:`ReplayResult`.
+    stream recurrence of the module docstring. One compiled pass over calls and items (O(n) after the O(n log n)
+    model; ``compiled=False``: the numpy twin, one numpy step per blocking call that waits). Returns a
+    :class:`ReplayResult`.
     """
-    K, I = model.calls, len(model.item_call)
     work = model.work_us if work_us is None else np.asarray(work_us, dtype=np.float64)
     cost = model.cost_us if cost_us is None else np.asarray(cost_us, dtype=np.float64)
     dur = model.item_dur_us if item_dur_us is None else np.asarray(item_dur_us, dtype=np.float64)
     gaps = model.item_gap_us if item_gap_us is None else np.asarray(item_gap_us, dtype=np.float64)
     waits = model.blocking.copy() if wait is None else (np.asarray(wait, dtype=bool) & model.blocking)
     waits &= model.await_items > 0
+    S, E, ie = (_replay_compiled if compiled else _replay_numpy)(model, work, cost, waits, dur, gaps)
+    istart = ie - dur
+    ops = istart[model.op_item] + model.op_offset_us
+    return ReplayResult(call_start_us=S, call_end_us=E, item_start_us=istart, item_end_us=ie, op_start_us=ops,
+                        work_us=work, cost_us=cost)
+
+
+def _replay_numpy(model: ReplayModel, work: np.ndarray, cost: np.ndarray, waits: np.ndarray, dur: np.ndarray,
+                  gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The replay's recurrence (:func:`replay`) as a numpy loop over the waiting calls: (S, E, item ends). The
+    twin of :func:`._compiled.replay_chain`, which :func:`replay` runs (tests check that the two agree)."""
+    K, I = model.calls, len(model.item_call)
     S = np.empty(K)
     E = np.empty(K)
     ie = np.empty(I)
@@ -459,7 +471,9 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
     stops = np.flatnonzero(waits)
     k0, t = 0, base - work[0] if K else 0.0
     cuts = list(stops) + [K]
-    for kb in cuts:
+    # items launched by calls up to each waiting call, found for all of them at once (one search, not one per stop)
+    his = np.r_[np.searchsorted(model.item_pos, stops, side="right"), I].tolist()
+    for kb, hi_kb in zip(cuts, his):
         # calls k0 .. kb-1 are non-waiting: cumsum; call kb waits (if kb < K)
         seg = slice(k0, kb)
         if kb > k0:
@@ -470,7 +484,7 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
         if kb < K:
             S[kb] = t + work[kb]
         # items launched by calls up to kb (the waiting call's own copy included: its l uses S[kb])
-        hi = int(np.searchsorted(model.item_pos, kb, side="right")) if kb < K else I
+        hi = hi_kb
         need = int(model.await_items[kb]) if kb < K else I
         hi = max(hi if kb < K else I, pm_done)
         if hi > pm_done:
@@ -505,10 +519,26 @@ def replay(model: ReplayModel, work_us: np.ndarray | None = None, cost_us: np.nd
             E[kb] = max(S[kb], R) + cost[kb]
             t = float(E[kb])
             k0 = kb + 1
-    istart = ie - dur
-    ops = istart[model.op_item] + model.op_offset_us
-    return ReplayResult(call_start_us=S, call_end_us=E, item_start_us=istart, item_end_us=ie, op_start_us=ops,
-                        work_us=work, cost_us=cost)
+    return S, E, ie
+
+
+def _replay_compiled(model: ReplayModel, work: np.ndarray, cost: np.ndarray, waits: np.ndarray, dur: np.ndarray,
+                     gaps: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The replay's recurrence in one compiled pass (:func:`._compiled.replay_chain`): (S, E, item ends)."""
+    from ._compiled import replay_chain
+
+    K = model.calls
+    stops = np.flatnonzero(waits).astype(np.int64)
+    his = np.searchsorted(model.item_pos, stops, side="right").astype(np.int64)
+    _streams, sidx = np.unique(model.item_stream, return_inverse=True)
+    base = float(model.call_start_us[0]) if K else 0.0
+    return replay_chain(np.ascontiguousarray(work, dtype=np.float64), np.ascontiguousarray(cost, dtype=np.float64),
+                        stops, his, model.await_items.astype(np.int64), model.item_call.astype(np.int64),
+                        model.item_pos.astype(np.int64), model.item_lat_us.astype(np.float64),
+                        model.item_after_end.astype(np.bool_), model.item_prior.astype(np.bool_),
+                        model.call_start_us.astype(np.float64), np.ascontiguousarray(gaps, dtype=np.float64),
+                        np.ascontiguousarray(dur, dtype=np.float64), sidx.astype(np.int64).reshape(-1),
+                        max(len(_streams), 1), base)
 
 
 def host_time_map(model: ReplayModel, res: ReplayResult, t_us: np.ndarray) -> np.ndarray:

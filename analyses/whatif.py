@@ -33,7 +33,7 @@ from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import Calibration, load_calibration, name_codes, site_share, unprofiled_inputs
 from .steps import find_steps
-from .replay import (ReplayModel, ReplayResult, _intersect, _merge, build_model, host_time_map, replay,
+from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
 
 __all__ = ["Change", "WhatIf", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
@@ -288,18 +288,20 @@ def _occupancy(model: ReplayModel, res: ReplayResult, starts_rel_us: np.ndarray,
     s, e = res.item_start_us, res.item_end_us
     span = np.maximum(e - s, 1e-12)
     busy_item = np.minimum(model.item_busy_us, e - s)
-    busy = total = 0.0
     # runs of kept periods: run k starts at the round after each join (or the first round)
     idx = np.flatnonzero(~joins)
-    run_id = np.cumsum(np.concatenate(([1], np.diff(idx) > 1))) if len(idx) else idx
-    for k in np.unique(run_id):
-        sel = idx[run_id == k]
-        t0 = float(starts_rel_us[sel[0]])
-        t1 = t0 + float(np.sum(periods_us[np.searchsorted(idx, sel)]))
-        if t1 <= t0:
-            continue
-        busy += float(np.sum(np.clip(np.minimum(e, t1) - np.maximum(s, t0), 0.0, None) / span * busy_item))
-        total += t1 - t0
+    if not len(idx):
+        return math.nan
+    run_id = np.cumsum(np.concatenate(([1], np.diff(idx) > 1)))
+    first = np.r_[0, np.flatnonzero(np.diff(run_id)) + 1]  # position in idx of each run's first kept period
+    t0 = np.asarray(starts_rel_us, dtype=np.float64)[idx[first]]
+    t1 = t0 + np.add.reduceat(np.asarray(periods_us, dtype=np.float64), first)
+    ok = t1 > t0
+    total = float(np.sum(t1[ok] - t0[ok]))
+    # every item's time inside the runs at once (a loop over the runs costs O(runs × items): a trace of many
+    # profiler windows has hundreds); each item's busy time counts in proportion to its part inside them
+    us, ue = _merge(t0[ok], t1[ok])
+    busy = float(np.sum(_coverage(us, ue, s, e) / span * busy_item))
     return busy / total if total > 0 else math.nan
 
 
