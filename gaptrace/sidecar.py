@@ -36,6 +36,7 @@ SIDECAR_MIN_NUMBER = 1e-9
 TAU_MAX = 1e6                # tokens accepted in one round
 TAU_MIN_NONZERO = 1e-6
 SIDECAR_MAX_BYTES = 64 * 10 ** 6
+SIDECAR_VERSIONS = (1,)  # the "gaptrace_sidecar" format versions this code reads (gaptrace.capture writes 1)
 NOT_POSITIVE = f"not a number from {SIDECAR_MIN_NUMBER:g} to {SIDECAR_MAX_NUMBER:g}"  # what positive_number() refuses
 
 
@@ -102,6 +103,10 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     says what was skipped (one warning line), since a skipped field silently drops a figure (τ, TPOT, the
     profiler check, the launch fit's unprofiled points)."""
     out: list[str] = []
+    v = obj.get("gaptrace_sidecar")
+    if v is not None and (isinstance(v, bool) or v not in SIDECAR_VERSIONS):
+        out.append(f"gaptrace_sidecar ({json.dumps(v)[:20]}: not a version this gaptrace writes, "
+                   f"{', '.join(map(str, SIDECAR_VERSIONS))}; its fields read as version {SIDECAR_VERSIONS[-1]}'s)")
     for key in ("unprofiled_round_ms", "unprofiled_step_ms"):
         u = obj.get(key)
         if u is None:

@@ -54,3 +54,11 @@ def test_absent_or_malformed_lists():
     side = Sidecar.from_dict({"rounds": {"a": 1}, "graphs": "g", "unprofiled_round_ms": []})
     assert side.round_taus is None and side.round_record_taus == () and side.graphs == ()
     assert side.unprofiled_round_ms is None and side.unprofiled_launch_us() is None and side.analysis_window is None
+
+
+@pytest.mark.parametrize("version, named", [(1, False), (999, True), ("one", True), (True, True), (None, False)])
+def test_an_unknown_format_version_is_named(version, named):
+    """A sidecar whose gaptrace_sidecar version this code does not write is read, but the warning names it."""
+    raw = {"gaptrace_sidecar": version} if version is not None else {}
+    bad = sidecar_field_problems(raw)
+    assert bool(bad) == named and all(b.startswith("gaptrace_sidecar (") for b in bad)
