@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from gaptrace.sidecar import Sidecar, as_sidecar
+from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
 
 from gaptrace.trace import Trace, TraceError
 
@@ -339,8 +339,7 @@ def _measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
     if unp is None and isinstance(raw, dict):
         v = raw.get("unprofiled_step_ms")
         if isinstance(v, list):
-            v = [float(x) for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)
-                 and math.isfinite(x) and x > 0]
+            v = [float(x) for x in v if usable_period_ms(x)]
             unp = float(np.median(v)) * 1e3 if v else None
     return unp
 

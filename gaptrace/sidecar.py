@@ -25,7 +25,8 @@ from typing import Any, Mapping
 
 __all__ = ["Sidecar", "SidecarGraph", "SidecarRange", "SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "read_sidecar_checked",
            "load_sidecar_checked", "sidecar_problem", "sidecar_field_problems", "positive_number", "usable_tau",
-           "as_sidecar", "check_sidecar", "sidecar_window_problem"]
+           "as_sidecar", "check_sidecar", "sidecar_window_problem",
+           "usable_period_ms"]
 
 SIDECAR_SUFFIX = ".gaptrace.json"
 
@@ -38,6 +39,8 @@ TAU_MIN_NONZERO = 1e-6
 SIDECAR_MAX_BYTES = 64 * 10 ** 6
 SIDECAR_VERSIONS = (1,)  # the "gaptrace_sidecar" format versions this code reads (gaptrace.capture writes 1)
 NOT_POSITIVE = f"not a number from {SIDECAR_MIN_NUMBER:g} to {SIDECAR_MAX_NUMBER:g}"  # what positive_number() refuses
+PERIOD_MIN_MS = 1e-3  # no decode round or loop step repeats in under 1 µs (a launch alone takes longer)
+NOT_A_PERIOD = f"not a period from {PERIOD_MIN_MS:g} to {SIDECAR_MAX_NUMBER:g} ms"
 
 
 def sidecar_path(trace_path: str) -> str:
@@ -95,6 +98,11 @@ def _finite(v: Any) -> bool:
         return False
 
 
+def usable_period_ms(v: Any) -> bool:
+    """A round or step period in ms a sidecar may give: :func:`positive_number` and at least PERIOD_MIN_MS."""
+    return positive_number(v) and v >= PERIOD_MIN_MS
+
+
 def sidecar_field_problems(obj: dict) -> list[str]:
     """The fields of a usable sidecar (:func:`sidecar_problem` passed) that the analyses will skip, each as
     ``name (why)``: ``unprofiled_round_ms`` or ``unprofiled_step_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
@@ -117,9 +125,9 @@ def sidecar_field_problems(obj: dict) -> list[str]:
             if key == "unprofiled_round_ms":
                 out.append(f"{key} (an empty list)")
         elif isinstance(u, list):
-            out += [f"{key}[{i}] ({NOT_POSITIVE})" for i, v in enumerate(u) if not positive_number(v)]
-        elif not positive_number(u):
-            out.append(f"{key} ({NOT_POSITIVE})")
+            out += [f"{key}[{i}] ({NOT_A_PERIOD})" for i, v in enumerate(u) if not usable_period_ms(v)]
+        elif not usable_period_ms(u):
+            out.append(f"{key} ({NOT_A_PERIOD})")
     for key in ("rounds", "graphs"):
         if key in obj and not isinstance(obj[key], list):
             out.append(f"{key} (not a list)")
@@ -256,7 +264,7 @@ class Sidecar:
                        and positive_number(g.get("unprofiled_launch_us")))
         unprof = obj.get("unprofiled_round_ms")
         if isinstance(unprof, list):  # the items sidecar_field_problems does not name as skipped
-            vals = [float(v) for v in unprof if positive_number(v)]
+            vals = [float(v) for v in unprof if usable_period_ms(v)]
             unprof = float(np.median(vals)) if vals else None
         window = obj.get("analysis_window")
         config = obj.get("config")
@@ -266,7 +274,7 @@ class Sidecar:
         return cls(raw=obj, config=config if isinstance(config, dict) else {},
                    analysis_window=window if isinstance(window, str) else None, round_taus=taus,
                    round_record_taus=records or (), graphs=usable,
-                   unprofiled_round_ms=float(unprof) if positive_number(unprof) else None,
+                   unprofiled_round_ms=float(unprof) if usable_period_ms(unprof) else None,
                    unprofiled_ranges=by_name)
 
     def unprofiled_launch_us(self) -> dict[int, float] | None:

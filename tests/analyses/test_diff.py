@@ -150,7 +150,7 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
         assert r.returncode == 0, r.stderr
         warn = [ln for ln in r.stderr.splitlines() if ln.startswith("gaptrace: warning:")]
         assert len(warn) == 1, r.stderr
-        for name in ("unprofiled_round_ms (not a number from 1e-09 to 1e+12)", "rounds[1].tau", "rounds[2].tau", "rounds[3].tau"):
+        for name in ("unprofiled_round_ms (not a period from 0.001 to 1e+12 ms)", "rounds[1].tau", "rounds[2].tau", "rounds[3].tau"):
             assert name in warn[0], warn[0]
         assert warn[0].endswith("and 3 more")  # rounds[4].tau, graphs[0], graphs[1]: four named, then a count
     from gaptrace.capture import sidecar_field_problems
@@ -162,7 +162,7 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     res = json.loads(_cli("analyze", str(dst), "--json").stdout)
     assert res["window_source"] == "sidecar" and res["rounds"]["summary"]["tau"] > 0
     assert "unprofiled_round_us" not in res["rounds"]["summary"]
-    assert res["warnings"][0].startswith("capture sidecar fields skipped: unprofiled_round_ms (not a number from")
+    assert res["warnings"][0].startswith("capture sidecar fields skipped: unprofiled_round_ms (not a period from")
     # an empty list of unprofiled round times drops the profiler check too: named, not silent
     assert sidecar_field_problems({"unprofiled_round_ms": []}) == ["unprofiled_round_ms (an empty list)"]
     assert sidecar_field_problems({"unprofiled_round_ms": [3.9, 4.1]}) == []

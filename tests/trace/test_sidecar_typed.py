@@ -62,3 +62,13 @@ def test_an_unknown_format_version_is_named(version, named):
     raw = {"gaptrace_sidecar": version} if version is not None else {}
     bad = sidecar_field_problems(raw)
     assert bool(bad) == named and all(b.startswith("gaptrace_sidecar (") for b in bad)
+
+
+def test_a_round_of_a_picosecond_is_no_period():
+    """unprofiled_round_ms of 1e-9 ms (a corrupt sidecar) is skipped and named; 1 µs and more is a period."""
+    assert as_sidecar({"unprofiled_round_ms": [1e-9] * 30}).unprofiled_round_ms is None
+    assert sidecar_field_problems({"unprofiled_round_ms": 1e-9}) == ["unprofiled_round_ms (not a period from 0.001 "
+                                                                      "to 1e+12 ms)"]
+    assert as_sidecar({"unprofiled_round_ms": [0.001, 4.5, 4.7]}).unprofiled_round_ms == 4.5
+    assert sidecar_field_problems({"unprofiled_step_ms": [1.0, 1e-6]}) == ["unprofiled_step_ms[1] (not a period "
+                                                                        "from 0.001 to 1e+12 ms)"]
