@@ -32,6 +32,7 @@ never the events. Replaying the trace unchanged reproduces the measured timeline
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Any
@@ -112,6 +113,17 @@ class ReplayModel:
     @property
     def calls(self) -> int:
         return len(self.call_start_us)
+
+    @functools.cached_property
+    def kernel_arrays(self) -> tuple:
+        """The model's arrays as :func:`._compiled.replay_chain` takes them (int64 / float64 / bool, streams as
+        indices 0..n−1 and their count), made once per model: every replay of it (one per counterfactual) shares
+        them."""
+        streams, sidx = np.unique(self.item_stream, return_inverse=True)
+        return (self.await_items.astype(np.int64), self.item_call.astype(np.int64), self.item_pos.astype(np.int64),
+                self.item_lat_us.astype(np.float64), self.item_after_end.astype(np.bool_),
+                self.item_prior.astype(np.bool_), self.call_start_us.astype(np.float64),
+                sidx.astype(np.int64).reshape(-1), max(len(streams), 1))
 
 
 @dataclasses.dataclass
@@ -530,16 +542,12 @@ def _replay_compiled(model: ReplayModel, work: np.ndarray, cost: np.ndarray, wai
     K = model.calls
     stops = np.flatnonzero(waits).astype(np.int64)
     his = np.searchsorted(model.item_pos, stops, side="right").astype(np.int64)
-    _streams, sidx = np.unique(model.item_stream, return_inverse=True)
+    (await_items, item_call, item_pos, item_lat, after_end, prior, call_start, sidx, n_streams) = model.kernel_arrays
     base = float(model.call_start_us[0]) if K else 0.0
     return replay_chain(np.ascontiguousarray(work, dtype=np.float64), np.ascontiguousarray(cost, dtype=np.float64),
-                        stops, his, model.await_items.astype(np.int64), model.item_call.astype(np.int64),
-                        model.item_pos.astype(np.int64), model.item_lat_us.astype(np.float64),
-                        model.item_after_end.astype(np.bool_), model.item_prior.astype(np.bool_),
-                        model.call_start_us.astype(np.float64), np.ascontiguousarray(gaps, dtype=np.float64),
-                        np.ascontiguousarray(dur, dtype=np.float64), sidx.astype(np.int64).reshape(-1),
-                        max(len(_streams), 1), base)
-
+                        stops, his, await_items, item_call, item_pos, item_lat, after_end, prior, call_start,
+                        np.ascontiguousarray(gaps, dtype=np.float64), np.ascontiguousarray(dur, dtype=np.float64),
+                        sidx, n_streams, base)
 
 def host_time_map(model: ReplayModel, res: ReplayResult, t_us: np.ndarray) -> np.ndarray:
     """Replayed times of host instants ``t_us`` (trace clock) on the launching thread: inside call k,

@@ -35,7 +35,7 @@ import numpy as np
 from gaptrace.trace import Trace, TraceError
 
 from .findings import ms_text
-from .profiler_cost import Calibration, load_calibration
+from .profiler_cost import Calibration, _starts_inside, load_calibration
 from .whatif import Change, Context, device_items_launched, other_thread_intervals, site_intervals, whatif
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
@@ -235,8 +235,7 @@ def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) 
             memo[site] = whatif(trace, [Change(site)], context=ctx).data
             return memo[site]
         t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
-        i = np.searchsorted(us, t, side="right") - 1
-        held = int(np.sum((i >= 0) & (t < ue[np.maximum(i, 0)]))) if len(us) else 0
+        held = int(_starts_inside(us, ue, t).sum())
         encloses = held > ENCLOSING_SHARE * len(t)
         for name, bs, be in body:
             if encloses or name == site:

@@ -31,7 +31,8 @@ from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
 
 from gaptrace.trace import Trace, TraceError
 
-from .profiler_cost import Calibration, load_calibration, name_codes, site_share, unprofiled_inputs
+from .profiler_cost import (Calibration, _starts_inside, load_calibration, name_codes, site_share,
+                           unprofiled_inputs)
 from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
@@ -220,11 +221,7 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
 
 def _calls_inside(model: ReplayModel, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
     """(K,) bool: the chain's calls that start inside the merged intervals [us, ue) (µs from ``model.t0_us``)."""
-    s = model.call_start_us
-    if not len(us):
-        return np.zeros(len(s), dtype=bool)
-    i = np.searchsorted(us, s, side="right") - 1
-    return (i >= 0) & (s < ue[np.maximum(i, 0)])
+    return _starts_inside(us, ue, model.call_start_us)
 
 
 def _eager_items_of(model: ReplayModel, inside: np.ndarray) -> np.ndarray:
