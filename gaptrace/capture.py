@@ -18,7 +18,11 @@ which includes whatever ran before the loop) so the profiler's own cost can be m
 ``warmup_steps`` (:data:`DEFAULT_WARMUP_STEPS`, 31) gives :data:`MIN_UNPROFILED_STEPS` (30) of them, the reference
 block the replay model fits the profiler's cost to (docs/DESIGN.md "The replay model" "Fitted to the capture's own unprofiled
 rounds"); fewer (an explicit small ``warmup_steps``) are kept as they are, and the sidecar's ``unprofiled_steps``
-says how many.
+says how many. Over the same steps every ``torch.profiler.record_function`` block is timed on the host clock
+(:class:`gaptrace.rangetimes.RecordFunctionTimes`; ``time_ranges=False`` turns it off): the sidecar's
+``unprofiled_ranges`` (per range name: mean µs per occurrence, occurrences per step) and ``unprofiled_range_rounds``
+(the steps timed), which the replay gives those ranges instead of the calibration's estimate (docs/DESIGN.md 5.2
+"Measured ranges").
 
 Outputs are written to a temporary name in the target directory and renamed, so a crash leaves nothing half-written;
 both outputs (trace and sidecar) pass :func:`gaptrace.outputs.resolve_output` when the :class:`Capture` is made, before
@@ -36,6 +40,7 @@ import time
 from typing import Any
 
 from gaptrace.outputs import discard, resolve_output, set_output_mode, write_text_atomic
+from gaptrace.rangetimes import RecordFunctionTimes
 
 # the sidecar's reading and checking live in gaptrace.sidecar (torch-free); re-exported for callers of this module
 from gaptrace.sidecar import (SIDECAR_SUFFIX, load_sidecar_checked, positive_number,  # noqa: F401
@@ -100,6 +105,8 @@ class Capture:
     Call :meth:`step` once at the end of every step. After the last active step the trace and the sidecar are
     written (``path`` and :func:`sidecar_path` of it); later ``step()`` calls are no-ops. ``config`` (any
     JSON-able dict) and ``extra`` (set by callers such as the runtime's capture: graphs, rounds) go into the sidecar.
+    ``time_ranges``: time every ``record_function`` block of the kept warm-up steps (module docstring); the runtime,
+    which times its own NVTX ranges, passes False.
 
     Both outputs are checked here, before any step (:func:`gaptrace.outputs.resolve_output`: a missing or
     unwritable directory, a directory/device/FIFO at the path, or one of ``inputs`` raises ValueError, one line);
@@ -109,7 +116,7 @@ class Capture:
 
     def __init__(self, path: str, warmup_steps: int = DEFAULT_WARMUP_STEPS, active_steps: int = 20,
                  config: dict | None = None,
-                 with_stack: bool = True, inputs: tuple[str, ...] = ()):
+                 with_stack: bool = True, inputs: tuple[str, ...] = (), time_ranges: bool = True):
         if warmup_steps < 0 or active_steps < 1:
             raise ValueError(f"warmup_steps must be >= 0 and active_steps >= 1 (got {warmup_steps}, {active_steps})")
         self.trace_out = resolve_output(path, tuple(inputs))
@@ -132,9 +139,14 @@ class Capture:
         self._failed = False
         self._entered = False
         self._exited = False
+        self._ranges = RecordFunctionTimes() if time_ranges and warmup_steps >= 2 else None
+        self._ranges_installed = False
+        self.range_steps = 0  # warm-up steps whose record_function blocks were timed
 
     def __enter__(self) -> "Capture":
         self._entered = True
+        if self._ranges is not None:
+            self._ranges_installed = self._ranges.install()
         if self.warmup_steps == 0:
             self._start_profiler()
         self._t_last = time.perf_counter()
@@ -162,10 +174,16 @@ class Capture:
         elif self._n > self.warmup_steps:
             self.profiled_step_ms.append(dt_ms)
         self._t_last = now
+        if self._ranges is not None:
+            # the ranges of the steps whose periods are kept (the 2nd to the last warm-up step) are timed
+            self.range_steps += self._ranges.active
+            self._ranges.active = self._ranges_installed and 1 <= self._n + 1 < self.warmup_steps
         self._n += 1
         if self._prof is not None:
             self._prof.step()
         elif self._n == self.warmup_steps:
+            if self._ranges is not None:
+                self._ranges.uninstall()  # no wrapper under the profiler
             self._start_profiler()  # the next step is the profiler's warm-up step
             self._t_last = time.perf_counter()  # the profiler's own start is no step's time
 
@@ -200,6 +218,8 @@ class Capture:
             "unprofiled_step_ms": self.unprofiled_step_ms,
             "unprofiled_steps": len(self.unprofiled_step_ms),
             "profiled_step_ms": self.profiled_step_ms,
+            **({"unprofiled_ranges": self._ranges.summary(self.range_steps),
+                "unprofiled_range_rounds": self.range_steps} if self._ranges_installed else {}),
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -208,6 +228,8 @@ class Capture:
 
     def __exit__(self, *exc: Any) -> None:
         self._exited = True
+        if self._ranges is not None:
+            self._ranges.uninstall()
         prof, self._prof = self._prof, None
         if prof is not None:
             prof.__exit__(*exc)

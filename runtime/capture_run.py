@@ -16,6 +16,8 @@ import re
 import statistics
 from typing import Callable
 
+from gaptrace.rangetimes import range_summary
+
 from .annotate import record_host_ranges
 from .engine import Engine, EngineHooks, RoundEvent
 from .session import DecodeSetup, encode_prompts, run_config
@@ -44,10 +46,9 @@ def unprofiled_ranges(ranges, rounds: int) -> list[dict]:
     """The sidecar's ``unprofiled_ranges``: per NVTX range timed unprofiled (:class:`runtime.annotate.HostRangeTimes`
     over ``rounds`` warm-up rounds), {"name", "mean_us" (host µs per occurrence, inclusive: nested ranges and any
     wait inside count), "per_round" (occurrences per round)}, sorted by name; [] when no round was timed."""
-    if not rounds or ranges is None:
+    if ranges is None:
         return []
-    return [{"name": k, "mean_us": 1e6 * ranges.total_s[k] / ranges.count[k], "per_round": ranges.count[k] / rounds}
-            for k in sorted(ranges.total_s) if ranges.count[k]]
+    return range_summary(ranges.total_s, ranges.count, rounds)
 
 
 def device_timing_rounds(warmup_rounds: int, keep: int = UNPROFILED_ROUNDS) -> int:
@@ -165,8 +166,9 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
     need = warmup_rounds + 1 + rounds + 2
     check_queue(setup.rcfg.batch_size, len(texts), max_new_tokens, queue)
     # both outputs checked before the engine is built and the decode runs
+    # the runtime times its own NVTX ranges per round (record_host_ranges), not record_function blocks per step
     cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds,
-                  inputs=tuple(inputs))
+                  inputs=tuple(inputs), time_ranges=False)
     try:
         return _run_capture(cap, setup, texts, path, warmup_rounds, rounds, max_new_tokens, on_round,
                             shrink_at_round, queue, need)
