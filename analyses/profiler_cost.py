@@ -310,18 +310,22 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
     """The host work inside the NVTX ranges the capture timed unprofiled (sidecar ``unprofiled_ranges``), set to
     what was measured (DESIGN.md 5.2 "Measured ranges"). For a range R on the launching thread with measured mean
-    m_R µs per occurrence and n occurrences inside ``window`` (trace clock; the whole trace when None), its modeled
-    unprofiled host time is P_R = Σ_k work_k · f_k + Σ_{calls k starting inside R} cost_k (f_k: the share of host
-    work interval k that R covers); both are scaled by s_R = m_R · n / P_R, so that the replay's R takes what the
-    unprofiled run measured. A range is left as modeled when a call inside it blocks (its measured time holds the
-    wait, which the replay derives), when it holds another range applied here (innermost first: the outer one's
-    measurement holds the inner one's), or when it is not on the launching thread.
+    m_R µs per occurrence and n occurrences j inside ``window`` (trace clock; the whole trace when None), occurrence
+    j is given T_j = n·m_R · p_j / Σ p (p_j its profiled length: the measured total spread over the occurrences as
+    the profiled run spread it). Its calls keep their modeled cost C_j (all scaled by T_j / C_j when that is less),
+    and the rest, T_j − C_j, replaces the modeled host work inside it, spread over its host work intervals in
+    proportion to their profiled µs: the range's time is set, not scaled from the residue of subtracting the
+    per-event costs, which can be zero (a range of thousands of recorded Python frames) or swing by the profiler's
+    own jitter from one occurrence to the next. Occurrences with neither host work nor calls take no share. A range
+    is left as modeled when a call inside it blocks (its measured time holds the wait, which the replay derives),
+    when it holds another range applied here (innermost first: the outer one's measurement holds the inner one's),
+    or when it is not on the launching thread.
 
     ``work_us`` / ``cost_us``: (K,) the unprofiled inputs after the calibration's costs. Returns (work, cost, {name:
-    {"measured_us_per_round", "modeled_us_per_round", "applied", "why", "scale" (s_R, when applied)}}, the applied
-    ranges as (merged starts, ends (µs from t0), s_R), disjoint: what :func:`site_share` needs), per round = per
-    occurrence × ``per_round``. Within a host work interval the profiler's cost is spread evenly: the range's part
-    of it is its share of the interval's profiled length."""
+    {"measured_us_per_round", "modeled_us_per_round", "applied", "why", "scale" (Σ T_j over the modeled time, when
+    applied)}}, the applied ranges as [(merged starts, ends (µs from t0), unprofiled host work per profiled µs of
+    host work inside each merged occurrence)], disjoint: what :func:`site_share` needs), per round = per occurrence
+    × ``per_round``."""
     side = as_sidecar(sidecar)
     work, cost = np.asarray(work_us, dtype=np.float64).copy(), np.asarray(cost_us, dtype=np.float64).copy()
     info: dict[str, dict[str, Any]] = {}
@@ -347,13 +351,17 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
             continue
         us, ue = _merge(h["ts_us"].to_numpy()[m] - model.t0_us, h["end_us"].to_numpy()[m] - model.t0_us)
         found.append((float(np.sum(ue - us)), name, us, ue, int(m.sum()), r))
-    applied: list[tuple[np.ndarray, np.ndarray, float]] = []
+    applied: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for _span, name, us, ue, n, r in sorted(found, key=lambda x: x[0]):  # innermost (shortest in all) first
         row = info[name]
         inside = _starts_inside(us, ue, s)
-        f = np.clip(np.divide(_coverage(us, ue, a, s), model.work_us, out=np.zeros(len(s)),
-                              where=model.work_us > 0), 0.0, 1.0)
-        modeled = float(np.sum(work * f) + np.sum(cost[inside]))
+        occ = np.searchsorted(us, s, side="right") - 1  # the merged occurrence a call starts in (where inside)
+        rate = np.divide(work, model.work_us, out=np.zeros(len(s)), where=model.work_us > 0)
+        # per occurrence: profiled µs of host work inside it, the modeled unprofiled work there, its calls' cost
+        length_j = _coverage(a, s, us, ue)
+        modeled_work_j = _coverage(a, s, us, ue, weights=rate)
+        cost_j = np.bincount(occ[inside], weights=cost[inside], minlength=len(us))
+        modeled = float(modeled_work_j.sum() + cost_j.sum())
         row["modeled_us_per_round"] = modeled / n * r.per_round
         if model.blocking[inside].any():
             row["why"] = "a call inside it blocks: its measured time holds the wait, which the replay derives"
@@ -361,15 +369,22 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
         if any(_starts_inside(us, ue, inner_s).any() for inner_s, _inner_e, _k in applied):
             row["why"] = "it holds a range whose measured time is used: its own measurement holds that one's"
             continue
-        if modeled <= 0:
-            row["why"] = "no host time inside it to scale"
+        has = (length_j > 0) | (cost_j > 0)
+        if not has.any():
+            row["why"] = "no host time inside it to set"
             continue
-        k = r.mean_us * n / modeled
-        work = work * (1.0 - f) + work * f * k
-        cost[inside] *= k
+        p = np.where(has, ue - us, 0.0)
+        target = r.mean_us * n * p / p.sum()
+        call_scale = np.minimum(1.0, np.divide(target, cost_j, out=np.ones(len(us)), where=cost_j > 0))
+        rest = np.maximum(target - cost_j, 0.0)
+        density = np.divide(rest, length_j, out=np.zeros(len(us)), where=length_j > 0)
+        # interval k: its modeled work inside the occurrences out, each occurrence's density × its µs there in
+        work = work - rate * _coverage(us, ue, a, s) + _coverage(us, ue, a, s, weights=density)
+        work = np.maximum(work, 0.0)
+        cost[inside] *= call_scale[occ[inside]]
         row["applied"] = True
-        row["scale"] = k
-        applied.append((us, ue, k))
+        row["scale"] = float(target.sum() / modeled) if modeled > 0 else None
+        applied.append((us, ue, density))
     return work, cost, info, applied
 
 
@@ -473,8 +488,9 @@ def site_share(model: ReplayModel, us: np.ndarray, ue: np.ndarray, work_us: np.n
     """(K,) the share of each host work interval's unprofiled work ``work_us`` that the merged site intervals
     [us, ue) (µs from t0) hold. Without measured ranges it is the site's share of the interval's profiled length,
     o_k / work_k (the profiler's cost spread evenly); with them (``measured``: the unprofiled inputs'
-    ``measured_scale``, (the work before :func:`measured_ranges`, its applied ranges)) the site's part is b_k · (o_k +
-    Σ_R (s_R − 1) · |site ∩ R ∩ interval k|) with b_k the interval's unprofiled rate before the ranges, over
+    ``measured_scale``, (the work before :func:`measured_ranges`, its applied ranges)) the site's part is b_k · o_k +
+    Σ_R Σ_j (d_{R,j} − b_k) · |site ∩ occurrence j of R ∩ interval k|, with b_k the interval's unprofiled work per
+    profiled µs before the ranges and d_{R,j} the density the range's occurrence j was given, over
     ``work_us``: a measured range's time counts as measured."""
     s, e = model.call_start_us, model.call_end_us
     a = np.concatenate(([s[0]], e[:-1]))
@@ -482,12 +498,17 @@ def site_share(model: ReplayModel, us: np.ndarray, ue: np.ndarray, work_us: np.n
     if measured is None or not measured[1]:
         return np.clip(np.divide(o, model.work_us, out=np.zeros_like(o), where=model.work_us > 0), 0.0, 1.0)
     base, applied = measured
-    part = o.copy()
-    for rs, re_, k in applied:
-        i_s, i_e = _intersect(us, ue, rs, re_)
-        part += (k - 1.0) * _coverage(i_s, i_e, a, s)
     rate = np.divide(base, model.work_us, out=np.zeros_like(o), where=model.work_us > 0)
-    return np.clip(np.divide(rate * part, work_us, out=np.zeros_like(o), where=work_us > 0), 0.0, 1.0)
+    part = rate * o
+    for rs, re_, density in applied:
+        i_s, i_e = _intersect(us, ue, rs, re_)
+        if not len(i_s):
+            continue
+        # each piece of the site inside the range lies in one merged occurrence j, whose work runs at density_j
+        j = np.clip(np.searchsorted(rs, i_s, side="right") - 1, 0, len(rs) - 1)
+        part += _coverage(i_s, i_e, a, s, weights=np.asarray(density, dtype=np.float64)[j]) \
+            - rate * _coverage(i_s, i_e, a, s)
+    return np.clip(np.divide(part, work_us, out=np.zeros_like(o), where=work_us > 0), 0.0, 1.0)
 
 
 LONG_REPLAY_FACTOR = 2.0  # a replay over twice its size's median profiled span is the workload's (or an edit)

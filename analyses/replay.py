@@ -389,19 +389,25 @@ def _intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarra
     return _merge(lo[k], hi[k])
 
 
-def _coverage(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """µs of the merged intervals [us, ue) inside each [a, b): C(b) − C(a), C(t) the covered length before t."""
+def _coverage(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray,
+              weights: np.ndarray | None = None) -> np.ndarray:
+    """µs of the merged intervals [us, ue) inside each [a, b): C(b) − C(a), C(t) the covered length before t. With
+    ``weights`` ((len(us),)), each interval's µs count ``weights[j]`` times: Σ_j w_j·|[us_j, ue_j) ∩ [a, b)| (the
+    intervals sorted and disjoint; a negative weight gives a negative figure)."""
     if not len(us):
         return np.zeros(np.shape(a), dtype=np.float64)
-    cum = np.concatenate(([0.0], np.cumsum(ue - us)))
+    w = np.ones(len(us)) if weights is None else np.asarray(weights, dtype=np.float64)
+    cum = np.concatenate(([0.0], np.cumsum(w * (ue - us))))
 
     def C(t: np.ndarray) -> np.ndarray:
         i = np.searchsorted(us, t, side="right")  # intervals starting at or before t
-        full = cum[np.maximum(i - 1, 0)]
-        part = np.where(i > 0, np.clip(t - us[np.maximum(i - 1, 0)], 0.0, (ue - us)[np.maximum(i - 1, 0)]), 0.0)
+        j = np.maximum(i - 1, 0)
+        full = cum[j]
+        part = np.where(i > 0, w[j] * np.clip(t - us[j], 0.0, (ue - us)[j]), 0.0)
         return np.where(i > 0, full + part, 0.0)
 
-    return np.maximum(C(b) - C(a), 0.0)
+    d = C(b) - C(a)
+    return np.maximum(d, 0.0) if weights is None else d
 
 
 def _stream_scan(l: np.ndarray, u: np.ndarray, d: np.ndarray, carry: float) -> np.ndarray:

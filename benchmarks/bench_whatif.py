@@ -45,6 +45,9 @@ PAIRS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_pairs")
 # (``unprofiled_ranges``: the replay gives those ranges their measured host time, DESIGN.md 5.2)
 REPEAT_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_pairs_repeat")
 LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h200_loops")
+# the same loops captured and measured on an H100 machine, whose captures time every record_function range
+# unprofiled (Capture's ``unprofiled_ranges``) and whose fresh processes vary far less
+H100_LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_loops")
 H200_CAL = os.path.join(PAIRS_DIR, "calibration_h200.json")  # the same figures as the shipped default
 CPU_CAL = os.path.join(ROOT, "analyses", "data", "calibration_cpu_epyc.json")
 PERIOD_GOAL = 0.10
@@ -91,16 +94,18 @@ def runtime_pairs(folder: str = PAIRS_DIR, label: str = "") -> list[dict]:
     return out
 
 
-def loop_pairs() -> list[dict]:
-    """The loops' pairs: the planted trace, its ``planted_*`` range, measured periods (mK.json) and saving (ms)."""
+def loop_pairs(folder: str = LOOPS_DIR, label: str = "") -> list[dict]:
+    """The loops' pairs of one folder: the planted trace, its ``planted_*`` range, measured periods (mK.json) and
+    saving (ms); ``label`` is appended to each pair's name."""
     out = []
+    LOOPS_DIR = folder
     for pp in sorted(glob.glob(os.path.join(LOOPS_DIR, "*.pairs.json"))):
         loop = os.path.basename(pp).split(".")[0]
         pl = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.planted.m*.json")))]
         fx = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.fixed.m*.json")))]
         trace = os.path.join(LOOPS_DIR, f"{loop}.planted.trace.json.gz")
         pr = json.load(open(pp, encoding="utf-8")).get("paired")
-        out.append({"pair": f"loop {loop}", "site": None, "traces": [trace],
+        out.append({"pair": f"loop {loop}{label}", "site": None, "traces": [trace],
                     "paired_saving_ms": pr["saving_ms"] if pr else None,
                     "paired_range_ms": tuple(pr["saving_range_ms"]) if pr else None,
                     "measured_period_ms": [float(np.median(pl))],
@@ -290,10 +295,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-measured-ranges", action="store_true",
                     help="leave the sidecars' unprofiled_ranges out (the replay models every range from the "
                          "calibration), to see what the measured range times change")
+    ap.add_argument("--h100-loops-dir", default=H100_LOOPS_DIR, help="the H100 loop set (default: the shipped one)")
     a = ap.parse_args(argv)
     measured_ranges = not a.no_measured_ranges
     cals = [load_calibration(c) for c in (a.calibration or [None, CPU_CAL])]
-    pairs = runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
+    pairs = (runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
+             + loop_pairs(a.h100_loops_dir, " (H100)"))
     if a.only:
         pairs = [p for p in pairs if a.only in p["pair"]]
     cache: dict = {}

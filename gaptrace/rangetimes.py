@@ -24,7 +24,7 @@ from typing import Any, Mapping
 __all__ = ["RecordFunctionTimes", "range_summary"]
 
 _MARK = "_gaptrace_range_timer"  # class attribute naming the installed timer
-_T0 = "_gaptrace_t0"             # per instance: a stack of start times (a decorated function may recurse)
+_T0 = "_gaptrace_t0"             # per instance: its open block's start time (a list when a decorated function recurses)
 
 
 def range_summary(total_s: Mapping[str, float], count: Mapping[str, int], rounds: int) -> list[dict]:
@@ -61,18 +61,29 @@ class RecordFunctionTimes:
         timer = self
         clock = time.perf_counter
 
+        total, count = self.total_s, self.count
+
         def __enter__(rf: Any) -> Any:
             out = enter(rf)
             if timer.active:
-                rf.__dict__.setdefault(_T0, []).append(clock())
+                d = rf.__dict__
+                prev = d.get(_T0)
+                # one float per open block; a list only when the same object is entered again before it exits
+                d[_T0] = clock() if prev is None else [*(prev if isinstance(prev, list) else [prev]), clock()]
             return out
 
         def __exit__(rf: Any, *exc: Any) -> Any:
-            starts = rf.__dict__.get(_T0)
-            if starts:
-                dt = clock() - starts.pop()
-                timer.total_s[rf.name] += dt
-                timer.count[rf.name] += 1
+            t1 = clock()
+            d = rf.__dict__
+            t0 = d.pop(_T0, None)
+            if t0 is not None:
+                if isinstance(t0, list):
+                    t0, rest = t0[-1], t0[:-1]
+                    if rest:
+                        d[_T0] = rest if len(rest) > 1 else rest[0]
+                name = rf.name
+                total[name] += t1 - t0
+                count[name] += 1
             return exit_(rf, *exc)
 
         cls.__enter__, cls.__exit__ = __enter__, __exit__

@@ -119,3 +119,28 @@ def test_capture_range_timing_off_and_nested(tmp_path):
     from torch.autograd.profiler import record_function
     assert not hasattr(record_function, "_gaptrace_range_timer")
     assert set(os.listdir(tmp_path)) == {"off.json.gz", "off.gaptrace.json"}
+
+
+def test_record_function_times_recursion_and_inactive():
+    """A decorated function that recurses enters one record_function object three times at once: three blocks,
+    the outer ones holding the inner ones; blocks entered while inactive are not counted."""
+    from gaptrace.rangetimes import RecordFunctionTimes
+
+    @torch.profiler.record_function("rec")
+    def rec(depth):
+        _spin(0.0003)
+        if depth:
+            rec(depth - 1)
+
+    t = RecordFunctionTimes()
+    assert t.install()
+    try:
+        rec(2)  # inactive: not counted
+        t.active = True
+        rec(2)
+    finally:
+        t.uninstall()
+    assert t.count == {"rec": 3}
+    # inclusive times: 0.9 + 0.6 + 0.3 ms = 1.8 ms at least in all
+    assert 1.8e-3 <= t.total_s["rec"] < 1.8e-3 + 3e-3
+    assert t.summary(2) == [{"name": "rec", "mean_us": 1e6 * t.total_s["rec"] / 3, "per_round": 1.5}]
