@@ -39,7 +39,7 @@ from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _intersect, _merge
 
 __all__ = ["Calibration", "load_calibration", "name_codes", "profiler_frames", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
-           "thread_wait_cost", "THREAD_WAIT_PREFIX",
+           "thread_wait_cost", "THREAD_WAIT_PREFIX", "gil_held_in_waits", "lock_waits_in", "GIL_RELEASING_PREFIX",
            "COST_KEYS"]
 
 DEFAULT_CALIBRATION = os.path.join(os.path.dirname(__file__), "data", "calibration_default.json")
@@ -253,6 +253,63 @@ def thread_wait_cost(trace: Trace, model: ReplayModel, calibration: Calibration,
     per_wait = np.minimum(w["counts"] @ cvec, w["we"] - w["ws"])
     np.add.at(out, w["k"], per_wait)
     return out
+
+
+# frames in which a Python thread waits with the GIL released (time.sleep, lock waits, select/poll on sockets and
+# pipes): another thread's time inside them is no Python work that competes with the launching thread
+GIL_RELEASING_PREFIX = ("<built-in function sleep>", *THREAD_WAIT_PREFIX, "<built-in function select>",
+                        "<built-in method poll", "<built-in method select", "<built-in method recv",
+                        "<built-in method read")
+
+
+def lock_waits_in(model: ReplayModel, trace: Trace, us: np.ndarray, ue: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The launching thread's lock waits (:func:`_thread_waits`) inside the merged intervals [us, ue) (µs from t0),
+    merged; empty arrays without any."""
+    w = _thread_waits(trace, model)
+    if w is None or not len(us):
+        return np.zeros(0), np.zeros(0)
+    return _intersect(us, ue, *_merge(np.asarray(w["ws"], dtype=np.float64), np.asarray(w["we"], dtype=np.float64)))
+
+
+def gil_held_in_waits(trace: Trace, model: ReplayModel, ws: np.ndarray, we: np.ndarray,
+                      unprofiled_wait_us: np.ndarray) -> np.ndarray:
+    """(K,) µs per host work interval of the Python work other threads of the rank did while the launching thread
+    waited on them in the merged lock waits [ws, we) (µs from t0; :func:`lock_waits_in`): what a fix that stops the
+    wait still pays, since that work then runs beside the launching thread and holds the GIL it needs (DESIGN.md 5.5
+    "A wait on another thread"). ``unprofiled_wait_us`` (K,): the replay's unprofiled µs of those waits in each
+    interval (the measured range where the capture timed one). The waited-for thread's time splits into Python work
+    (inflated by the profiler) and time in frames that release the GIL (:data:`GIL_RELEASING_PREFIX`: sleeps, lock
+    and socket waits, which the profiler does not stretch); so per other thread, with F_k the share of the waits
+    its Python frames cover and R_k the µs of its GIL-releasing frames in them, the held work is
+    max(0, unprofiled_wait_k · F_k − R_k); summed over threads, at most ``unprofiled_wait_us``."""
+    K = model.calls
+    out = np.zeros(K)
+    if not len(ws):
+        return out
+    h = trace.host
+    tid = trace.host_str("tid")
+    other = np.flatnonzero((h["rank"].to_numpy() == model.key[0]) & (tid != model.tid)
+                           & trace.host_str_eq("cat", "python_function"))
+    if not len(other):
+        return out
+    ts = h["ts_us"].to_numpy()[other] - model.t0_us
+    te = h["end_us"].to_numpy()[other] - model.t0_us
+    un, ni = _factor_host(trace, "name", other)
+    releases = pd.Series(un, dtype=object).str.startswith(GIL_RELEASING_PREFIX).to_numpy(dtype=bool)[ni]
+    s, e = model.call_start_us, model.call_end_us
+    a = np.concatenate(([s[0]], e[:-1]))
+    waited = _coverage(ws, we, a, s)
+    otid = tid[other]
+    for t in np.unique(otid):
+        on = otid == t
+        fs, fe = _intersect(*_merge(ts[on], te[on]), ws, we)
+        if not len(fs):
+            continue
+        cover = np.divide(_coverage(fs, fe, a, s), waited, out=np.zeros(K), where=waited > 0)
+        rel = on & releases
+        released = _coverage(*_intersect(*_merge(ts[rel], te[rel]), ws, we), a, s) if rel.any() else 0.0
+        out += np.maximum(unprofiled_wait_us * cover - released, 0.0)
+    return np.minimum(out, unprofiled_wait_us)
 
 
 def _thread_waits(trace: Trace, model: ReplayModel) -> dict[str, Any] | None:

@@ -31,8 +31,8 @@ from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
 
 from gaptrace.trace import Trace, TraceError
 
-from .profiler_cost import (Calibration, _starts_inside, load_calibration, name_codes, site_share,
-                           unprofiled_inputs)
+from .profiler_cost import (Calibration, _starts_inside, gil_held_in_waits, load_calibration, lock_waits_in,
+                           name_codes, site_share, unprofiled_inputs)
 from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
@@ -192,23 +192,30 @@ def site_effect_intervals(trace: Trace, model: ReplayModel, site: str, window: t
 
 def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,
                   changes: Iterable[Change], window: tuple[float, float] | None = None,
-                  measured: tuple[np.ndarray, list] | None = None
+                  measured: tuple[np.ndarray, list] | None = None, gil: bool = True
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(work, cost, wait, dropped) for :func:`.replay.replay` after ``changes`` (module docstring) on top of the
     given (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds.
     ``dropped`` ((I,) bool): the device items a removal ``with_device`` takes away (launched by a call inside the
     site): replay them with no duration and no queue gap. ``measured``: the unprofiled inputs' ``measured_scale``
     (ranges that take their measured host time: a site's share of an interval counts them as measured,
-    :func:`.profiler_cost.site_share`)."""
+    :func:`.profiler_cost.site_share`). ``gil``: a removed site on the launching thread that holds lock waits on
+    other threads keeps those threads' Python work in the waits (:func:`.profiler_cost.gil_held_in_waits`): it
+    still runs, beside the launching thread, under the GIL (False: the wait goes whole, the first-order model)."""
     work, cost = work_us.astype(np.float64).copy(), cost_us.astype(np.float64).copy()
     dropped = np.zeros(len(model.item_call), dtype=bool)
     wait = model.blocking.copy()
     for ch in changes:
-        us, ue, _where = site_effect_intervals(trace, model, ch.site, window)
+        us, ue, where = site_effect_intervals(trace, model, ch.site, window)
         frac = site_share(model, us, ue, work_us, measured)
         inside = _calls_inside(model, us, ue)
         if ch.factor is None:
             work *= 1.0 - frac
+            if gil and where == "launching":
+                ws, we = lock_waits_in(model, trace, us, ue)
+                if len(ws):
+                    waits_us = work_us * site_share(model, ws, we, work_us, measured)
+                    work += gil_held_in_waits(trace, model, ws, we, waits_us)
             cost[inside] = 0.0
             wait[inside] = False
             if ch.with_device and len(dropped):

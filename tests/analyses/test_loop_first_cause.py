@@ -46,7 +46,7 @@ LOOPS = "h200_loops/{}.planted.trace"
 # loop, overall verdict, first finding's kind, its cause (what fixing it removes)
 FIRST = [
     ("graph_readback", "sync_bound", "host_range", "planted_readback"),
-    ("helper_thread", "thread_wait", "host_range", "planted_queue_wait"),
+    ("helper_thread", "thread_wait", "idle_site", "benchmarks/loops/_common.py(153): logits"),
     ("host_detokenize", "host_bound", "idle_site", "benchmarks/loops/_common.py(153): logits"),
     ("launch_bound", "launch_bound", "idle_site", "benchmarks/loops/launch_bound.py(56): _forward"),
     ("pageable_htod", "sync_bound", "blocking_sync", "aten::to"),

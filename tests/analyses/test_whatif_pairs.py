@@ -1,6 +1,8 @@
 """The replay model's counterfactuals against measured fixes on the H200 (docs/DESIGN.md "The replay model" "The proof on
 measured fixes"; benchmarks/bench_whatif.py prints the same table): for every pair of
-fixtures/traces/h200_pairs/pairs.json, of its repeat (h200_pairs_repeat) and of fixtures/traces/h200_loops/*.pairs.json, the predicted unprofiled period of
+fixtures/traces/h200_pairs/pairs.json, of its repeat (h200_pairs_repeat) and of fixtures/traces/h200_loops/*.pairs.json and
+h100_loops/*.pairs.json (the same loops on an H100 machine, their captures timing every record_function range
+unprofiled), the predicted unprofiled period of
 the with-cause capture (the shipped calibration alone) and the predicted saving of removing the cause (the model as
 shipped: profiler cost scale fitted to the capture's own unprofiled rounds) against the measured figures, which are
 recomputed here from the raw files (sidecar ``unprofiled_round_ms`` / ``unprofiled_step_ms``, ``LOOP.VARIANT.mK.json``
@@ -24,7 +26,6 @@ from gaptrace.sidecar import read_sidecar_checked
 pytestmark = pytest.mark.slow  # ~60 s here: twenty-two captures loaded and fitted
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces")
-LOOPS_DIR = os.path.join(ROOT, "h200_loops")
 
 # pair -> (|period error| bound vs the same process's measured period, per with-cause capture; |saving error| µs)
 RUNTIME = {
@@ -51,7 +52,7 @@ SETS = {"h200_pairs": RUNTIME, "h200_pairs_repeat": RUNTIME_REPEAT}  # folder un
 # (captures entered the profiler only after their unprofiled warm-up steps, docs/DESIGN.md 5.3)
 LOOPS = {
     "graph_readback": (0.45, 45, 50),
-    "helper_thread": (0.06, 420, 350),
+    "helper_thread": (0.06, 140, 65),
     "hf_generate": (10.0, 6500, 1110),
     "host_detokenize": (0.33, 510, 185),
     "launch_bound": (0.26, 2150, 3650),
@@ -59,6 +60,19 @@ LOOPS = {
     "per_request_readback": (0.05, 180, 35),
     "train_step_logging": (0.05, 15, 90),
 }
+# the H100 set (same meaning): two fresh processes a variant, and the captures' sidecars hold the loops' record_function
+# ranges timed unprofiled (gaptrace.capture.Capture), which the replay gives their measured host time
+LOOPS_H100 = {
+    "graph_readback": (0.06, 50, 50),
+    "helper_thread": (0.17, 20, 20),
+    "hf_generate": (8.7, 1070, 900),
+    "host_detokenize": (0.15, 25, 20),
+    "launch_bound": (0.01, 510, 430),
+    "pageable_htod": (0.05, 90, 460),
+    "per_request_readback": (0.13, 10, 15),
+    "train_step_logging": (0.68, 30, 115),
+}
+LOOP_SETS = {"h200_loops": LOOPS, "h100_loops": LOOPS_H100}  # folder under fixtures/traces -> bounds
 
 
 def _json(p):
@@ -122,11 +136,15 @@ def test_runtime_measured_figures_from_the_raw_sidecars(pairs_set):
         assert [min(w) - max(f), max(w) - min(f)] == pytest.approx(p["measured_saving_range_ms"], abs=1e-3)
 
 
-def test_loops_measured_figures_from_the_raw_processes():
-    for pp in sorted(glob.glob(os.path.join(LOOPS_DIR, "*.pairs.json"))):
+@pytest.mark.parametrize("loops_set", sorted(LOOP_SETS))
+def test_loops_measured_figures_from_the_raw_processes(loops_set):
+    LOOPS_DIR = os.path.join(ROOT, loops_set)
+    found = sorted(glob.glob(os.path.join(LOOPS_DIR, "*.pairs.json")))
+    assert len(found) == len(LOOP_SETS[loops_set])
+    for pp in found:
         d = _json(pp)
         loop = d["loop"]
-        assert loop in LOOPS
+        assert loop in LOOP_SETS[loops_set]
         for var in ("planted", "fixed"):
             per = [_mk_ms(os.path.join(LOOPS_DIR, f)) for f in d[var]["files"]]
             # the files keep each period to 10 ns (5 decimals of a ms)
@@ -168,10 +186,11 @@ def test_runtime_pair_prediction(pairs_set, pair):
         assert (float(np.mean(ranked)) > 0) == (meas_us > 0)
 
 
-@pytest.mark.parametrize("loop", sorted(LOOPS))
-def test_loop_pair_prediction(loop):
+@pytest.mark.parametrize("loops_set,loop", [(k, lp) for k in sorted(LOOP_SETS) for lp in sorted(LOOP_SETS[k])])
+def test_loop_pair_prediction(loops_set, loop):
+    LOOPS_DIR = os.path.join(ROOT, loops_set)
     d = _json(os.path.join(LOOPS_DIR, f"{loop}.pairs.json"))
-    period_bound, saving_bound_us, paired_bound_us = LOOPS[loop]
+    period_bound, saving_bound_us, paired_bound_us = LOOP_SETS[loops_set][loop]
     t = os.path.join(LOOPS_DIR, f"{loop}.planted.trace.json.gz")
     w = _predict(t, None, "step")
     same = _sidecar_median_ms(t, "unprofiled_step_ms")
@@ -189,7 +208,7 @@ def test_loop_pair_prediction(loop):
 
 
 def test_steps_without_a_round_range_replay_the_steps_thread():
-    t = os.path.join(LOOPS_DIR, "train_step_logging.planted.trace.json.gz")
+    t = os.path.join(ROOT, "h200_loops", "train_step_logging.planted.trace.json.gz")
     w = _predict(t, None, "step")
     assert w["round_rule"] == "profiler_step"
     tr = load_trace(t)
@@ -201,7 +220,7 @@ def test_steps_without_a_round_range_replay_the_steps_thread():
 
 
 def test_other_threads_profiler_cost_waited_out():
-    t = os.path.join(LOOPS_DIR, "helper_thread.planted.trace.json.gz")
+    t = os.path.join(ROOT, "h200_loops", "helper_thread.planted.trace.json.gz")
     tr = load_trace(t)
     ctx = Context(tr, read_sidecar_checked(t)[0], round_name="step", fit=False)
     waited = thread_wait_cost(tr, ctx.model, ctx.calibration)
@@ -221,3 +240,44 @@ def test_other_threads_profiler_cost_waited_out():
     assert n_py > 1000
     assert waited.sum() == pytest.approx(sum(per), rel=1e-6)
     assert waited.sum() <= waits["dur_us"].sum()
+
+
+def _union_len(iv: list[tuple[float, float]]) -> float:
+    out, end = 0.0, -np.inf
+    for a, b in sorted(iv):
+        if b > end:
+            out += b - max(a, end)
+            end = b
+    return out
+
+
+def test_gil_held_work_of_the_waited_for_thread_by_hand():
+    """What stopping a wait on the producer thread still pays (its Python work then runs beside the loop under the
+    GIL): per lock wait of the main thread inside planted_queue_wait, the producer's Python frames there less its
+    GIL-releasing ones (time.sleep, lock acquires), counted here from the raw events; with the profiled waits as the
+    unprofiled ones (U = the wait) the function gives exactly that held time."""
+    t = os.path.join(ROOT, "h100_loops", "helper_thread.planted.trace.json.gz")
+    tr = load_trace(t)
+    ctx = Context(tr, read_sidecar_checked(t)[0], round_name="step", fit=False)
+    m = ctx.model
+    from gaptrace.analyses.profiler_cost import gil_held_in_waits, lock_waits_in
+    from gaptrace.analyses.whatif import site_intervals
+    us, ue = site_intervals(tr, m, "planted_queue_wait", ctx.window)
+    ws, we = lock_waits_in(m, tr, us, ue)
+    assert len(ws) == 6  # one wait a step, the first before the chain's first call (no host interval holds it)
+    s, e = m.call_start_us, m.call_end_us
+    a = np.concatenate(([s[0]], e[:-1]))
+    profiled = np.array([sum(max(0.0, min(b, y) - max(x, c)) for x, y in zip(ws, we)) for c, b in zip(a, s)])
+    got = gil_held_in_waits(tr, m, ws, we, profiled)
+    h = tr.host
+    other = h[(h["tid"].astype(str) != m.tid) & (h["cat"].astype(str) == "python_function")]
+    names = other["name"].astype(str)
+    rel = names.str.startswith(("<built-in function sleep>", "<built-in method acquire of _thread.lock"))
+    frames = list(zip(other["ts_us"] - m.t0_us, other["end_us"] - m.t0_us))
+    releasing = list(zip(other.loc[rel, "ts_us"] - m.t0_us, other.loc[rel, "end_us"] - m.t0_us))
+    clip = lambda iv, x, y: [(max(p, x), min(q, y)) for p, q in iv if min(q, y) > max(p, x)]
+    by_hand = [_union_len(clip(frames, x, y)) - _union_len(clip(releasing, x, y)) for x, y in zip(ws, we) if x >= s[0]]
+    assert len(by_hand) == 5
+    assert float(got.sum()) == pytest.approx(sum(by_hand), rel=1e-9)
+    sleeps = [_union_len(clip(releasing, x, y)) for x, y in zip(ws, we) if x >= s[0]]
+    assert min(sleeps) > 200  # the producer's 0.2 ms sleep sits in every wait (GIL released)
