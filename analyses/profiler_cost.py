@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gaptrace.sidecar import Sidecar, as_sidecar
+from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
 
 from gaptrace.trace import Trace
 
@@ -362,6 +362,20 @@ def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
     return (i >= 0) & (t < ue[np.maximum(i, 0)])
 
 
+def _sidecar_period_us(side: "Sidecar | None") -> float | None:
+    """The capture's measured unprofiled round (``unprofiled_round_ms``) or step (median of the usable
+    ``unprofiled_step_ms``), µs; None without one."""
+    if side is None:
+        return None
+    if side.unprofiled_round_ms is not None:
+        return side.unprofiled_round_ms * 1e3
+    v = (getattr(side, "raw", None) or {}).get("unprofiled_step_ms")
+    if isinstance(v, list):
+        ok = [x for x in v if usable_period_ms(x)]
+        return float(np.median(ok)) * 1e3 if ok else None
+    return None
+
+
 def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict | None", work_us: np.ndarray,
                     cost_us: np.ndarray, window: tuple[float, float] | None = None
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
@@ -373,10 +387,13 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
     and the rest, T_j − C_j, replaces the modeled host work inside it, spread over its host work intervals in
     proportion to their profiled µs: the range's time is set, not scaled from the residue of subtracting the
     per-event costs, which can be zero (a range of thousands of recorded Python frames) or swing by the profiler's
-    own jitter from one occurrence to the next. Occurrences with neither host work nor calls take no share. A range
-    is left as modeled when a call inside it blocks (its measured time holds the wait, which the replay derives),
-    when it holds another range applied here (innermost first: the outer one's measurement holds the inner one's),
-    or when it is not on the launching thread.
+    own jitter from one occurrence to the next. Each range replaces its part of an interval at the interval's rate
+    before any range was set, so ranges that share an interval do not take from each other. The occurrences are
+    the merged ones (a name nested in itself is one, as the capture times only the outermost block). Occurrences
+    with neither host work nor calls take no share. A range is left as modeled when a call inside it blocks (its
+    measured time holds the wait, which the replay derives), when it holds another range applied here (innermost
+    first: the outer one's measurement holds the inner one's), when its measured time a round exceeds the capture's
+    measured unprofiled round (no time of this loop), or when it is not on the launching thread.
 
     ``work_us`` / ``cost_us``: (K,) the unprofiled inputs after the calibration's costs. Returns (work, cost, {name:
     {"measured_us_per_round", "modeled_us_per_round", "applied", "why", "scale" (Σ T_j over the modeled time, when
@@ -409,22 +426,31 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
         us, ue = _merge(h["ts_us"].to_numpy()[m] - model.t0_us, h["end_us"].to_numpy()[m] - model.t0_us)
         found.append((float(np.sum(ue - us)), name, us, ue, int(m.sum()), r))
     applied: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for _span, name, us, ue, n, r in sorted(found, key=lambda x: x[0]):  # innermost (shortest in all) first
+    # the unprofiled work per profiled µs of each host work interval before any range is set: each range replaces
+    # only its own part of an interval, whatever another range did to the rest of it
+    rate = np.divide(work, model.work_us, out=np.zeros(len(s)), where=model.work_us > 0)
+    period_us = _sidecar_period_us(side)
+    for _span, name, us, ue, _n_events, r in sorted(found, key=lambda x: x[0]):  # innermost (shortest) first
         row = info[name]
+        n = len(us)  # occurrences: a name nested in itself is one occurrence, as the capture times it
         inside = _starts_inside(us, ue, s)
         occ = np.searchsorted(us, s, side="right") - 1  # the merged occurrence a call starts in (where inside)
-        rate = np.divide(work, model.work_us, out=np.zeros(len(s)), where=model.work_us > 0)
         # per occurrence: profiled µs of host work inside it, the modeled unprofiled work there, its calls' cost
         length_j = _coverage(a, s, us, ue)
         modeled_work_j = _coverage(a, s, us, ue, weights=rate)
         cost_j = np.bincount(occ[inside], weights=cost[inside], minlength=len(us))
         modeled = float(modeled_work_j.sum() + cost_j.sum())
         row["modeled_us_per_round"] = modeled / n * r.per_round
+        row["occurrences"] = n
         if model.blocking[inside].any():
             row["why"] = "a call inside it blocks: its measured time holds the wait, which the replay derives"
             continue
         if any(_starts_inside(us, ue, inner_s).any() for inner_s, _inner_e, _k in applied):
             row["why"] = "it holds a range whose measured time is used: its own measurement holds that one's"
+            continue
+        if period_us is not None and r.mean_us * r.per_round > period_us:
+            row["why"] = (f"its measured time a round ({r.mean_us * r.per_round:,.0f} µs) exceeds the measured "
+                          f"unprofiled round ({period_us:,.0f} µs): not a time of this loop")
             continue
         has = (length_j > 0) | (cost_j > 0)
         if not has.any():
@@ -436,8 +462,7 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
         rest = np.maximum(target - cost_j, 0.0)
         density = np.divide(rest, length_j, out=np.zeros(len(us)), where=length_j > 0)
         # interval k: its modeled work inside the occurrences out, each occurrence's density × its µs there in
-        work = work - rate * _coverage(us, ue, a, s) + _coverage(us, ue, a, s, weights=density)
-        work = np.maximum(work, 0.0)
+        work = np.maximum(work - rate * _coverage(us, ue, a, s) + _coverage(us, ue, a, s, weights=density), 0.0)
         cost[inside] *= call_scale[occ[inside]]
         row["applied"] = True
         row["scale"] = float(target.sum() / modeled) if modeled > 0 else None

@@ -8,15 +8,18 @@ times on the host clock while :class:`gaptrace.capture.Capture` runs its unprofi
 
 How: while installed, ``record_function.__enter__`` / ``__exit__`` are wrapped at class level (the one place every
 ``with record_function(...)`` and every ``@record_function(...)``-decorated call passes through; torch exposes no
-Python observer of RecordFunction without a profiler). A block counts when it is entered while ``active``; its time
-is ``perf_counter`` after the original ``__enter__`` returns to just before the original ``__exit__`` runs, the span
-the trace's ``user_annotation`` event covers. The wrapper costs two ``perf_counter`` calls and a dict update per
+Python observer of RecordFunction without a profiler). A block counts when it is entered while ``active``, on the
+installing thread, and is not nested in an open block of its name; its time is ``perf_counter`` after the original
+``__enter__`` returns to just before the original ``__exit__`` runs, the span the trace's ``user_annotation`` event
+covers. The open blocks live in the timer, not on the record_function objects, so nothing of one timer leaks into
+the next. The wrapper costs two ``perf_counter`` calls and a dict update per
 block (``benchmarks/bench_range_timer.py`` measures it); the originals are restored by :meth:`uninstall`, and only one
 timer is installed at a time (a nested :class:`Capture` times nothing). TorchScript code that calls
 ``torch.ops.profiler._record_function_enter_new`` directly is not seen.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from typing import Any, Mapping
@@ -24,7 +27,6 @@ from typing import Any, Mapping
 __all__ = ["RecordFunctionTimes", "range_summary"]
 
 _MARK = "_gaptrace_range_timer"  # class attribute naming the installed timer
-_T0 = "_gaptrace_t0"             # per instance: its open block's start time (a list when a decorated function recurses)
 
 
 def range_summary(total_s: Mapping[str, float], count: Mapping[str, int], rounds: int) -> list[dict]:
@@ -39,7 +41,10 @@ def range_summary(total_s: Mapping[str, float], count: Mapping[str, int], rounds
 
 class RecordFunctionTimes:
     """Inclusive host seconds (``total_s``) and occurrences (``count``) per ``record_function`` name, of the blocks
-    entered while ``active`` is set, between :meth:`install` and :meth:`uninstall` (module docstring)."""
+    entered while ``active`` is set on the thread that called :meth:`install` (the loop's thread: a range of the
+    same name on a helper thread is not this loop's), between :meth:`install` and :meth:`uninstall` (module
+    docstring). A block nested in a block of the same name on that thread (a decorated function that recurses) is
+    part of the outer one, as the trace's merged occurrences of a name are: only the outermost counts."""
 
     def __init__(self) -> None:
         self.active = False
@@ -47,61 +52,94 @@ class RecordFunctionTimes:
         self.count: dict[str, int] = defaultdict(int)
         self._cls: Any = None
         self._orig: tuple[Any, Any] | None = None
+        self._thread: int | None = None
+        self._open: dict[str, list] = {}  # name -> [depth, start] of the open outermost block
+
+    def _enter(self, rf: Any) -> None:
+        if not self.active or threading.get_ident() != self._thread:
+            return
+        o = self._open.get(rf.name)
+        if o is None:
+            self._open[rf.name] = [1, time.perf_counter()]
+        else:
+            o[0] += 1
+
+    def _exit(self, rf: Any) -> None:
+        if threading.get_ident() != self._thread:
+            return
+        o = self._open.get(rf.name)
+        if o is None:
+            return
+        o[0] -= 1
+        if o[0] == 0:
+            del self._open[rf.name]
+            self.total_s[rf.name] += time.perf_counter() - o[1]
+            self.count[rf.name] += 1
 
     def install(self) -> bool:
         """Wrap ``record_function``'s ``__enter__``/``__exit__``; False (nothing done) when another timer is
-        installed or torch has no ``record_function``."""
+        installed or torch has no ``record_function``. The wrappers keep the originals' signatures and time only
+        outside TorchScript (``torch.jit.is_scripting()``), so a function scripted meanwhile compiles as before
+        (its blocks are not timed)."""
         try:
+            import torch
             from torch.autograd.profiler import record_function as cls
         except ImportError:
             return False
         if getattr(cls, _MARK, None) is not None:
             return False
         enter, exit_ = cls.__enter__, cls.__exit__
-        timer = self
-        clock = time.perf_counter
 
-        total, count = self.total_s, self.count
-
-        def __enter__(rf: Any) -> Any:
-            out = enter(rf)
-            if timer.active:
-                d = rf.__dict__
-                prev = d.get(_T0)
-                # one float per open block; a list only when the same object is entered again before it exits
-                d[_T0] = clock() if prev is None else [*(prev if isinstance(prev, list) else [prev]), clock()]
+        def __enter__(self):  # noqa: N807 - the wrapped method
+            out = self._gaptrace_enter()
+            if not torch.jit.is_scripting():
+                _TIMERS[0]._enter(self)
             return out
 
-        def __exit__(rf: Any, *exc: Any) -> Any:
-            t1 = clock()
-            d = rf.__dict__
-            t0 = d.pop(_T0, None)
-            if t0 is not None:
-                if isinstance(t0, list):
-                    t0, rest = t0[-1], t0[:-1]
-                    if rest:
-                        d[_T0] = rest if len(rest) > 1 else rest[0]
-                name = rf.name
-                total[name] += t1 - t0
-                count[name] += 1
-            return exit_(rf, *exc)
+        def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any):  # noqa: N807
+            if not torch.jit.is_scripting():
+                _TIMERS[0]._exit(self)
+            self._gaptrace_exit(exc_type, exc_value, traceback)
 
+        _TIMERS[:] = [self]
+        cls._gaptrace_enter, cls._gaptrace_exit = enter, exit_
         cls.__enter__, cls.__exit__ = __enter__, __exit__
         setattr(cls, _MARK, self)
         self._cls, self._orig = cls, (enter, exit_)
+        self._thread = threading.get_ident()
         return True
 
     def uninstall(self) -> None:
         """Restore the original methods (a no-op when :meth:`install` did nothing). A block entered before and left
         after this call is not counted."""
         self.active = False
+        self._open.clear()
         if self._cls is None or self._orig is None:
             return
         self._cls.__enter__, self._cls.__exit__ = self._orig
-        if getattr(self._cls, _MARK, None) is self:
+        # _gaptrace_enter / _gaptrace_exit stay (the originals): a `with` entered before this call already holds the
+        # wrapper's __exit__, which still calls them when the block ends, on any thread
+        if _MARK in vars(self._cls):
             delattr(self._cls, _MARK)
+        _TIMERS[:] = [_IDLE]
         self._cls = self._orig = None
 
     def summary(self, rounds: int) -> list[dict]:
         """:func:`range_summary` of what was timed over ``rounds`` steps."""
         return range_summary(self.total_s, self.count, rounds)
+
+
+class _Idle:
+    """What a wrapper still on the class calls once its timer is gone (a method object captured before uninstall)."""
+
+    def _enter(self, rf: Any) -> None:
+        pass
+
+    def _exit(self, rf: Any) -> None:
+        pass
+
+
+_IDLE = _Idle()
+# the installed timer, read by the wrappers (at most one is installed: install() refuses a second); a one-slot list
+# rather than a closure so that TorchScript, which compiles the wrapped methods, sees no Python-only free variables
+_TIMERS: list[Any] = [_IDLE]

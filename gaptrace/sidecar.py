@@ -144,9 +144,14 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     ranges = obj.get("unprofiled_ranges")
     if ranges is not None and not isinstance(ranges, list):
         out.append("unprofiled_ranges (not a list)")
+    seen: set[str] = set()
     for i, r in enumerate(ranges if isinstance(ranges, list) else []):
         if not _usable_range(r):
             out.append(f"unprofiled_ranges[{i}] (needs a name, a positive mean_us and per_round)")
+        elif r["name"] in seen:
+            out.append(f"unprofiled_ranges[{i}] (a second entry for {json.dumps(r['name'])[:60]}: the last one is used)")
+        else:
+            seen.add(r["name"])
     return out
 
 
