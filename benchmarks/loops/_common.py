@@ -157,3 +157,25 @@ class TinyDecoder:
             x = x + torch.nn.functional.gelu(x @ w1) @ w2
         return x @ self.head
 
+    def forward_for(self, batch: int, graphed: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The step's forward: :meth:`logits`, or (``graphed``, CUDA only) the same forward captured in one CUDA
+        graph for a [batch] input: the ids copied into a static buffer, one replay, the static [batch, vocab] output
+        returned (valid until the next call). The graphed one removes the forward's eager launches from the host,
+        the fix a finding on the forward's host work names; a loop's ``graph_forward`` size key selects it."""
+        if not graphed or self.emb.device.type != "cuda":
+            return self.logits
+        static = torch.zeros(batch, dtype=torch.long, device=self.emb.device)
+        out: dict[str, torch.Tensor] = {}
+
+        def fn() -> None:
+            out["y"] = self.logits(static)
+
+        g = cuda_graph(fn)
+
+        def run(tokens: torch.Tensor) -> torch.Tensor:
+            static.copy_(tokens, non_blocking=True)
+            g.replay()
+            return out["y"]
+
+        return run
+

@@ -31,13 +31,14 @@ CAUSE = "main thread blocks on a queue for a producer thread that only starts wh
 FIX = "the producer runs ahead into a bounded queue"
 SITE = "planted_queue_wait"  # the range around the planted cause (and its fix)
 EXPECTED_RATIO = (1.4, 1.8)  # planted / fixed step period on an H200: the estimate above, before measurement
-CUDA_SIZE = {"batch": 16, "d": 2048, "layers": 12, "vocab": 16384, "io_ms": 0.2, "text_words": 8}
-CPU_SIZE = {"batch": 2, "d": 32, "layers": 1, "vocab": 64, "io_ms": 0.2, "text_words": 8}
+CUDA_SIZE = {"batch": 16, "d": 2048, "layers": 12, "vocab": 16384, "io_ms": 0.2, "text_words": 8,
+             "graph_forward": 0}
+CPU_SIZE = {"batch": 2, "d": 32, "layers": 1, "vocab": 64, "io_ms": 0.2, "text_words": 8, "graph_forward": 0}
 
 
 class HelperThread(Loop):
-    """See the module docstring; ``size`` keys: batch, d, layers, vocab, io_ms, text_words. Call ``close()`` (the
-    driver does) to stop the producer; it is a daemon thread, so a process exit stops it too."""
+    """See the module docstring; ``size`` keys: graph_forward (0 | 1), batch, d, layers, vocab, io_ms, text_words.
+    Call ``close()`` (the driver does) to stop the producer; it is a daemon thread, so a process exit stops it too."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
         self.variant = check_variant(variant)
@@ -46,6 +47,8 @@ class HelperThread(Loop):
         self.sz = sz
         d, v = sz["d"], sz["vocab"]
         self.model = TinyDecoder(device, d, sz["layers"], v)
+        # graph_forward 1: the forward in one CUDA graph (what fixing a finding on its host work would buy)
+        self.forward = self.model.forward_for(sz["batch"], bool(sz.get("graph_forward", 0)))
         self.words = [f"word{i}" for i in range(1000)]
         self.stop = threading.Event()
         self.requests: queue.Queue = queue.Queue()
@@ -86,7 +89,7 @@ class HelperThread(Loop):
                 if self.variant == "planted":
                     self.requests.put(None)
                 ids = self.ready.get()
-            logits = self.model.logits(ids.to(self.device, non_blocking=False))
+            logits = self.forward(ids.to(self.device, non_blocking=False))
             self.last = logits.argmax(-1).tolist()  # SYNC: the new tokens, once per step (both)
 
     def close(self) -> None:

@@ -25,8 +25,8 @@ CAUSE = "pure-Python re-detokenization of each request's window every step"
 FIX = "cached text, append the new piece, search only the new tail"
 SITE = "planted_detokenize"  # the range around the planted cause (and its fix)
 EXPECTED_RATIO = (1.5, 2.5)  # planted / fixed step period on an H200: the estimate above, before measurement
-CUDA_SIZE = {"batch": 8, "d": 2048, "layers": 4, "vocab": 16384, "window": 512}
-CPU_SIZE = {"batch": 2, "d": 32, "layers": 1, "vocab": 64, "window": 32}
+CUDA_SIZE = {"batch": 8, "d": 2048, "layers": 4, "vocab": 16384, "window": 512, "graph_forward": 0}
+CPU_SIZE = {"batch": 2, "d": 32, "layers": 1, "vocab": 64, "window": 32, "graph_forward": 0}
 STOP = "\n\nUser:"
 
 
@@ -42,7 +42,7 @@ def _pieces(vocab: int, g: torch.Generator) -> list[str]:
 
 
 class HostDetokenize(Loop):
-    """See the module docstring; ``size`` keys: batch, d, layers, vocab, window."""
+    """See the module docstring; ``size`` keys: graph_forward (0 | 1), batch, d, layers, vocab, window."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
         self.variant = check_variant(variant)
@@ -50,6 +50,8 @@ class HostDetokenize(Loop):
         sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
         d, v, self.window = sz["d"], sz["vocab"], sz["window"]
         self.model = TinyDecoder(device, d, sz["layers"], v)
+        # graph_forward 1: the forward in one CUDA graph (what fixing a finding on its host work would buy)
+        self.forward = self.model.forward_for(sz["batch"], bool(sz.get("graph_forward", 0)))
         g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator
         self.pieces = _pieces(v, g)
         prompt = torch.randint(0, v, (sz["batch"], self.window), generator=g)
@@ -61,7 +63,7 @@ class HostDetokenize(Loop):
 
     def step(self) -> None:
         with step_range():
-            logits = self.model.logits(self.tokens)
+            logits = self.forward(self.tokens)
             self.tokens = logits.argmax(-1)
             new = self.tokens.tolist()  # SYNC: the new tokens, once per step (both variants)
             with site(SITE):

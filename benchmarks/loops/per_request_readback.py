@@ -25,12 +25,12 @@ CAUSE = "one blocking .item()-style read-back per request per step"
 FIX = "one batched non-blocking copy to pinned memory, one wait, one tolist()"
 SITE = "planted_per_request_readback"  # the range around the planted cause (and its fix)
 EXPECTED_RATIO = (1.5, 2.0)  # planted / fixed step period on an H200: the estimate above, before measurement
-CUDA_SIZE = {"batch": 16, "d": 2048, "layers": 8, "vocab": 16384}
-CPU_SIZE = {"batch": 4, "d": 32, "layers": 1, "vocab": 64}
+CUDA_SIZE = {"batch": 16, "d": 2048, "layers": 8, "vocab": 16384, "graph_forward": 0}
+CPU_SIZE = {"batch": 4, "d": 32, "layers": 1, "vocab": 64, "graph_forward": 0}
 
 
 class PerRequestReadback(Loop):
-    """See the module docstring; ``size`` keys: batch, d, layers, vocab."""
+    """See the module docstring; ``size`` keys: graph_forward (0 | 1), batch, d, layers, vocab."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
         self.variant = check_variant(variant)
@@ -38,6 +38,8 @@ class PerRequestReadback(Loop):
         sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
         d, v = sz["d"], sz["vocab"]
         self.model = TinyDecoder(device, d, sz["layers"], v)
+        # graph_forward 1: the forward in one CUDA graph (what fixing a finding on its host work would buy)
+        self.forward = self.model.forward_for(sz["batch"], bool(sz.get("graph_forward", 0)))
         g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator
         self.tokens = torch.randint(0, v, (sz["batch"],), generator=g).to(device)
         self.requests: list[list[int]] = [[] for _ in range(sz["batch"])]
@@ -47,7 +49,7 @@ class PerRequestReadback(Loop):
 
     def step(self) -> None:
         with step_range():
-            logits = self.model.logits(self.tokens)
+            logits = self.forward(self.tokens)
             self.tokens = logits.argmax(-1)
             with site(SITE):
                 if self.variant == "planted":
