@@ -177,6 +177,7 @@ class Capture:
         if self._ranges is not None:
             # the ranges of the steps whose periods are kept (the 2nd to the last warm-up step) are timed
             self.range_steps += self._ranges.active
+            self._ranges.new_step()
             self._ranges.active = self._ranges_installed and 1 <= self._n + 1 < self.warmup_steps
         self._n += 1
         if self._prof is not None:

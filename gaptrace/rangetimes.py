@@ -53,14 +53,15 @@ class RecordFunctionTimes:
         self._cls: Any = None
         self._orig: tuple[Any, Any] | None = None
         self._thread: int | None = None
-        self._open: dict[str, list] = {}  # name -> [depth, start] of the open outermost block
+        self._open: dict[str, list] = {}  # name -> [depth, start, step entered] of the open outermost block
+        self._step = 0
 
     def _enter(self, rf: Any) -> None:
         if not self.active or threading.get_ident() != self._thread:
             return
         o = self._open.get(rf.name)
         if o is None:
-            self._open[rf.name] = [1, time.perf_counter()]
+            self._open[rf.name] = [1, time.perf_counter(), self._step]
         else:
             o[0] += 1
 
@@ -75,6 +76,14 @@ class RecordFunctionTimes:
             del self._open[rf.name]
             self.total_s[rf.name] += time.perf_counter() - o[1]
             self.count[rf.name] += 1
+
+    def new_step(self) -> None:
+        """A step ended: a block of a name still open since before the previous step (its exit skipped, say by an
+        exception the loop caught) is dropped, so that it does not hold every later block of its name as nested. A
+        block open across one step boundary still counts when it ends."""
+        self._step += 1
+        for name in [n for n, o in self._open.items() if o[2] < self._step - 1]:
+            del self._open[name]
 
     def install(self) -> bool:
         """Wrap ``record_function``'s ``__enter__``/``__exit__``; False (nothing done) when another timer is

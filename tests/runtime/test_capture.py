@@ -197,3 +197,26 @@ def test_capture_times_only_its_thread_and_lets_torchscript_compile(tmp_path):
     finally:
         t.uninstall()
     assert t.count == {"left_open": 1} and t.total_s["left_open"] < 0.05
+
+
+def test_a_block_whose_exit_was_skipped_does_not_stop_its_name_being_timed():
+    """A record_function entered by hand whose __exit__ an exception skipped stays open; after the next step
+    boundary it is dropped and later blocks of its name are timed again (not held as nested in it)."""
+    from gaptrace.rangetimes import RecordFunctionTimes
+
+    t = RecordFunctionTimes()
+    assert t.install()
+    try:
+        t.active = True
+        torch.profiler.record_function("manual").__enter__()  # never exited
+        t.new_step()
+        with torch.profiler.record_function("manual"):  # one step later: still held as nested
+            _spin(0.0001)
+        t.new_step()
+        for _ in range(3):
+            with torch.profiler.record_function("manual"):
+                _spin(0.0001)
+            t.new_step()
+    finally:
+        t.uninstall()
+    assert t.count == {"manual": 3}
