@@ -39,7 +39,7 @@ from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _intersect, _merge
 
 __all__ = ["Calibration", "load_calibration", "name_codes", "profiler_frames", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
-           "thread_wait_cost", "THREAD_WAIT_PREFIX", "gil_held_in_waits", "lock_waits_in", "GIL_RELEASING_PREFIX",
+           "thread_wait_cost", "THREAD_WAIT_PREFIX", "gil_held_in_waits", "lock_waits_in", "GIL_RELEASING_PREFIX", "measured_period_us",
            "COST_KEYS"]
 
 DEFAULT_CALIBRATION = os.path.join(os.path.dirname(__file__), "data", "calibration_default.json")
@@ -362,16 +362,18 @@ def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
     return (i >= 0) & (t < ue[np.maximum(i, 0)])
 
 
-def _sidecar_period_us(side: "Sidecar | None") -> float | None:
-    """The capture's measured unprofiled round (``unprofiled_round_ms``) or step (median of the usable
-    ``unprofiled_step_ms``), µs; None without one."""
+def measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
+    """The capture's own measured unprofiled period, µs: the sidecar's ``unprofiled_round_ms`` (median), else the
+    median of the usable ``unprofiled_step_ms`` (:class:`gaptrace.capture.Capture`'s unprofiled steps); None without
+    one."""
+    side = as_sidecar(sidecar)
     if side is None:
         return None
     if side.unprofiled_round_ms is not None:
         return side.unprofiled_round_ms * 1e3
-    v = (getattr(side, "raw", None) or {}).get("unprofiled_step_ms")
+    v = (side.raw or {}).get("unprofiled_step_ms")
     if isinstance(v, list):
-        ok = [x for x in v if usable_period_ms(x)]
+        ok = [float(x) for x in v if usable_period_ms(x)]
         return float(np.median(ok)) * 1e3 if ok else None
     return None
 
@@ -429,7 +431,7 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
     # the unprofiled work per profiled µs of each host work interval before any range is set: each range replaces
     # only its own part of an interval, whatever another range did to the rest of it
     rate = np.divide(work, model.work_us, out=np.zeros(len(s)), where=model.work_us > 0)
-    period_us = _sidecar_period_us(side)
+    period_us = measured_period_us(side)
     for _span, name, us, ue, _n_events, r in sorted(found, key=lambda x: x[0]):  # innermost (shortest) first
         row = info[name]
         n = len(us)  # occurrences: a name nested in itself is one occurrence, as the capture times it

@@ -27,12 +27,12 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
+from gaptrace.sidecar import Sidecar, as_sidecar
 
 from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import (Calibration, _starts_inside, gil_held_in_waits, load_calibration, lock_waits_in,
-                           name_codes, site_share, unprofiled_inputs)
+                           measured_period_us, name_codes, site_share, unprofiled_inputs)
 from .steps import find_steps
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
@@ -325,27 +325,11 @@ def _tau(sidecar: "Sidecar | dict | None", periods: int | None = None, joins: np
     return float(np.mean(vals)) if len(vals) else None
 
 
-def _unprofiled_round_us(sidecar: "Sidecar | dict | None") -> float | None:
-    """The sidecar's measured unprofiled round period (the median of its usable values), µs, or None."""
-    side = as_sidecar(sidecar)
-    return side.unprofiled_round_ms * 1e3 if side is not None and side.unprofiled_round_ms is not None else None
-
-
 SCALE_BOUNDS = (0.0, 8.0)
 SCALE_STEPS = 16  # α to 8 / 2**16 ≈ 1e-4
 
 
-def _measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
-    """The capture's own measured unprofiled period, µs: the sidecar's ``unprofiled_round_ms`` (median), else the
-    median of ``unprofiled_step_ms`` (:class:`gaptrace.capture.Capture`'s unprofiled steps); None without one."""
-    unp = _unprofiled_round_us(sidecar)
-    raw = sidecar if isinstance(sidecar, dict) else getattr(sidecar, "raw", None)  # a Sidecar keeps its dict
-    if unp is None and isinstance(raw, dict):
-        v = raw.get("unprofiled_step_ms")
-        if isinstance(v, list):
-            v = [float(x) for x in v if usable_period_ms(x)]
-            unp = float(np.median(v)) * 1e3 if v else None
-    return unp
+_measured_period_us = measured_period_us  # the capture's own measured unprofiled period (profiler_cost)
 
 
 def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:

@@ -98,12 +98,11 @@ def loop_pairs(folder: str = LOOPS_DIR, label: str = "") -> list[dict]:
     """The loops' pairs of one folder: the planted trace, its ``planted_*`` range, measured periods (mK.json) and
     saving (ms); ``label`` is appended to each pair's name."""
     out = []
-    LOOPS_DIR = folder
-    for pp in sorted(glob.glob(os.path.join(LOOPS_DIR, "*.pairs.json"))):
+    for pp in sorted(glob.glob(os.path.join(folder, "*.pairs.json"))):
         loop = os.path.basename(pp).split(".")[0]
-        pl = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.planted.m*.json")))]
-        fx = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(LOOPS_DIR, f"{loop}.fixed.m*.json")))]
-        trace = os.path.join(LOOPS_DIR, f"{loop}.planted.trace.json.gz")
+        pl = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(folder, f"{loop}.planted.m*.json")))]
+        fx = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(folder, f"{loop}.fixed.m*.json")))]
+        trace = os.path.join(folder, f"{loop}.planted.trace.json.gz")
         pr = json.load(open(pp, encoding="utf-8")).get("paired")
         out.append({"pair": f"loop {loop}{label}", "site": None, "traces": [trace],
                     "paired_saving_ms": pr["saving_ms"] if pr else None,
