@@ -378,8 +378,12 @@ def measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
     return None
 
 
+BLOCKED_RANGE_WAIT_SHARE = 0.1  # a range whose blocking calls waited at most this share of its time is set too
+
+
 def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict | None", work_us: np.ndarray,
-                    cost_us: np.ndarray, window: tuple[float, float] | None = None
+                    cost_us: np.ndarray, window: tuple[float, float] | None = None,
+                    item_dur_us: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
     """The host work inside the NVTX ranges the capture timed unprofiled (sidecar ``unprofiled_ranges``), set to
     what was measured (DESIGN.md 5.2 "Measured ranges"). For a range R on the launching thread with measured mean
@@ -392,8 +396,13 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
     own jitter from one occurrence to the next. Each range replaces its part of an interval at the interval's rate
     before any range was set, so ranges that share an interval do not take from each other. The occurrences are
     the merged ones (a name nested in itself is one, as the capture times only the outermost block). Occurrences
-    with neither host work nor calls take no share. A range is left as modeled when a call inside it blocks (its
-    measured time holds the wait, which the replay derives), when it holds another range applied here (innermost
+    with neither host work nor calls take no share. A range whose calls block holds their waits in its measured
+    time, which the replay derives: it is set only when ``item_dur_us`` (the unprofiled device durations) is given
+    and its blocking calls waited little, both in the profiled trace and in a replay of ``work_us`` / ``cost_us``
+    (together at most :data:`BLOCKED_RANGE_WAIT_SHARE` of its measured time: the device was done before the host
+    got there, as in a host-bound loop), and it was measured no longer than profiled (the profiler only adds host
+    time: a longer one waited longer unprofiled); then each T_j less the replay's wait inside occurrence j.
+    Otherwise it is left as modeled. It is also left as modeled when it holds another range applied here (innermost
     first: the outer one's measurement holds the inner one's), when its measured time a round exceeds the capture's
     measured unprofiled round (no time of this loop), or when it is not on the launching thread.
 
@@ -432,6 +441,13 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
     # only its own part of an interval, whatever another range did to the rest of it
     rate = np.divide(work, model.work_us, out=np.zeros(len(s)), where=model.work_us > 0)
     period_us = measured_period_us(side)
+    waited_rep = waited_prof = None
+    if item_dur_us is not None and found and model.blocking.any():
+        from .replay import replay
+        rep = replay(model, work, cost, item_dur_us=item_dur_us)
+        # the wait of each blocking call: its span beyond its own cost (the replay's, and the profiled trace's)
+        waited_rep = np.where(model.blocking, np.maximum(rep.call_end_us - rep.call_start_us - cost, 0.0), 0.0)
+        waited_prof = np.where(model.blocking, np.maximum(e - s - model.cost_us, 0.0), 0.0)
     for _span, name, us, ue, _n_events, r in sorted(found, key=lambda x: x[0]):  # innermost (shortest) first
         row = info[name]
         n = len(us)  # occurrences: a name nested in itself is one occurrence, as the capture times it
@@ -444,9 +460,23 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
         modeled = float(modeled_work_j.sum() + cost_j.sum())
         row["modeled_us_per_round"] = modeled / n * r.per_round
         row["occurrences"] = n
+        wait_j = np.zeros(len(us))
         if model.blocking[inside].any():
-            row["why"] = "a call inside it blocks: its measured time holds the wait, which the replay derives"
-            continue
+            blocked = inside & model.blocking
+            total = r.mean_us * n
+            if waited_rep is None or max(waited_rep[blocked].sum(), waited_prof[blocked].sum()) > (
+                    BLOCKED_RANGE_WAIT_SHARE * total):
+                row["why"] = "a call inside it blocks: its measured time holds the wait, which the replay derives"
+                continue
+            if total > float(np.sum(ue - us)):
+                # the profiler only adds host time: a blocking range measured longer than profiled waited longer
+                row["why"] = ("a call inside it blocks and it was measured longer than profiled: its measured time "
+                              "holds waits the profiled run did not have, which the replay derives")
+                continue
+            # the device was done before the host got there: the measured time is host time but for the replay's
+            # own (small) waits, which it derives again
+            wait_j = np.bincount(occ[blocked], weights=waited_rep[blocked], minlength=len(us))
+            row["waits_us_per_round"] = float(wait_j.sum()) / n * r.per_round
         if any(_starts_inside(us, ue, inner_s).any() for inner_s, _inner_e, _k in applied):
             row["why"] = "it holds a range whose measured time is used: its own measurement holds that one's"
             continue
@@ -459,7 +489,7 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
             row["why"] = "no host time inside it to set"
             continue
         p = np.where(has, ue - us, 0.0)
-        target = r.mean_us * n * p / p.sum()
+        target = np.maximum(r.mean_us * n * p / p.sum() - wait_j, 0.0)
         call_scale = np.minimum(1.0, np.divide(target, cost_j, out=np.ones(len(us)), where=cost_j > 0))
         rest = np.maximum(target - cost_j, 0.0)
         density = np.divide(rest, length_j, out=np.zeros(len(us)), where=length_j > 0)
@@ -538,11 +568,6 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     removed["profiler_overhead_events"] = float(ov_work.sum() - pf_work.sum() + ov_call[other].sum())
     removed["profiler_step_frames"] = float(pf_work.sum())
     removed["other_threads_waited"] = float(waited.sum())
-    # the ranges the capture timed without the profiler take their measured host time (measured_ranges)
-    before = float(work.sum() + new_cost.sum())
-    base_work = work
-    work, new_cost, ranges, applied = measured_ranges(trace, model, sidecar, work, new_cost, window)
-    removed["measured_ranges"] = before - float(work.sum() + new_cost.sum())
     # device: each traced op's extra device time, out of its item's duration (never below the ops' own busy time
     # less that cost); a graph replay whose unprofiled device span the capture timed takes that span instead (never
     # longer than the profiled one: the profiler only adds)
@@ -562,6 +587,11 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
             warnings.append(long_replays)
         device_source = "sidecar" if len(idx) else device_source
     removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
+    # the ranges the capture timed without the profiler take their measured host time (measured_ranges)
+    before = float(work.sum() + new_cost.sum())
+    base_work = work
+    work, new_cost, ranges, applied = measured_ranges(trace, model, sidecar, work, new_cost, window, item_dur)
+    removed["measured_ranges"] = before - float(work.sum() + new_cost.sum())
     return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
             "launch_source": {str(k): v for k, v in sorted(sources.items())}, "device_source": device_source,
             "measured_ranges": ranges, "measured_scale": (base_work, applied), "warnings": warnings}

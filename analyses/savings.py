@@ -392,7 +392,12 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
     if pred is None:
         return None
     meas = block.get("measured_unprofiled_round_us")
-    if meas is not None and block.get("profiler_cost_fit") in ("at_bound", "unmatched"):
+    if meas is not None and block.get("profiler_cost_fit") == "set_aside":
+        # the measured rounds are unlike the profiled ones: the calibration alone predicts; say both
+        round_text = (f"the predicted unprofiled round, {ms_text(pred)} from the calibration alone; the capture's "
+                      f"measured {ms_text(meas)} is out of the model's reach (its warm-up rounds are not like the "
+                      "profiled ones) and was set aside")
+    elif meas is not None and block.get("profiler_cost_fit") in ("at_bound", "unmatched"):
         # no scale reproduces the measured rounds: the prediction does not; say both
         where = "at its bound" if block.get("profiler_cost_fit") == "at_bound" else "the closest one"
         round_text = (f"the predicted unprofiled round, {ms_text(pred)}; measured {ms_text(meas)}: the model could "

@@ -425,9 +425,22 @@ class Context:
         self.target_us = _measured_period_us(sidecar)
         self.scale = 1.0
         self.fitted = False
+        self.set_aside = False  # the measured unprofiled round is out of the fit's reach: not used (fit_status)
         self.fit_warning: str | None = None
         if fit and self.target_us:
-            self.scale, self.unprof = fit_profiler_scale(self, self.target_us)
+            scale, unprof = fit_profiler_scale(self, self.target_us)
+            if scale == SCALE_BOUNDS[1]:
+                # even SCALE_BOUNDS[1] times every per-event cost leaves the replayed round above the measured one:
+                # the capture's unprofiled rounds are not like its profiled ones (a loop whose step changes after
+                # its warm-up), so they are set aside and the calibration is used as it is (DESIGN.md 5.3)
+                self.set_aside = True
+                self.fit_warning = (f"the sidecar's measured unprofiled round ({self.target_us / 1e3:.3f} ms) is "
+                                    f"out of reach even at {SCALE_BOUNDS[1]:g} times the calibration's costs "
+                                    f"(replayed {self.unfitted_round_us / 1e3:.3f} ms at 1): its rounds are not "
+                                    "like the profiled ones (a step that changes after the warm-up?); set aside, "
+                                    "the calibration used as it is")
+                return
+            self.scale, self.unprof = scale, unprof
             self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                item_dur_us=self.unprof["item_dur_us"])
             got = float(np.median(self.periods(self.base)))
@@ -447,12 +460,16 @@ class Context:
 
     @property
     def fit_status(self) -> str:
-        """"fitted" (α reproduces the measured unprofiled round within :data:`FIT_TOLERANCE`), "at_bound" (no α in
-        :data:`SCALE_BOUNDS` does: α is kept at the bound and the prediction misses the measured round),
+        """"fitted" (α reproduces the measured unprofiled round within :data:`FIT_TOLERANCE`), "set_aside" (not even
+        the upper bound of :data:`SCALE_BOUNDS` reaches it: the measured rounds are not like the profiled ones and
+        α = 1, the calibration as it is), "at_bound" (the measured round is above the replay even at α = 0: α is
+        kept at 0 and the prediction misses it),
         "unmatched" (α inside the bounds, but the replayed round jumps across the target with α: the closest α is
         kept and misses it), or "none" (no measured round, or ``fit=False``)."""
         if self.fitted:
             return "fitted"
+        if self.set_aside:
+            return "set_aside"
         if self.fit_warning:
             return "at_bound" if self.scale in SCALE_BOUNDS else "unmatched"
         return "none"

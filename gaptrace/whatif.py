@@ -76,6 +76,9 @@ def _scale_line(d: dict) -> str:
     if fit == "at_bound":
         return head + (f"(NOT fitted: no scale in its bounds reproduces the measured unprofiled round, kept at the "
                        f"bound; {alone})")
+    if fit == "set_aside":
+        return head + (f"(the measured unprofiled round is out of the fit's reach and set aside: the calibration as "
+                       f"it is; {alone})")
     if fit == "unmatched":
         return head + (f"(NOT fitted: no scale reproduces the measured unprofiled round within 1%, the closest "
                        f"kept; {alone})")

@@ -13,6 +13,13 @@ Expected saving (an estimate, before measurement): the Python loop's 256 tensor 
 host: ~1-1.5 ms) plus the two copies and the sync, out of a generate step of a few ms (transformers' per-step Python
 around 4 eager decoder layers): the planted step should be roughly 1.2-1.6x the fixed one.
 
+Size key ``cudnn_sdp`` (1 by default: torch picks the attention backend): 0 runs ``generate`` with cuDNN excluded
+from scaled_dot_product_attention's backends (``torch.nn.attention.sdpa_kernel``, the rest kept). On torch 2.11 with
+an H100 or H200 the default picks cuDNN attention, whose host side builds a new cuDNN graph for every new key
+length: ~8 ms of host time a layer a decode step once the sequence outgrows the first few dozen tokens (the 4 ms
+step of the warm-up becomes 40 ms). 0 is that fix, measured against what ``gaptrace analyze`` predicts for it
+(its first finding, ``sdpa_attention_forward``'s host work), and the stationary loop the planted pair is measured on.
+
 One generate call runs all the steps. A step is one call of the model's forward plus what generate does after it
 (processors, argmax, stopping criteria) until the next forward: a forward pre-hook closes the previous ``step``
 range, calls ``tick`` and opens the next one. The first step of a call is the prefill; the driver's warm-up covers
@@ -30,9 +37,9 @@ FIX = "the same ban as a device-side masked_fill with a precomputed mask"
 SITE = "planted_logits_processor"  # the range around the planted cause (and its fix)
 EXPECTED_RATIO = (1.2, 1.6)  # planted / fixed step period on an H200: the estimate above, before measurement
 CUDA_SIZE = {"batch": 1, "hidden": 512, "layers": 4, "heads": 8, "kv_heads": 4, "vocab": 32000, "prompt": 16,
-             "banned": 256}
+             "banned": 256, "cudnn_sdp": 1}
 CPU_SIZE = {"batch": 1, "hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "vocab": 256, "prompt": 4,
-            "banned": 8}
+            "banned": 8, "cudnn_sdp": 1}
 
 
 def _processors(variant: str, banned: list[int], vocab: int, device: torch.device):
@@ -83,6 +90,7 @@ class HFGenerate(Loop):
         # the config's eos id is banned too (and generate is told there is none), so every call runs its full length
         banned = [cfg.eos_token_id] + torch.randperm(sz["vocab"] - 3, generator=g)[: sz["banned"] - 1].add(3).tolist()
         self.processors = LogitsProcessorList([_processors(variant, banned, sz["vocab"], device)])
+        self.cudnn_sdp = bool(sz.get("cudnn_sdp", 1))
         self._tick = None
         self._range = None
         self.forwards = 0
@@ -106,7 +114,7 @@ class HFGenerate(Loop):
         self._tick = tick
         self.forwards = 0
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._backends():
                 self.model.generate(self.prompt, attention_mask=torch.ones_like(self.prompt), do_sample=False,
                                     max_new_tokens=n_steps, eos_token_id=None,
                                     pad_token_id=0, logits_processor=self.processors)
@@ -116,6 +124,16 @@ class HFGenerate(Loop):
         if self.forwards != n_steps:
             raise RuntimeError(f"generate ran {self.forwards} forwards, not the {n_steps} asked for")
         tick()
+
+    def _backends(self):
+        """The attention backends of the run: torch's choice, or all but cuDNN (size key ``cudnn_sdp`` 0)."""
+        import contextlib
+
+        if self.cudnn_sdp:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def step(self) -> None:
         """One generate call of a single forward (a prefill); ``run`` is how the steps are driven."""

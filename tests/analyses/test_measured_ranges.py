@@ -123,3 +123,50 @@ def test_sidecar_ranges_are_checked():
     assert list(side.unprofiled_ranges) == ["a"] and side.unprofiled_ranges["a"].mean_us == 3.0
     assert sidecar_field_problems({"unprofiled_ranges": {}}) == ["unprofiled_ranges (not a list)"]
     assert measured_ranges is not None
+
+
+HF = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces", "h100_loops",
+                  "hf_generate.planted.trace.json.gz")
+
+
+def test_a_blocking_range_that_hardly_waited_takes_its_measured_time():
+    """hf_generate's planted range holds a blocking ``scores.cpu()`` (a DtoH copy and stream syncs) in a host-bound
+    step: its blocking calls waited a few µs (the device had long finished), so its measured unprofiled time (the
+    sidecar's mean) is used, less the replay's own waits; the same range measured longer than it was profiled is not
+    (its waits grew without the profiler), nor with the waits over a tenth of its time."""
+    tr = load_trace(HF)
+    side = read_sidecar_checked(HF)[0]
+    model = build_model(tr)
+    cal = load_calibration(None)
+    mean_us = {r["name"]: r["mean_us"] for r in side["unprofiled_ranges"]}["planted_logits_processor"]
+    got = unprofiled_inputs(tr, model, cal, side)
+    row = got["measured_ranges"]["planted_logits_processor"]
+    h = tr.host
+    m = (h["cat"] == "user_annotation").to_numpy() & (h["name"].astype(str) == "planted_logits_processor").to_numpy()
+    us, ue = h["ts_us"].to_numpy()[m] - model.t0_us, h["end_us"].to_numpy()[m] - model.t0_us
+    s, e = model.call_start_us, model.call_end_us
+    inside = np.zeros(len(s), dtype=bool)
+    for a, b in zip(us, ue):
+        inside |= (s >= a) & (s < b)
+    # by hand from the trace: the blocking calls inside the range and what they waited profiled (span − own cost)
+    blocked = inside & model.blocking
+    waited_prof = float(np.sum(e[blocked] - s[blocked] - model.cost_us[blocked]))
+    assert int(blocked.sum()) >= len(us) and waited_prof < 0.1 * mean_us * len(us)
+    assert row["applied"] and row["why"] is None and row["measured_us_per_round"] == pytest.approx(mean_us)
+    assert 0 <= row["waits_us_per_round"] < 0.1 * mean_us
+    # the range's replayed host time is its measured time less the replay's waits
+    plain = unprofiled_inputs(tr, model, cal, {k: v for k, v in side.items() if k != "unprofiled_ranges"})
+    t, _ = _range_time(tr, model, "planted_logits_processor", got["work_us"], got["cost_us"], plain["work_us"])
+    assert t == pytest.approx((mean_us - row["waits_us_per_round"]) * len(us), rel=1e-6)
+    longer = copy.deepcopy(side)
+    for r in longer["unprofiled_ranges"]:
+        if r["name"] == "planted_logits_processor":
+            r["mean_us"] = float(np.mean(ue - us)) * 1.5
+    row2 = unprofiled_inputs(tr, model, cal, longer)["measured_ranges"]["planted_logits_processor"]
+    assert not row2["applied"] and "longer than profiled" in row2["why"]
+    short = copy.deepcopy(side)
+    for r in short["unprofiled_ranges"]:
+        if r["name"] == "planted_logits_processor":
+            r["mean_us"] = waited_prof / len(us) * 5  # the waits are a fifth of it
+    row3 = unprofiled_inputs(tr, model, cal, short)["measured_ranges"]["planted_logits_processor"]
+    assert not row3["applied"] and "blocks" in row3["why"]

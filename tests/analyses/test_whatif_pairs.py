@@ -53,7 +53,7 @@ SETS = {"h200_pairs": RUNTIME, "h200_pairs_repeat": RUNTIME_REPEAT}  # folder un
 LOOPS = {
     "graph_readback": (0.45, 45, 50),
     "helper_thread": (0.06, 140, 65),
-    "hf_generate": (10.0, 6500, 1110),
+    "hf_generate": None,  # measured figures only: its trace is not shipped (the pair's range includes 0; the H100 one stays)
     "host_detokenize": (0.33, 510, 185),
     "launch_bound": (0.26, 2150, 3650),
     "pageable_htod": (0.62, 690, 495),
@@ -65,14 +65,18 @@ LOOPS = {
 LOOPS_H100 = {
     "graph_readback": (0.06, 50, 50),
     "helper_thread": (0.17, 20, 20),
-    "hf_generate": (8.7, 1070, 900),
+    "hf_generate": (8.8, 300, 130),
     "host_detokenize": (0.15, 25, 20),
     "launch_bound": (0.01, 510, 430),
-    "pageable_htod": (0.05, 90, 460),
+    "pageable_htod": (0.05, 135, 505),
     "per_request_readback": (0.13, 10, 15),
     "train_step_logging": (0.68, 30, 115),
 }
-LOOP_SETS = {"h200_loops": LOOPS, "h100_loops": LOOPS_H100}  # folder under fixtures/traces -> bounds
+# hf_generate with cuDNN left out of the attention backends (size key cudnn_sdp 0): a stationary step (the default
+# backend rebuilds a cuDNN graph per key length, MANIFEST.md), three fresh processes a variant
+LOOPS_H100_NOCUDNN = {"hf_generate": (0.09, 70, 10)}
+LOOP_SETS = {"h200_loops": LOOPS, "h100_loops": LOOPS_H100,
+             "h100_hf_nocudnn": LOOPS_H100_NOCUDNN}  # folder under fixtures/traces -> bounds
 
 
 def _json(p):
@@ -186,7 +190,8 @@ def test_runtime_pair_prediction(pairs_set, pair):
         assert (float(np.mean(ranked)) > 0) == (meas_us > 0)
 
 
-@pytest.mark.parametrize("loops_set,loop", [(k, lp) for k in sorted(LOOP_SETS) for lp in sorted(LOOP_SETS[k])])
+@pytest.mark.parametrize("loops_set,loop", [(k, lp) for k in sorted(LOOP_SETS) for lp in sorted(LOOP_SETS[k])
+                                            if LOOP_SETS[k][lp] is not None])
 def test_loop_pair_prediction(loops_set, loop):
     LOOPS_DIR = os.path.join(ROOT, loops_set)
     d = _json(os.path.join(LOOPS_DIR, f"{loop}.pairs.json"))
@@ -305,3 +310,31 @@ def test_graphing_the_eager_forward_against_its_prediction(loop):
     w = _predict(os.path.join(ROOT, "h100_loops", f"{loop}.planted.trace.json.gz"), FORWARD, "step")
     assert w["saving_us"] > meas_us > 0  # over-predicted on all three (DESIGN.md 5.6)
     assert w["saving_us"] - meas_us <= FORWARD_GRAPH[loop], (w["saving_us"], meas_us)
+
+
+# the first finding of the H100 hf_generate capture (the attention's host work: cuDNN attention building a graph per
+# key length) against what leaving cuDNN out of the attention backends buys, measured: the planted variant with
+# cudnn_sdp 1 (fixtures/traces/h100_hf_nocudnn/hf_generate.cudnn1.mK.json, two fresh processes) and 0 (its
+# hf_generate.planted.mK.json, three), interleaved; the prediction removes the frame's host work on the shipped
+# capture, whose warm-up rounds are set aside (the calibration as it is)
+SDPA = "transformers/integrations/sdpa_attention.py(79): sdpa_attention_forward"
+
+
+def test_first_finding_of_hf_generate_against_its_measured_fix():
+    d = os.path.join(ROOT, "h100_hf_nocudnn")
+    on = [_json(p) for p in sorted(glob.glob(os.path.join(d, "hf_generate.cudnn1.m*.json")))]
+    off = [_json(p) for p in sorted(glob.glob(os.path.join(d, "hf_generate.planted.m*.json")))]
+    assert len(on) == 2 and len(off) == 3
+    assert {m["size"]["cudnn_sdp"] for m in on} == {1} and {m["size"]["cudnn_sdp"] for m in off} == {0}
+    assert {m["variant"] for m in on + off} == {"planted"}
+    on_ms = [_mk_ms(p) for p in sorted(glob.glob(os.path.join(d, "hf_generate.cudnn1.m*.json")))]
+    off_ms = [_mk_ms(p) for p in sorted(glob.glob(os.path.join(d, "hf_generate.planted.m*.json")))]
+    meas_us = (float(np.median(on_ms)) - float(np.median(off_ms))) * 1e3
+    assert 30_000 < meas_us < 32_000  # 35.0 against 3.9 ms a step
+    w = _predict(os.path.join(ROOT, "h100_loops", "hf_generate.planted.trace.json.gz"), SDPA, "step")
+    assert w["profiler_cost_fit"] == "set_aside" and w["profiler_cost_scale"] == 1.0
+    assert abs(w["saving_us"] - meas_us) <= 0.35 * meas_us  # within the goal: +11% today
+    assert abs(w["saving_us"] - meas_us) <= 3_700, (w["saving_us"], meas_us)
+    # and the planted cause, second, saves far less: the order the measurements give
+    p = _predict(os.path.join(ROOT, "h100_loops", "hf_generate.planted.trace.json.gz"), None, "step")
+    assert 0 < p["saving_us"] < w["saving_us"] / 10
