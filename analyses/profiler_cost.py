@@ -460,6 +460,11 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
         modeled = float(modeled_work_j.sum() + cost_j.sum())
         row["modeled_us_per_round"] = modeled / n * r.per_round
         row["occurrences"] = n
+        # checked first: a time no round of this loop can hold says more than any other reason
+        if period_us is not None and r.mean_us * r.per_round > period_us:
+            row["why"] = (f"its measured time a round ({r.mean_us * r.per_round:,.0f} µs) exceeds the measured "
+                          f"unprofiled round ({period_us:,.0f} µs): not a time of this loop")
+            continue
         wait_j = np.zeros(len(us))
         if model.blocking[inside].any():
             blocked = inside & model.blocking
@@ -479,10 +484,6 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
             row["waits_us_per_round"] = float(wait_j.sum()) / n * r.per_round
         if any(_starts_inside(us, ue, inner_s).any() for inner_s, _inner_e, _k in applied):
             row["why"] = "it holds a range whose measured time is used: its own measurement holds that one's"
-            continue
-        if period_us is not None and r.mean_us * r.per_round > period_us:
-            row["why"] = (f"its measured time a round ({r.mean_us * r.per_round:,.0f} µs) exceeds the measured "
-                          f"unprofiled round ({period_us:,.0f} µs): not a time of this loop")
             continue
         has = (length_j > 0) | (cost_j > 0)
         if not has.any():

@@ -78,8 +78,9 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
     its ``unprofiled_step_ms`` × 1000 (a :class:`gaptrace.capture.Capture` sidecar), or None),
     rounds, calibration (source, measured_on and the per-event costs), fitted_to_unprofiled (whether the profiler's
     per-event costs were scaled to reproduce the sidecar's measured unprofiled rounds: then the prediction matches
-    them by construction), profiler_cost_fit ("fitted" | "at_bound": no scale in the bounds reproduces them, the
-    scale is kept at the bound | "unmatched": the round jumps across them with the scale, the closest is kept | "none"), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
+    them by construction), profiler_cost_fit ("fitted" | "set_aside": no scale in the bounds reaches them and the
+    calibration as it is misses them, which is then used (the measured rounds are not like the profiled ones) |
+    "unmatched": the round jumps across them with the scale, the closest is kept | "none"; DESIGN.md 5.3), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
     calibration alone: the figure whose error DESIGN.md "Error figures" states)}; the round fields None without
     ``ctx``."""
     cal = resolve_calibration(calibration) if ctx is None else ctx.calibration
@@ -397,12 +398,11 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
         round_text = (f"the predicted unprofiled round, {ms_text(pred)} from the calibration alone; the capture's "
                       f"measured {ms_text(meas)} is out of the model's reach (its warm-up rounds are not like the "
                       "profiled ones) and was set aside")
-    elif meas is not None and block.get("profiler_cost_fit") in ("at_bound", "unmatched"):
+    elif meas is not None and block.get("profiler_cost_fit") == "unmatched":
         # no scale reproduces the measured rounds: the prediction does not; say both
-        where = "at its bound" if block.get("profiler_cost_fit") == "at_bound" else "the closest one"
         round_text = (f"the predicted unprofiled round, {ms_text(pred)}; measured {ms_text(meas)}: the model could "
-                      f"not be fitted to it (profiler cost scale {block.get('profiler_cost_scale'):g}, {where}), "
-                      "so the savings are rough")
+                      f"not be fitted to it (profiler cost scale {block.get('profiler_cost_scale'):g}, the closest "
+                      "one), so the savings are rough")
     elif meas is not None and block.get("fitted_to_unprofiled"):
         # the profiler's cost is scaled to reproduce the measured rounds: the prediction equals them by construction
         unf = block.get("unfitted_round_us")

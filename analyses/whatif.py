@@ -429,49 +429,50 @@ class Context:
         self.fit_warning: str | None = None
         if fit and self.target_us:
             scale, unprof = fit_profiler_scale(self, self.target_us)
-            if scale == SCALE_BOUNDS[1]:
-                # even SCALE_BOUNDS[1] times every per-event cost leaves the replayed round above the measured one:
-                # the capture's unprofiled rounds are not like its profiled ones (a loop whose step changes after
-                # its warm-up), so they are set aside and the calibration is used as it is (DESIGN.md 5.3)
+            if scale in SCALE_BOUNDS:
+                # no α in the bounds reaches the measured round. The calibration as it is (α = 1) is kept either
+                # way: a device-bound round that α hardly moves, reproduced by it within FIT_TOLERANCE, is a fit;
+                # otherwise the capture's unprofiled rounds are not like its profiled ones (a step that changes after
+                # the warm-up, a host slower unprofiled than profiled) and are set aside (DESIGN.md 5.3)
+                unf_err = (self.unfitted_round_us - self.target_us) / self.target_us
+                if abs(unf_err) <= FIT_TOLERANCE:
+                    self.fitted = True
+                    return
                 self.set_aside = True
+                reach = (f"even at {SCALE_BOUNDS[1]:g} times the calibration's costs" if scale == SCALE_BOUNDS[1]
+                         else "even with no profiler cost taken out (it is longer than the profiled round allows)")
                 self.fit_warning = (f"the sidecar's measured unprofiled round ({self.target_us / 1e3:.3f} ms) is "
-                                    f"out of reach even at {SCALE_BOUNDS[1]:g} times the calibration's costs "
-                                    f"(replayed {self.unfitted_round_us / 1e3:.3f} ms at 1): its rounds are not "
-                                    "like the profiled ones (a step that changes after the warm-up?); set aside, "
-                                    "the calibration used as it is")
+                                    f"out of reach {reach} (replayed {self.unfitted_round_us / 1e3:.3f} ms with the "
+                                    "calibration as it is): its rounds are not like the profiled ones (a step that "
+                                    "changes after the warm-up?); set aside, the calibration used as it is")
                 return
             self.scale, self.unprof = scale, unprof
             self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                item_dur_us=self.unprof["item_dur_us"])
             got = float(np.median(self.periods(self.base)))
             err = (got - self.target_us) / self.target_us
-            at_bound = self.scale in SCALE_BOUNDS
             # a fit is one that reproduces the measured round: the replayed round can jump with α (a wait that
             # appears), and bisection then ends beside the jump, inside the bounds but off the target
-            self.fitted = not at_bound and abs(err) <= FIT_TOLERANCE
-            if at_bound:
-                self.fit_warning = (f"the profiler cost scale that matches the measured unprofiled round "
-                                    f"({self.target_us / 1e3:.3f} ms) is out of [{SCALE_BOUNDS[0]:g}, "
-                                    f"{SCALE_BOUNDS[1]:g}]: kept at {self.scale:g}")
-            elif not self.fitted:
+            self.fitted = abs(err) <= FIT_TOLERANCE
+            if not self.fitted:
                 self.fit_warning = (f"no profiler cost scale reproduces the measured unprofiled round "
                                     f"({self.target_us / 1e3:.3f} ms) within {FIT_TOLERANCE:.0%}: the closest, "
                                     f"{self.scale:.3g}, predicts {got / 1e3:.3f} ms ({err:+.1%})")
 
     @property
     def fit_status(self) -> str:
-        """"fitted" (α reproduces the measured unprofiled round within :data:`FIT_TOLERANCE`), "set_aside" (not even
-        the upper bound of :data:`SCALE_BOUNDS` reaches it: the measured rounds are not like the profiled ones and
-        α = 1, the calibration as it is), "at_bound" (the measured round is above the replay even at α = 0: α is
-        kept at 0 and the prediction misses it),
-        "unmatched" (α inside the bounds, but the replayed round jumps across the target with α: the closest α is
-        kept and misses it), or "none" (no measured round, or ``fit=False``)."""
+        """"fitted" (α reproduces the measured unprofiled round within :data:`FIT_TOLERANCE`; α = 1 when the
+        round is out of α's reach but the calibration as it is reproduces it, as in a device-bound loop),
+        "set_aside" (no α in :data:`SCALE_BOUNDS` reaches it and α = 1 misses it: the measured rounds are not like the
+        profiled ones, and α = 1, the calibration as it is), "unmatched" (α inside the bounds, but the replayed round
+        jumps across the target with α: the closest α is kept and misses it), or "none" (no measured round, or
+        ``fit=False``)."""
         if self.fitted:
             return "fitted"
         if self.set_aside:
             return "set_aside"
         if self.fit_warning:
-            return "at_bound" if self.scale in SCALE_BOUNDS else "unmatched"
+            return "unmatched"
         return "none"
 
     def periods(self, res: ReplayResult) -> np.ndarray:

@@ -144,15 +144,24 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     ranges = obj.get("unprofiled_ranges")
     if ranges is not None and not isinstance(ranges, list):
         out.append("unprofiled_ranges (not a list)")
+    if not _usable_range_rounds(obj.get("unprofiled_range_rounds")):
+        out.append("unprofiled_range_rounds (not a whole number >= 1: no round was timed; unprofiled_ranges skipped)")
+        ranges = None
     seen: set[str] = set()
     for i, r in enumerate(ranges if isinstance(ranges, list) else []):
         if not _usable_range(r):
             out.append(f"unprofiled_ranges[{i}] (needs a name, a positive mean_us and per_round)")
         elif r["name"] in seen:
-            out.append(f"unprofiled_ranges[{i}] (a second entry for {json.dumps(r['name'])[:60]}: the last one is used)")
+            out.append(f"unprofiled_ranges[{i}] (a second entry for {json.dumps(r['name'])[:60]}: the first one is used)")
         else:
             seen.add(r["name"])
     return out
+
+
+def _usable_range_rounds(v: Any) -> bool:
+    """``unprofiled_range_rounds`` (how many unprofiled rounds the ranges were timed over) absent, or a whole number
+    >= 1; else the ranges' means come from no round and ``unprofiled_ranges`` is skipped."""
+    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
 
 
 def _usable_range(r: Any) -> bool:
@@ -273,9 +282,11 @@ class Sidecar:
             unprof = float(np.median(vals)) if vals else None
         window = obj.get("analysis_window")
         config = obj.get("config")
-        ranges = obj.get("unprofiled_ranges")
-        by_name = {r["name"]: SidecarRange(r["name"], float(r["mean_us"]), float(r["per_round"]))
-                   for r in (ranges if isinstance(ranges, list) else []) if _usable_range(r)}
+        ranges = obj.get("unprofiled_ranges") if _usable_range_rounds(obj.get("unprofiled_range_rounds")) else None
+        by_name: dict[str, SidecarRange] = {}
+        for r in (ranges if isinstance(ranges, list) else []):
+            if _usable_range(r) and r["name"] not in by_name:  # a second entry of a name is skipped (named so)
+                by_name[r["name"]] = SidecarRange(r["name"], float(r["mean_us"]), float(r["per_round"]))
         return cls(raw=obj, config=config if isinstance(config, dict) else {},
                    analysis_window=window if isinstance(window, str) else None, round_taus=taus,
                    round_record_taus=records or (), graphs=usable,

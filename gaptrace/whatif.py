@@ -66,16 +66,13 @@ def render_whatif(d: dict) -> str:
 
 
 def _scale_line(d: dict) -> str:
-    """The profiler cost scale α and how it was set (fitted, at its bound, or the calibration as it is)."""
+    """The profiler cost scale α and how it was set (fitted, the closest, or the calibration as it is)."""
     head = f"  profiler cost scale                {d['profiler_cost_scale']:.2f} "
     alone = (f"the calibration alone predicts {_us(d['unfitted_round_us'])}, error {d['unfitted_error']:+.1%}"
              if d.get("unfitted_error") is not None else "")
     fit = d.get("profiler_cost_fit")
     if fit == "fitted":
         return head + f"(fitted to the measured unprofiled round; {alone})"
-    if fit == "at_bound":
-        return head + (f"(NOT fitted: no scale in its bounds reproduces the measured unprofiled round, kept at the "
-                       f"bound; {alone})")
     if fit == "set_aside":
         return head + (f"(the measured unprofiled round is out of the fit's reach and set aside: the calibration as "
                        f"it is; {alone})")

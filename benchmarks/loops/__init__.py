@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 LOOP_MODULES = ("graph_readback", "hf_generate", "launch_bound", "per_request_readback", "host_detokenize",
-                "pageable_htod", "helper_thread", "train_step_logging")
+                "pageable_htod", "helper_thread", "train_step_logging", "empty_cache", "mask_index")
 LOOPS = LOOP_MODULES
 
 

@@ -75,6 +75,19 @@ def test_twins_compute_the_same_values():
     assert r["planted"] == r["fixed"] and len(r["planted"][0]) == 5
     r = _run_both("host_detokenize", 5, lambda l: ([list(h) for h in l.history], l.stopped))
     assert r["planted"] == r["fixed"]
+    r = _run_both("empty_cache", 4, lambda l: l.tokens.tolist())
+    assert r["planted"] == r["fixed"]
+    # the mask loop with an end-of-sequence id that the first step hits for some requests: frozen counts and pads
+    def first_hit(loop):
+        loop.eos = int(loop.model.logits(loop.tokens).argmax(-1)[0])
+    r = {}
+    for v in ("planted", "fixed"):
+        loop = _build("mask_index", v)
+        first_hit(loop)
+        loop.run(4, lambda: None)
+        r[v] = (loop.tokens.tolist(), loop.steps.tolist(), loop.finished.tolist(), loop.active_steps.tolist())
+    assert r["planted"][:3] == r["fixed"][:3] and r["planted"][2][0] and r["planted"][1][0] == 0
+    assert r["planted"][3] == [s for s, f in zip(r["fixed"][1], r["fixed"][2]) if not f]
     pytest.importorskip("transformers")
     scores = torch.randn(1, loop_module("hf_generate").CPU_SIZE["vocab"])
     r = {v: _build("hf_generate", v).processors[0](None, scores.clone()) for v in ("planted", "fixed")}

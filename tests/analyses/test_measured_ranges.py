@@ -122,6 +122,17 @@ def test_sidecar_ranges_are_checked():
     side = Sidecar.from_dict(bad)
     assert list(side.unprofiled_ranges) == ["a"] and side.unprofiled_ranges["a"].mean_us == 3.0
     assert sidecar_field_problems({"unprofiled_ranges": {}}) == ["unprofiled_ranges (not a list)"]
+    # a name written twice: the second entry is the one skipped, and the warning says which one is used
+    dup = {"unprofiled_ranges": [{"name": "a", "mean_us": 3.0, "per_round": 1.0},
+                                 {"name": "a", "mean_us": 9.0, "per_round": 1.0}]}
+    assert sidecar_field_problems(dup) == ['unprofiled_ranges[1] (a second entry for "a": the first one is used)']
+    assert Sidecar.from_dict(dup).unprofiled_ranges["a"].mean_us == 3.0
+    # ranges said to be timed over no round are skipped, and named so
+    for rounds in (0, -5, 2.5, True):
+        none = dict(dup, unprofiled_range_rounds=rounds)
+        assert sidecar_field_problems(none)[0].startswith("unprofiled_range_rounds (")
+        assert Sidecar.from_dict(none).unprofiled_ranges == {}
+    assert Sidecar.from_dict(dict(dup, unprofiled_range_rounds=3)).unprofiled_ranges["a"].mean_us == 3.0
     assert measured_ranges is not None
 
 
@@ -164,6 +175,13 @@ def test_a_blocking_range_that_hardly_waited_takes_its_measured_time():
             r["mean_us"] = float(np.mean(ue - us)) * 1.5
     row2 = unprofiled_inputs(tr, model, cal, longer)["measured_ranges"]["planted_logits_processor"]
     assert not row2["applied"] and "longer than profiled" in row2["why"]
+    # a measured time a round no round of this loop can hold: that is the reason given, not the blocking calls
+    huge = copy.deepcopy(side)
+    for r in huge["unprofiled_ranges"]:
+        if r["name"] == "planted_logits_processor":
+            r["mean_us"] = 2e3 * float(np.median(side["unprofiled_step_ms"])) / r["per_round"]
+    row3 = unprofiled_inputs(tr, model, cal, huge)["measured_ranges"]["planted_logits_processor"]
+    assert not row3["applied"] and "exceeds the measured unprofiled round" in row3["why"]
     short = copy.deepcopy(side)
     for r in short["unprofiled_ranges"]:
         if r["name"] == "planted_logits_processor":

@@ -88,3 +88,29 @@ def test_a_runtime_call_is_named_as_one():
     r = _run(FAULT, "--remove", "cudaGraphLaunch")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "'cudaGraphLaunch' is a CUDA runtime call" in r.stderr and "NVTX range or Python frame" in r.stderr
+
+
+def test_a_measured_round_out_of_reach_either_way_is_set_aside(tmp_path):
+    """A measured unprofiled round longer than the replay even with no profiler cost taken out (α = 0) is set aside
+    like one shorter than α = 8 reaches: α = 1 (the calibration as it is), "set_aside", a warning; never α kept at a
+    bound. A device-bound round the calibration as it is reproduces within 1% is a fit at α = 1."""
+    import shutil
+    for src, factor, fit, scale in ((FAULT, 1.5, "set_aside", 1.0), (FAULT, 0.1, "set_aside", 1.0),
+                                    (os.path.join(ROOT, "h200_pairs", "bench_overlap_bs8_B12_clean_a.json.gz"),
+                                     1.0, "fitted", None)):
+        t = tmp_path / f"t{factor}.json.gz"
+        shutil.copy(src, t)
+        with open(src.replace(".json.gz", ".gaptrace.json")) as f:
+            side = json.load(f)
+        (tmp_path / f"t{factor}.gaptrace.json").write_text(
+            json.dumps(dict(side, unprofiled_round_ms=[v * factor for v in side["unprofiled_round_ms"]])))
+        d = json.loads(_run(str(t), "--json").stdout)
+        assert d["profiler_cost_fit"] == fit, (src, factor, d["profiler_cost_fit"], d["warnings"])
+        if fit == "set_aside":
+            assert d["profiler_cost_scale"] == scale and not d["fitted_to_unprofiled"]
+            assert d["before_round_us"] == d["unfitted_round_us"]  # the calibration alone predicts
+            assert any("out of reach" in w and "set aside" in w for w in d["warnings"])
+        else:
+            # the clean bench round is device-bound: at α = 1 the replay is within 1% of the measured round
+            assert abs(d["unfitted_round_us"] - d["unprofiled_round_us"]) <= 0.01 * d["unprofiled_round_us"]
+            assert d["fitted_to_unprofiled"] and not any("reach" in w for w in d["warnings"])
