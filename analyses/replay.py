@@ -16,7 +16,8 @@ What is replayed, for one device ``(rank, device)`` and the one host thread that
   queued-launch gap (median start − previous end of items that found their stream busy; 0 for graph launches).
   λ_kind is the median start − launch of the items that found their stream idle (calibrated on the trace itself);
 - blocking calls (CUDA "API synchronization behavior"): cudaStreamSynchronize / cudaDeviceSynchronize and the driver
-  forms wait for every item launched before them; cudaEventSynchronize for the items launched before the
+  forms wait for every item launched before them, and so does a device memory free (cudaFree, cuMemFree: it
+  synchronizes the device, CUDA C++ Programming Guide "Implicit Synchronization"); cudaEventSynchronize for the items launched before the
   cudaEventRecord it waits on (the latest record before the call whose measured completion precedes the call's
   return: Kineto writes no event handle for the record); a device-to-host copy (cudaMemcpy, or cudaMemcpyAsync to
   pageable memory) for the copy itself and everything queued before it; a pageable host-to-device copy for the
@@ -53,6 +54,10 @@ MEMCPY_SYNC_NAMES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cuMemcpyDtoH
 EVENT_RECORD = re.compile(r"^(cudaEventRecord|cuEventRecord)")
 EVENT_SYNC = re.compile(r"^(cudaEventSynchronize|cuEventSynchronize)")
 STREAM_SYNC = re.compile(r"^(cudaStreamSynchronize|cuStreamSynchronize)")
+# a device memory free waits for the device to drain (CUDA C++ Programming Guide, "Implicit Synchronization" and
+# "Stream Ordered Memory Allocator": cudaFree is not stream-ordered and synchronizes the device); the stream-ordered
+# cudaFreeAsync does not
+FREE_SYNC = re.compile(r"^(cudaFree|cuMemFree)(_v\d+)?$")
 RELEASE_EPS_US = 2.0
 LAUNCH_BOUND_GAP_US = 5.0  # a graph's first node that started this long after its stream's previous item was held by its launch  # an event's completion may trail the sync's return by clock skew of this much
 
@@ -307,7 +312,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     # blocking calls and what each one waits for
     nitem_before = np.searchsorted(item_pos, np.arange(K), side="left")  # items launched by calls < k
     nitem_through = np.searchsorted(item_pos, np.arange(K), side="right")  # items launched by calls <= k
-    blocking = _match_names(names, SYNC_NAMES)
+    blocking = _match_names(names, SYNC_NAMES) | _match_names(names, FREE_SYNC)
     await_items = np.where(blocking, nitem_before, 0)
     # copies: by the kind of the copy they launched
     cp_item = np.full(K, -1)

@@ -114,6 +114,8 @@ def finding_cause(f: dict) -> str | None:
         return f.get("range") or None
     if kind == "thread_wait":  # the wait frame: removing it is the other thread's result being ready when asked
         return f.get("site") or None
+    if kind == "allocator_churn":  # the driver's allocation calls (with the frees: ``causes``, removed together)
+        return f.get("site") or None
     return None
 
 
@@ -131,6 +133,11 @@ def finding_fix(f: dict, site: str | None) -> str | None:
     if kind == "host_range":
         return (f"cut the host work of range {site}, or move it off the critical path (run it while the device "
                 "works, or on the device): the GPU waits while it runs")
+    if kind == "allocator_churn":
+        where = f" (the frees are called from {f['caller']})" if f.get("caller") else ""
+        return ("keep the caching allocator's segments: take torch.cuda.empty_cache() (or whatever returns the "
+                f"memory) out of the loop{where} and keep tensor shapes static, so no step calls "
+                f"{' or '.join(f.get('causes') or [site])}")
     if kind == "thread_wait":
         from .findings import WAIT_FIX
 
@@ -163,7 +170,9 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         f["saving_with_device_us"] = f["device_items_per_round"] = f["saving_with_device_share"] = None
         if ctx is None or site is None:
             continue
-        w = _replay_site(trace, ctx, site, memo, body)
+        causes = tuple(f.get("causes") or ())
+        w = (_replay_sites(trace, ctx, causes, memo) if len(causes) > 1
+             else _replay_site(trace, ctx, site, memo, body))
         if w == "encloses" and f.get("kind") == "blocking_sync" and f.get("aten_op"):
             # the blocking call sits in the loop's own body (a step() that reads a value back inline): the fix is
             # the read itself, so the cause removed is the ATen op's calls (their wait and host work)
@@ -219,6 +228,18 @@ def _body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.n
         if k.sum() >= 0.5 * n_rounds and cover > ENCLOSING_SHARE * (hi - lo):
             out.append((str(name), ts[k] - ctx.model.t0_us, te[k] - ctx.model.t0_us))
     return out
+
+
+def _replay_sites(trace: Trace, ctx: Context, sites: tuple[str, ...], memo: dict) -> dict | None:
+    """The replay with every one of ``sites`` removed together (memoised by the tuple): the whatif data dict, None
+    when one of them is not on the launching thread (the fix of one cause that shows as several call names: the
+    allocator's allocations and frees)."""
+    if sites not in memo:
+        try:
+            memo[sites] = whatif(trace, [Change(x) for x in sites], context=ctx).data
+        except TraceError:
+            memo[sites] = None
+    return memo[sites]
 
 
 def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) -> dict | str | None:
@@ -351,6 +372,8 @@ def _what(f: dict) -> str:
         return f"the host work of range {f['cause']}"
     if f["kind"] == "thread_wait":
         return f"the wait on another thread in {f.get('caller') or f['cause']} ({f['cause']})"
+    if f["kind"] == "allocator_churn":
+        return f"the allocator's driver calls ({', '.join(f.get('causes') or [f['cause']])}: their host time and waits)"
 
     where = f", range {f['range']}" if f.get("range") else ""
     return f"the host work in {f['cause']}{where}"

@@ -61,8 +61,9 @@ that ``gaptrace analyze --json`` prints, ``gaptrace report`` renders and ``gaptr
 ``rounds.summary.without_outliers`` (when the rounds have outlier rounds): the mean figures without them; the
 summary's own means keep them. ``whatif.step_rule`` / ``step_name``: the steps the replay ran over.
 Findings' kinds beyond :func:`gaptrace.analyses.findings.findings`': ``thread_wait``, ``outlier_step``,
-``no_python_frame``, ``graph_launch`` (:func:`gaptrace.analyses.findings.loop_findings`) and ``host_range`` (an NVTX
-range of a loop without the runtime's rounds: :func:`_range_findings`).
+``no_python_frame``, ``graph_launch`` (:func:`gaptrace.analyses.findings.loop_findings`), ``host_range`` (an NVTX
+range of a loop without the runtime's rounds: :func:`_range_findings`) and ``allocator_churn`` (device memory from
+and back to the driver in most steps: :func:`gaptrace.analyses.allocator.allocator_churn`).
 
 Every figure is a sum or ratio of µs read off the trace (see each analysis module for its formula), so it can be
 reproduced by hand from the trace.
@@ -80,7 +81,7 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.text import to_jsonable
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, clean_text
 
-from . import (findings, gaps, idle_sites, launch_fit, launch_idle, occupancy, rounds, savings, steps, syncs,
+from . import (allocator, findings, gaps, idle_sites, launch_fit, launch_idle, occupancy, rounds, savings, steps, syncs,
                thread_waits, verdicts)
 from .findings import ms_text
 from .launch_fit import LaunchFit
@@ -314,6 +315,9 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
                                     fit_reliable=reliable)
     if rr is None and st.rule not in ("round", "none"):  # the runtime's rounds have their host_bound finding
         found += _range_findings(trace, attribution, st, key, (tl.t0_us, tl.t1_us), idle_total)
+    churn = allocator.allocator_churn(trace, st, key, idle_total, attribution)
+    if churn is not None:
+        found.append(churn)
     found.sort(key=lambda f: (-round(f["idle_share"], 3), {"blocking_sync": 0, "idle_site": 1}.get(f["kind"], 2)))
     # what fixing each finding buys: one baseline replay of the rounds (or the loop's steps), one more per cause
     # (analyses/savings.py)

@@ -5,7 +5,9 @@ Which calls count (the candidates), by API contract, as Nsight Systems' expert r
 the CUDA Runtime API's "API synchronization behavior" section states:
 
 ``sync_api``          cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize (cu*/hip* equivalents):
-                      the host blocks until the device work they name is done. No device op of their own.
+                      the host blocks until the device work they name is done. No device op of their own. Also
+                      cudaFree / cuMemFree: a device memory free waits for the device to drain (CUDA C++
+                      Programming Guide, "Implicit Synchronization").
 ``pageable_memcpy``   a cudaMemcpy* / hipMemcpy* whose device memcpy (joined on the correlation id) goes to or
                       from pageable host memory (``host_memory`` "Pageable"; HIP writes "Host" and does not tell
                       pinned from pageable, so "Host" is treated as pageable). A copy to pageable memory returns
@@ -86,6 +88,9 @@ SYNC_API_NAMES = frozenset({
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
     "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
     "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipCtxSynchronize",
+    # a device memory free synchronizes the device (CUDA C++ Programming Guide, "Implicit Synchronization"; the
+    # stream-ordered cudaFreeAsync does not): the caching allocator's frees (torch.cuda.empty_cache())
+    "cudaFree", "cuMemFree",
 })
 PAGEABLE_HOST_MEMORY = ("Pageable", "Host")
 _MEMCPY_PREFIXES = ("cudaMemcpy", "cuMemcpy", "hipMemcpy")

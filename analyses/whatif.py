@@ -109,10 +109,13 @@ def _clipped_merged(trace: Trace, model: ReplayModel, m: np.ndarray, window: tup
 
 def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = True
                ) -> tuple[np.ndarray, str, list[str]]:
-    """(host row mask, how it matched: "range" | "frame" | "frames containing", the distinct names matched) of
-    ``site`` on the model's thread (:func:`site_intervals`), or with ``launching=False`` on the rank's other threads
-    (:func:`other_thread_intervals`). An NVTX range of that exact name first, then frames (python_function /
-    cpu_op) of that exact name, then frames whose name contains it. TraceError (one line) when nothing matches."""
+    """(host row mask, how it matched: "range" | "frame" | "frames containing" | "runtime call", the distinct
+    names matched) of ``site`` on the model's thread (:func:`site_intervals`), or with ``launching=False`` on the
+    rank's other threads (:func:`other_thread_intervals`). An NVTX range of that exact name first, then frames
+    (python_function / cpu_op) of that exact name, then frames whose name contains it, then CUDA runtime / driver
+    calls of that name (CUPTI's suffixes aside) on the launching thread that launch no device work (cudaMalloc,
+    cudaFree: removing one takes its host time and its wait). TraceError (one line) when nothing matches, or when
+    the calls launch device work (the replay keeps a launch: its device work needs it)."""
     h = trace.host
     mine = trace.memo(("whatif_on", model.key[0], model.tid), h, lambda: (
         (h["rank"].to_numpy() == model.key[0]) & trace.host_str_eq("tid", model.tid)))
@@ -133,12 +136,21 @@ def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = Tr
             m, how = fr & names[inv], "frames containing"
     if not m.any():
         where = "the launching thread" if launching else "any thread of the launching rank"
+        from .syncs import api_base_name
+
+        api = np.fromiter((api_base_name(str(u)) == site or u == site for u in uniq), dtype=bool, count=len(uniq))
         rt = ((h["rank"].to_numpy() == model.key[0]) & h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy()
-              & exact[inv])
+              & api[inv])
         if rt.any():  # analyze's frame table lists runtime calls as frames; the replay models them as calls
-            raise TraceError(f"{trace.path}: {site!r} is a CUDA runtime call, which the replay keeps (its launch is "
-                             "the device work's); name the NVTX range or Python frame that makes the call")
-        raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on {where}")
+            launching_rows = model.call_row[np.unique(model.item_call[model.item_call >= 0])]
+            if not launching or np.isin(np.flatnonzero(rt), launching_rows).any():
+                raise TraceError(f"{trace.path}: {site!r} is a CUDA runtime call that launches device work, which "
+                                 "the replay keeps (its launch is the device work's); name the NVTX range or Python "
+                                 "frame that makes the call")
+            # a call that launches nothing (cudaMalloc, cudaFree, cudaEventQuery): its host time and any wait go
+            m, how, names = rt & on, "runtime call", api
+        if not m.any():
+            raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on {where}")
     hit = np.zeros(len(uniq), dtype=bool)
     hit[np.unique(inv[m])] = True
     return m, how, [str(x) for x in uniq[hit & names]]
@@ -335,7 +347,9 @@ _measured_period_us = measured_period_us  # the capture's own measured unprofile
 def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     """The factor α on every per-event profiler cost of the calibration (:func:`.profiler_cost.unprofiled_inputs`
     ``scale``) for which the replayed unprofiled round (median period) equals ``target_us``, the capture's own
-    measured unprofiled round; bisection over :data:`SCALE_BOUNDS` (the predicted round does not grow with α).
+    measured unprofiled round; bisection over :data:`SCALE_BOUNDS` (the predicted round does not grow with α, but
+    for a jump back up where a measured range stops being set: when the upper bound does not reach the target, the
+    first α of :data:`SCALE_GRID` that does brackets it with the one before).
     Returns (α, the unprofiled inputs at α). α at a bound means the target is out of reach (a warning says so).
     docs/DESIGN.md "Fitted to the capture's own unprofiled rounds"."""
     lo, hi = SCALE_BOUNDS
@@ -352,7 +366,17 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
         return lo, u_lo
     p_hi, u_hi = at(hi)
     if p_hi >= target_us:
-        return hi, u_hi
+        # the round need not fall all the way with α: a measured range whose blocking calls wait more as the host
+        # gets faster stops being set (DESIGN.md 5.2) and the round jumps back up. Look for a bracket inside
+        grid = [a for a in SCALE_GRID if lo < a < hi]
+        prev = lo
+        for a in grid:
+            if at(a)[0] <= target_us:
+                lo, hi = prev, a
+                break
+            prev = a
+        else:
+            return SCALE_BOUNDS[1], u_hi
     for _ in range(SCALE_STEPS):
         mid = 0.5 * (lo + hi)
         p, _u = at(mid)
@@ -364,6 +388,7 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     return a, at(a)[1]
 
 
+SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # where a bracket is looked for when α = 8 does not reach the target
 FIT_TOLERANCE = 0.01  # a fitted α reproduces the measured unprofiled round to within this share
 
 

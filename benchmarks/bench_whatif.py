@@ -51,6 +51,9 @@ H100_LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_loops")
 # hf_generate with cuDNN left out of the attention backends (a stationary step), and its cudnn1 processes: the fix of
 # the H100 hf_generate capture's first finding, measured
 NOCUDNN_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_hf_nocudnn")
+# two loops of hidden syncs measured on an H100: torch.cuda.empty_cache() every step (the allocator's frees and
+# mallocs) and nonzero / boolean-mask indexing; loops the model was not tuned on
+HIDDEN_SYNCS_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_hidden_syncs")
 SDPA_FRAME = "transformers/integrations/sdpa_attention.py(79): sdpa_attention_forward"
 H200_CAL = os.path.join(PAIRS_DIR, "calibration_h200.json")  # the same figures as the shipped default
 CPU_CAL = os.path.join(ROOT, "analyses", "data", "calibration_cpu_epyc.json")
@@ -137,6 +140,15 @@ def first_finding_pairs() -> list[dict]:
              "measured_saving_ms": float(np.median(on) - np.median(off)),
              "saving_range_ms": (min(on) - max(off), max(on) - min(off)), "round_name": "step",
              "processes": (on, off)}]
+
+
+def allocator_pairs(folder: str = HIDDEN_SYNCS_DIR) -> list[dict]:
+    """empty_cache's first finding, the allocator churn: its cause is every cudaMalloc and cudaFree of the launching
+    thread (the frees inside the planted range, the allocations they force in the next step's forward), removed
+    together, against the same measured fix as the planted range's row (the loop without empty_cache)."""
+    out = [dict(p, pair="empty_cache (H100): its first finding, the allocator's driver calls",
+                site=["cudaMalloc", "cudaFree"]) for p in loop_pairs(folder) if p["pair"] == "loop empty_cache"]
+    return out
 
 
 def planted_site(trace) -> str:
@@ -331,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     cals = [load_calibration(c) for c in (a.calibration or [None, CPU_CAL])]
     pairs = (runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
              + loop_pairs(a.h100_loops_dir, " (H100)") + loop_pairs(NOCUDNN_DIR, " (H100, no cuDNN attention)")
-             + first_finding_pairs())
+             + first_finding_pairs() + loop_pairs(HIDDEN_SYNCS_DIR, " (H100, hidden syncs)") + allocator_pairs())
     if a.only:
         pairs = [p for p in pairs if a.only in p["pair"]]
     cache: dict = {}

@@ -256,7 +256,7 @@ def test_invariants(path):
 
 # ---------------------------------------------------------------- cuda_sync device events
 
-def _with_sync_events(path, tmp_path, rename=None, wait_on=None):
+def _with_sync_events(path, tmp_path, rename=None, wait_on=None, renamed_to="cudaMemPoolTrimTo"):
     """The trace plus a cuda_sync event (as enable_cuda_sync_events writes them) for every stream/device sync;
     optionally one sync call renamed to a name outside the API list, and "Stream Wait Event" syncs on launches."""
     with gzip.open(path) as f:
@@ -272,7 +272,7 @@ def _with_sync_events(path, tmp_path, rename=None, wait_on=None):
                           "args": {"cuda_sync_kind": kind.lower().replace(" ", "_"), "device": 0, "stream": 7,
                                    "correlation": e["args"]["correlation"]}})
             if rename is not None and e["ts"] == rename:
-                e["name"] = "cudaFree"
+                e["name"] = renamed_to
         if wait_on and e.get("name") == wait_on:
             extra.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 7,
                           "ts": e["ts"], "dur": 1.0,
@@ -303,13 +303,20 @@ def test_sync_event_names_an_unknown_blocking_call(tmp_path):
     tr = _with_sync_events(QWEN, tmp_path, rename=raw_ts)
     calls = blocking_syncs(tr).calls
     hit = calls[np.isclose(calls["ts_us"], target["ts_us"], rtol=0, atol=1e-6)]
-    assert len(hit) == 1 and hit.iloc[0]["call"] == "cudaFree" and hit.iloc[0]["kind"] == "sync_event"
+    assert len(hit) == 1 and hit.iloc[0]["call"] == "cudaMemPoolTrimTo" and hit.iloc[0]["kind"] == "sync_event"
     assert hit.iloc[0]["blocked_us"] == pytest.approx(target["blocked_us"])
-    # without the device's sync event, a cudaFree is not a known sync: it is not reported
+    # without the device's sync event, a call outside the API list is not a known sync: it is not reported
     tr2 = _with_sync_events(QWEN, tmp_path, rename=raw_ts)
     tr2.device_syncs = tr2.device_syncs.iloc[0:0]
     calls2 = blocking_syncs(tr2).calls
     assert not np.isclose(calls2["ts_us"], target["ts_us"], rtol=0, atol=1e-6).any()
+    # a cudaFree is one: a device memory free synchronizes the device, with or without the sync event
+    tr3 = _with_sync_events(QWEN, tmp_path, rename=raw_ts, renamed_to="cudaFree")
+    tr3.device_syncs = tr3.device_syncs.iloc[0:0]
+    hit3 = blocking_syncs(tr3).calls
+    hit3 = hit3[np.isclose(hit3["ts_us"], target["ts_us"], rtol=0, atol=1e-6)]
+    assert len(hit3) == 1 and hit3.iloc[0]["call"] == "cudaFree" and hit3.iloc[0]["kind"] == "sync_api"
+    assert hit3.iloc[0]["blocked_us"] == pytest.approx(target["blocked_us"])
 
 
 def test_host_only_trace_still_reports_syncs(tmp_path):
@@ -320,8 +327,11 @@ def test_host_only_trace_still_reports_syncs(tmp_path):
     out.write_text(json.dumps(doc))
     r = blocking_syncs(load_trace(str(out)))
     # without device copies nothing is known pageable; the 18 copy + sync pairs remain, and the two
-    # cudaDeviceSynchronize calls at the end (no device, so no window leaves them out) are reported on their own
-    assert len(r.calls) == 18 + 2 and r.total_idle_us == 0
+    # cudaDeviceSynchronize calls at the end and the one cudaFree (under aten::mm: the allocator freeing a cached
+    # block; a free synchronizes the device) are reported on their own (no device, so no window leaves them out and
+    # no device activity says they found it idle, as the whole trace does for the cudaFree: not_blocking)
+    assert len(r.calls) == 18 + 2 + 1 and r.total_idle_us == 0
+    assert (r.calls["call"] == "cudaFree").sum() == 1 and blocking_syncs(load_trace(PROBE)).not_blocking == 1
     assert r.sites.iloc[0]["aten_op"] == "aten::to"
     assert r.sites["device_busy_during"].isna().all()
     assert all(d["idle_after_us"] is None for d in r.to_list())
