@@ -144,8 +144,8 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     ranges = obj.get("unprofiled_ranges")
     if ranges is not None and not isinstance(ranges, list):
         out.append("unprofiled_ranges (not a list)")
-    if not _usable_range_rounds(obj.get("unprofiled_range_rounds")):
-        out.append("unprofiled_range_rounds (not a whole number >= 1: no round was timed; unprofiled_ranges skipped)")
+    if not _usable_range_rounds(obj):
+        out.append("unprofiled_range_rounds (not a whole number of timed rounds, or 0 beside timed ranges: unprofiled_ranges skipped)")
         ranges = None
     seen: set[str] = set()
     for i, r in enumerate(ranges if isinstance(ranges, list) else []):
@@ -158,10 +158,16 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     return out
 
 
-def _usable_range_rounds(v: Any) -> bool:
-    """``unprofiled_range_rounds`` (how many unprofiled rounds the ranges were timed over) absent, or a whole number
-    >= 1; else the ranges' means come from no round and ``unprofiled_ranges`` is skipped."""
-    return v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+def _usable_range_rounds(obj: dict) -> bool:
+    """``unprofiled_range_rounds`` (how many unprofiled rounds the ranges were timed over) absent, a whole number
+    >= 1, or 0 with no range timed (a capture whose warm-up was too short to time any); else the ranges' means come
+    from no round and ``unprofiled_ranges`` is skipped."""
+    v = obj.get("unprofiled_range_rounds")
+    if v is None:
+        return True
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        return False
+    return v >= 1 or not obj.get("unprofiled_ranges")
 
 
 def _usable_range(r: Any) -> bool:
@@ -282,7 +288,7 @@ class Sidecar:
             unprof = float(np.median(vals)) if vals else None
         window = obj.get("analysis_window")
         config = obj.get("config")
-        ranges = obj.get("unprofiled_ranges") if _usable_range_rounds(obj.get("unprofiled_range_rounds")) else None
+        ranges = obj.get("unprofiled_ranges") if _usable_range_rounds(obj) else None
         by_name: dict[str, SidecarRange] = {}
         for r in (ranges if isinstance(ranges, list) else []):
             if _usable_range(r) and r["name"] not in by_name:  # a second entry of a name is skipped (named so)

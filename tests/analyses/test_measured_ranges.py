@@ -133,6 +133,8 @@ def test_sidecar_ranges_are_checked():
         assert sidecar_field_problems(none)[0].startswith("unprofiled_range_rounds (")
         assert Sidecar.from_dict(none).unprofiled_ranges == {}
     assert Sidecar.from_dict(dict(dup, unprofiled_range_rounds=3)).unprofiled_ranges["a"].mean_us == 3.0
+    # a capture whose warm-up timed no round, and says so with no range: nothing to skip
+    assert sidecar_field_problems({"unprofiled_range_rounds": 0, "unprofiled_ranges": []}) == []
     assert measured_ranges is not None
 
 
