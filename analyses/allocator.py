@@ -20,17 +20,19 @@ from gaptrace.trace import Trace
 from .findings import ms_text
 from .syncs import api_base_name
 
-__all__ = ["ALLOC_CALLS", "FREE_CALLS", "CHURN_STEP_SHARE", "allocator_churn"]
+__all__ = ["ALLOC_CALLS", "FREE_CALLS", "DRAIN_CALLS", "CHURN_STEP_SHARE", "MIN_STEPS", "allocator_churn"]
 
-ALLOC_CALLS = ("cudaMalloc", "cuMemAlloc")  # device memory from the driver (not cudaMallocAsync: stream-ordered)
-FREE_CALLS = ("cudaFree", "cuMemFree")  # device memory back to the driver (synchronizes the device)
+ALLOC_CALLS = ("cudaMalloc", "cuMemAlloc", "hipMalloc")  # device memory from the driver (not cudaMallocAsync)
+FREE_CALLS = ("cudaFree", "cuMemFree", "hipFree")  # device memory back to the driver
+DRAIN_CALLS = ("cudaFree", "cuMemFree")  # the frees that synchronize the device (replay.FREE_SYNC)
 CHURN_STEP_SHARE = 0.5  # driver allocations in at least this share of the steps after the first: churn
+MIN_STEPS = 3  # steps a trace needs (the first, which fills the cache, and two after it) to say "most steps"
 
 
 def allocator_churn(trace: Trace, steps: Any, key: tuple[int, int], idle_total_us: float,
                     attribution: Any = None) -> dict | None:
-    """The ``allocator_churn`` finding of a loop, or None: when at least :data:`CHURN_STEP_SHARE` of the steps
-    after the first (``steps.table``: start_us / end_us / tid of each step, :func:`.steps.find_steps`) hold a
+    """The ``allocator_churn`` finding of a loop, or None: when the loop has :data:`MIN_STEPS` steps or more and at
+    least :data:`CHURN_STEP_SHARE` of the steps after the first (``steps.table``: start_us / end_us / tid of each step, :func:`.steps.find_steps`) hold a
     device allocation or free call (:data:`ALLOC_CALLS`, :data:`FREE_CALLS`, CUPTI's suffixes aside) on the
     launching thread (``steps.table["tid"]``) of rank ``key[0]``.
 
@@ -40,7 +42,7 @@ def allocator_churn(trace: Trace, steps: Any, key: tuple[int, int], idle_total_u
     steps, allocs_per_step, frees_per_step, alloc_us_per_step, free_us_per_step (profiled host µs, means over the
     steps after the first), caller (the innermost Python frame around the first free, or None)}."""
     t = getattr(steps, "table", None)
-    if t is None or len(t) < 3:
+    if t is None or len(t) < MIN_STEPS:
         return None
     h = trace.host
     rt = np.flatnonzero(h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0]))
@@ -83,11 +85,15 @@ def allocator_churn(trace: Trace, steps: Any, key: tuple[int, int], idle_total_u
     calls = " and ".join(f"{v:.1f} {k} a step ({ms_text(u)})" for k, v, u in (
         ("allocations", per["allocs_per_step"], per["alloc_us_per_step"]),
         ("frees", per["frees_per_step"], per["free_us_per_step"])) if v > 0)
+    every = "every step" if with_calls == n else "most steps"
+    drains = [c for c in present if c in DRAIN_CALLS]
     summary = (f"the CUDA caching allocator went to the driver in {with_calls} of {n} steps after the first: {calls} "
                f"of profiled host time ({', '.join(present)}"
                + (f"; the frees called from {caller}" if caller else "")
-               + "): device memory is given back and taken again every step, and each free waits for the device "
-               "to drain")
+               + (f"): device memory is given back and taken again in {every}" if f.any() else
+                  f"): device memory is taken from the driver again in {every} (no free in the steps: shapes that "
+                  "change, or frees outside them)")
+               + (f", and each {' / '.join(drains)} waits for the device to drain" if drains else ""))
     return {"kind": "allocator_churn", "summary": summary, "idle_share": share, "idle_us": idle_us,
             "site": present[0], "causes": present, "caller": caller, **per}
 

@@ -34,8 +34,10 @@ import numpy as np
 
 from gaptrace.trace import Trace, TraceError
 
+from .allocator import FREE_CALLS
 from .findings import ms_text
 from .profiler_cost import Calibration, _starts_inside, load_calibration
+from .syncs import api_base_name
 from .whatif import Change, Context, device_items_launched, other_thread_intervals, site_intervals, whatif
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
@@ -182,6 +184,18 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
                 f["cause"], w = op, w2
                 f["fix"] = (f"stop blocking on {f.get('call')} ({op}) in {site}, the loop's own body: keep the "
                             "value on the device, or copy it to pinned memory non-blocking and read it a step late")
+        if (w == "encloses" and f.get("kind") == "blocking_sync"
+                and api_base_name(str(f.get("call") or "")) in FREE_CALLS):
+            # a device memory free in the loop's own body (a cudaFree under torch.cuda.empty_cache() called from
+            # step()): the cause removed is the frees themselves, their wait and host time (every free of the launching
+            # thread: the runtime-call site of whatif)
+            w2 = _replay_site(trace, ctx, str(f["call"]), memo, body)
+            if isinstance(w2, dict):
+                f["cause"], w = str(f["call"]), w2
+                f["fix"] = (f"stop calling {f['call']} in {site}, the loop's own body"
+                            + (" (the allocator churn finding's fix)" if any(
+                                g.get("kind") == "allocator_churn" and f["call"] in (g.get("causes") or ())
+                                for g in found) else ""))
         if w == "encloses":
             f["saving_note"] = (f"no saving: {site} holds the start of most rounds or of a range that fills them (it "
                                 "encloses the loop itself; not a cause)")

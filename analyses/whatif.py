@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -38,8 +38,13 @@ from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, b
                      round_starts)
 
 __all__ = ["Change", "WhatIf", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
-           "check_changes", "apply_changes", "device_items_launched", "fit_profiler_scale", "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup",
-           "SPEEDUP_BOUNDS"]
+           "check_changes", "apply_changes", "device_items_launched", "fit_profiler_scale", "scale_for_period",
+           "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup", "SPEEDUP_BOUNDS"]
+
+
+class SiteRefused(TraceError):
+    """A site that matched but cannot be changed (a CUDA runtime call that launches device work): no other thread's
+    match is looked for."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +62,17 @@ class Change:
 def check_changes(changes: Iterable[Change]) -> None:
     """ValueError (one line) when two changes name the same site: a site removed and also made faster, made faster
     twice, or removed twice (its effect would depend on the order the changes apply in)."""
+    from .syncs import api_base_name
+
     seen: dict[str, Change] = {}
     for c in changes:
-        if c.site in seen:
+        key = api_base_name(c.site)  # cudaMalloc and cudaMalloc_v3020 name the same calls
+        if key in seen:
             def said(x: Change) -> str:
                 return (f"--speedup {x.site}={x.factor:g}" if x.factor is not None else
                         f"--remove{'-with-device' if x.with_device else ''} {x.site}")
-            raise ValueError(f"{said(seen[c.site])} and {said(c)} name the same site: give each site one change")
-        seen[c.site] = c
+            raise ValueError(f"{said(seen[key])} and {said(c)} name the same site: give each site one change")
+        seen[key] = c
 
 
 SPEEDUP_BOUNDS = (1.0, 1e6)  # a speedup F: the site's host time becomes 1/F of itself (1: unchanged; 1e6: ~removed)
@@ -141,16 +149,20 @@ def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = Tr
         api = np.fromiter((api_base_name(str(u)) == site or u == site for u in uniq), dtype=bool, count=len(uniq))
         rt = ((h["rank"].to_numpy() == model.key[0]) & h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy()
               & api[inv])
+        if rt.any() and not launching:
+            raise TraceError(f"{trace.path}: {site!r} is a CUDA runtime call made on another thread than the launching "
+                             f"one ({model.tid}): the replay models only the launching thread's calls")
         if rt.any():  # analyze's frame table lists runtime calls as frames; the replay models them as calls
             launching_rows = model.call_row[np.unique(model.item_call[model.item_call >= 0])]
-            if not launching or np.isin(np.flatnonzero(rt), launching_rows).any():
-                raise TraceError(f"{trace.path}: {site!r} is a CUDA runtime call that launches device work, which "
+            if np.isin(np.flatnonzero(rt), launching_rows).any():
+                raise SiteRefused(f"{trace.path}: {site!r} is a CUDA runtime call that launches device work, which "
                                  "the replay keeps (its launch is the device work's); name the NVTX range or Python "
                                  "frame that makes the call")
             # a call that launches nothing (cudaMalloc, cudaFree, cudaEventQuery): its host time and any wait go
             m, how, names = rt & on, "runtime call", api
         if not m.any():
-            raise TraceError(f"{trace.path}: no NVTX range or host frame named {site!r} on {where}")
+            raise TraceError(f"{trace.path}: no NVTX range, host frame or CUDA runtime call named {site!r} on "
+                             f"{where}")
     hit = np.zeros(len(uniq), dtype=bool)
     hit[np.unique(inv[m])] = True
     return m, how, [str(x) for x in uniq[hit & names]]
@@ -164,6 +176,8 @@ def site_matches(trace: Trace, model: ReplayModel, site: str) -> dict[str, Any]:
     the launching thread}. TraceError (one line) when no thread of the rank has it."""
     try:
         m, how, names = _site_rows(trace, model, site)
+    except SiteRefused:
+        raise
     except TraceError:
         us, ue = other_thread_intervals(trace, model, site)
         return {"how": "other thread", "names": [site], "events": 0,
@@ -198,6 +212,8 @@ def site_effect_intervals(trace: Trace, model: ReplayModel, site: str, window: t
     the rank has it."""
     try:
         return (*site_intervals(trace, model, site, window), "launching")
+    except SiteRefused:
+        raise
     except TraceError:
         return (*other_thread_intervals(trace, model, site, window), "other thread")
 
@@ -352,7 +368,6 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     first α of :data:`SCALE_GRID` that does brackets it with the one before).
     Returns (α, the unprofiled inputs at α). α at a bound means the target is out of reach (a warning says so).
     docs/DESIGN.md "Fitted to the capture's own unprofiled rounds"."""
-    lo, hi = SCALE_BOUNDS
     kappa = ctx.unprof.get("kappa_us_per_node") or 0.0
 
     def at(a: float) -> tuple[float, dict]:
@@ -361,31 +376,42 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
         r = replay(ctx.model, u["work_us"], u["cost_us"], item_dur_us=u["item_dur_us"])
         return float(np.median(ctx.periods(r))), u
 
-    p_lo, u_lo = at(lo)
-    if p_lo <= target_us:
-        return lo, u_lo
-    p_hi, u_hi = at(hi)
-    if p_hi >= target_us:
-        # the round need not fall all the way with α: a measured range whose blocking calls wait more as the host
-        # gets faster stops being set (DESIGN.md 5.2) and the round jumps back up. Look for a bracket inside
-        grid = [a for a in SCALE_GRID if lo < a < hi]
+    memo: dict[float, float] = {}  # periods only: the inputs are K-long arrays, built again for the α returned
+
+    def period(a: float) -> float:
+        if a not in memo:
+            memo[a] = at(a)[0]
+        return memo[a]
+
+    a = scale_for_period(period, target_us)
+    return a, at(a)[1]
+
+
+def scale_for_period(period_at: Callable[[float], float], target_us: float) -> float:
+    """The α in :data:`SCALE_BOUNDS` whose ``period_at(α)`` (µs) equals ``target_us``: the lower bound when even it is
+    at or below the target, the upper bound when no α reaches it; else bisection (:data:`SCALE_STEPS`) on the first
+    bracket: [lower, upper] when the upper bound reaches the target, else [the α before, the first α of
+    :data:`SCALE_GRID` that reaches it] (the period need not fall all the way with α: a measured range whose blocking
+    calls wait more as the host gets faster stops being set, DESIGN.md 5.2, and the period jumps back up)."""
+    lo, hi = SCALE_BOUNDS
+    if period_at(lo) <= target_us:
+        return lo
+    if period_at(hi) >= target_us:
         prev = lo
-        for a in grid:
-            if at(a)[0] <= target_us:
+        for a in (g for g in SCALE_GRID if lo < g < hi):
+            if period_at(a) <= target_us:
                 lo, hi = prev, a
                 break
             prev = a
         else:
-            return SCALE_BOUNDS[1], u_hi
+            return SCALE_BOUNDS[1]
     for _ in range(SCALE_STEPS):
         mid = 0.5 * (lo + hi)
-        p, _u = at(mid)
-        if p > target_us:
+        if period_at(mid) > target_us:
             lo = mid
         else:
             hi = mid
-    a = 0.5 * (lo + hi)
-    return a, at(a)[1]
+    return 0.5 * (lo + hi)
 
 
 SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # where a bracket is looked for when α = 8 does not reach the target
@@ -465,7 +491,8 @@ class Context:
                     return
                 self.set_aside = True
                 reach = (f"even at {SCALE_BOUNDS[1]:g} times the calibration's costs" if scale == SCALE_BOUNDS[1]
-                         else "even with no profiler cost taken out (it is longer than the profiled round allows)")
+                         else "even with no profiler cost taken out (it is longer than the replay of the profiled "
+                              "host work, with the measured ranges set)")
                 self.fit_warning = (f"the sidecar's measured unprofiled round ({self.target_us / 1e3:.3f} ms) is "
                                     f"out of reach {reach} (replayed {self.unfitted_round_us / 1e3:.3f} ms with the "
                                     "calibration as it is): its rounds are not like the profiled ones (a step that "

@@ -85,7 +85,8 @@ def _scale_line(d: dict) -> str:
 @click.command(name="whatif")
 @click.argument("trace")
 @click.option("--remove", "removes", multiple=True, metavar="SITE_OR_RANGE",
-              help="Host frame or NVTX range whose host work (and waits) to take out of every round; repeatable.")
+              help="Host frame or NVTX range whose host work (and waits) to take out of every round, or a CUDA "
+                   "runtime call that launches no device work (cudaMalloc, cudaFree); repeatable.")
 @click.option("--remove-with-device", "removes_all", multiple=True, metavar="SITE_OR_RANGE",
               help="As --remove, and the device work launched from inside it goes too (the site's work is not "
                    "needed at all); repeatable.")

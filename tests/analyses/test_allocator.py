@@ -91,3 +91,70 @@ def test_a_runtime_call_that_launches_nothing_is_a_site():
     r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "whatif", EMPTY, "--rounds", "step", "--remove",
                         "cudaLaunchKernel"], capture_output=True, text=True)
     assert r.returncode == 2 and "launches device work" in r.stderr and r.stderr.count("\n") == 1
+
+
+def _edited(tmp_path, name, edit):
+    """The empty_cache capture with ``edit(events)`` applied to its raw events, and its sidecar beside it."""
+    import shutil
+    with gzip.open(EMPTY, "rt", encoding="utf-8") as f:
+        doc = json.load(f)
+    edit(doc["traceEvents"])
+    out = tmp_path / f"{name}.json.gz"
+    with gzip.open(out, "wt", encoding="utf-8") as f:
+        json.dump(doc, f)
+    shutil.copy(EMPTY.replace(".json.gz", ".gaptrace.json"), tmp_path / f"{name}.gaptrace.json")
+    return str(out)
+
+
+def test_churn_on_another_thread_and_without_frees(tmp_path):
+    """Allocation calls on a thread that launches nothing are not the loop's: no finding, and whatif says they are on
+    another thread (not that they launch device work). A loop that allocates every step with no free in the steps
+    says so, without claiming a device drain."""
+    from gaptrace.analyses.summary import run_analysis
+
+    def move(ev):
+        for e in ev:
+            if e.get("name") in ("cudaMalloc", "cudaFree"):
+                e["tid"] = 4242
+    moved = _edited(tmp_path, "moved", move)
+    s = run_analysis(load_trace(moved), sidecar=read_sidecar_checked(moved)[0])
+    assert not any(f["kind"] == "allocator_churn" for f in s["findings"])
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "whatif", moved, "--rounds", "step", "--remove",
+                        "cudaMalloc"], capture_output=True, text=True)
+    assert r.returncode == 2 and "another thread" in r.stderr and r.stderr.count("\n") == 1
+
+    def drop_frees(ev):
+        ev[:] = [e for e in ev if e.get("name") != "cudaFree"]
+    nofree = _edited(tmp_path, "nofree", drop_frees)
+    f = next(x for x in run_analysis(load_trace(nofree), sidecar=read_sidecar_checked(nofree)[0])["findings"]
+             if x["kind"] == "allocator_churn")
+    assert f["causes"] == ["cudaMalloc"] and f["frees_per_step"] == 0
+    assert "no free in the steps" in f["summary"] and "drain" not in f["summary"]
+
+
+def test_a_free_that_waits_in_the_loop_body_is_charged_to_the_frees(tmp_path):
+    """The kernel before each step's first cudaFree stretched to end inside the free: the free waited (a blocking
+    sync). Its site is the loop's own step() (it encloses the rounds), so the cause removed is the frees themselves,
+    and the fix points to the allocator churn finding."""
+    from gaptrace.analyses.summary import run_analysis
+
+    def stretch(ev):
+        frees = sorted((e for e in ev if e.get("name") == "cudaFree"), key=lambda e: e["ts"])
+        kernels = sorted((e for e in ev if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+        last = None
+        for fr in frees:
+            before = [k for k in kernels if k["ts"] + k["dur"] <= fr["ts"]]
+            if before and before[-1] is not last:
+                last = before[-1]
+                last["dur"] = fr["ts"] + 0.6 * fr["dur"] - last["ts"]
+    drain = _edited(tmp_path, "drain", stretch)
+    s = run_analysis(load_trace(drain), sidecar=read_sidecar_checked(drain)[0])
+    bs = [f for f in s["findings"] if f["kind"] == "blocking_sync" and f.get("call") == "cudaFree"]
+    assert bs and bs[0]["cause"] == "cudaFree" and bs[0]["saving_us"] is not None and bs[0]["saving_us"] > 0
+    assert "allocator churn" in bs[0]["fix"]
+
+
+def test_one_call_under_two_names_is_one_site():
+    from gaptrace.analyses.whatif import check_changes
+    with pytest.raises(ValueError, match="name the same site"):
+        check_changes([Change("cudaMalloc"), Change("cudaMalloc_v3020", factor=2.0)])
