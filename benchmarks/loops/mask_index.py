@@ -24,12 +24,12 @@ CAUSE = "nonzero / boolean-mask indexing on device tensors every step (a data-de
 FIX = "fixed-shape updates (torch.where, arithmetic on the mask): no read-back"
 SITE = "planted_mask_index"  # the range around the planted cause (and its fix)
 EXPECTED_RATIO = (1.2, 2.0)  # planted / fixed step period: the estimate above, before measurement
-CUDA_SIZE = {"batch": 256, "d": 2048, "layers": 8, "vocab": 32000}
-CPU_SIZE = {"batch": 4, "d": 32, "layers": 1, "vocab": 64}
+CUDA_SIZE = {"batch": 256, "d": 2048, "layers": 8, "vocab": 32000, "graph_forward": 0}
+CPU_SIZE = {"batch": 4, "d": 32, "layers": 1, "vocab": 64, "graph_forward": 0}
 
 
 class MaskIndex(Loop):
-    """See the module docstring; ``size`` keys: batch, d, layers, vocab."""
+    """See the module docstring; ``size`` keys: graph_forward (0 | 1), batch, d, layers, vocab."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
         self.variant = check_variant(variant)
@@ -37,6 +37,8 @@ class MaskIndex(Loop):
         sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
         v = sz["vocab"]
         self.model = TinyDecoder(device, sz["d"], sz["layers"], v)
+        # graph_forward 1: the forward in one CUDA graph (what fixing a finding on its host work would buy)
+        self.forward = self.model.forward_for(sz["batch"], bool(sz.get("graph_forward", 0)))
         g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator
         self.tokens = torch.randint(0, v, (sz["batch"],), generator=g).to(device)
         # the end-of-sequence id, drawn: whether any request finishes, the syncs happen every step
@@ -51,7 +53,7 @@ class MaskIndex(Loop):
 
     def step(self) -> None:
         with step_range():
-            tokens = self.model.logits(self.tokens).argmax(-1)
+            tokens = self.forward(self.tokens).argmax(-1)
             with site(SITE):
                 hit = tokens == self.eos
                 self.finished = self.finished | hit

@@ -297,23 +297,25 @@ def test_gil_held_work_of_the_waited_for_thread_by_hand():
 # planted variant with graph_forward 0 and 1, three fresh processes each, interleaved, on a second H100 machine),
 # against the prediction of removing the frame's host work on the shipped planted capture; bounds = today's errors
 FORWARD = "benchmarks/loops/_common.py(153): logits"
-FORWARD_GRAPH = {"helper_thread": 30, "per_request_readback": 105, "host_detokenize": 50}
+# (loop set, loop) -> |predicted − measured| bound, µs
+FORWARD_GRAPH = {("h100_loops", "helper_thread"): 30, ("h100_loops", "per_request_readback"): 105,
+                 ("h100_loops", "host_detokenize"): 50}
 
 
-@pytest.mark.parametrize("loop", sorted(FORWARD_GRAPH))
-def test_graphing_the_eager_forward_against_its_prediction(loop):
-    d = os.path.join(ROOT, "h100_loops", "forward_graph")
+@pytest.mark.parametrize("loops_set,loop", sorted(FORWARD_GRAPH))
+def test_graphing_the_eager_forward_against_its_prediction(loops_set, loop):
+    d = os.path.join(ROOT, loops_set, "forward_graph")
     per = {g: [_mk_ms(p) for p in sorted(glob.glob(os.path.join(d, f"{loop}.g{g}.m*.json")))] for g in (0, 1)}
-    assert len(per[0]) == len(per[1]) == 3
+    assert len(per[0]) == len(per[1]) >= 3
     for g in (0, 1):  # the files say what ran: the planted variant, the forward eager (0) or graphed (1)
         for p in sorted(glob.glob(os.path.join(d, f"{loop}.g{g}.m*.json"))):
             m = _json(p)
             assert m["variant"] == "planted" and m["size"]["graph_forward"] == g and m["device_name"].startswith("NVIDIA H100")
     meas_us = (float(np.median(per[0])) - float(np.median(per[1]))) * 1e3
     assert min(per[0]) > max(per[1])  # every eager process slower than every graphed one
-    w = _predict(os.path.join(ROOT, "h100_loops", f"{loop}.planted.trace.json.gz"), FORWARD, "step")
+    w = _predict(os.path.join(ROOT, loops_set, f"{loop}.planted.trace.json.gz"), FORWARD, "step")
     assert w["saving_us"] > meas_us > 0  # over-predicted on all three (DESIGN.md 5.6)
-    assert w["saving_us"] - meas_us <= FORWARD_GRAPH[loop], (w["saving_us"], meas_us)
+    assert w["saving_us"] - meas_us <= FORWARD_GRAPH[(loops_set, loop)], (w["saving_us"], meas_us)
 
 
 # the first finding of the H100 hf_generate capture (the attention's host work: cuDNN attention building a graph per
