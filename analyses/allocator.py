@@ -18,13 +18,14 @@ import numpy as np
 from gaptrace.trace import Trace
 
 from .findings import ms_text
-from .syncs import api_base_name
+from .profiler_cost import name_codes
+from .syncs import FREE_SYNC_NAMES, api_base_name
 
 __all__ = ["ALLOC_CALLS", "FREE_CALLS", "DRAIN_CALLS", "CHURN_STEP_SHARE", "MIN_STEPS", "allocator_churn"]
 
 ALLOC_CALLS = ("cudaMalloc", "cuMemAlloc", "hipMalloc")  # device memory from the driver (not cudaMallocAsync)
 FREE_CALLS = ("cudaFree", "cuMemFree", "hipFree")  # device memory back to the driver
-DRAIN_CALLS = ("cudaFree", "cuMemFree")  # the frees that synchronize the device (replay.FREE_SYNC)
+DRAIN_CALLS = FREE_SYNC_NAMES  # the frees that synchronize the device (the replay's blocking frees)
 CHURN_STEP_SHARE = 0.5  # driver allocations in at least this share of the steps after the first: churn
 MIN_STEPS = 3  # steps a trace needs (the first, which fills the cache, and two after it) to say "most steps"
 
@@ -45,19 +46,15 @@ def allocator_churn(trace: Trace, steps: Any, key: tuple[int, int], idle_total_u
     if t is None or len(t) < MIN_STEPS:
         return None
     h = trace.host
-    rt = np.flatnonzero(h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0]))
+    uniq, inv = name_codes(trace)  # each distinct name tested once: millions of runtime calls, a few dozen names
+    base_u = np.array([api_base_name(str(u)) for u in uniq], dtype=object)
+    wanted = np.isin(base_u, ALLOC_CALLS + FREE_CALLS)
+    rt = np.flatnonzero(h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy() & (h["rank"].to_numpy() == key[0])
+                        & wanted[inv])
     if not len(rt):
         return None
-    names = trace.host_str("name")[rt]
-    base = np.array([api_base_name(str(n)) for n in names], dtype=object) if len(rt) < 64 else None
-    if base is None:  # once per distinct name: a trace has millions of runtime calls and a few dozen names
-        uniq, inv = np.unique(names.astype(str), return_inverse=True)
-        base = np.array([api_base_name(u) for u in uniq], dtype=object)[inv]
-    is_alloc, is_free = np.isin(base, ALLOC_CALLS), np.isin(base, FREE_CALLS)
-    keep = is_alloc | is_free
-    if not keep.any():
-        return None
-    rt, base, is_alloc = rt[keep], base[keep], is_alloc[keep]
+    base = base_u[inv[rt]]
+    is_alloc = np.isin(base, ALLOC_CALLS)
     ts, te = h["ts_us"].to_numpy()[rt], h["end_us"].to_numpy()[rt]
     tid = trace.host_str("tid")[rt].astype(str)
     t = t.sort_values("start_us")

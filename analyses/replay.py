@@ -44,6 +44,7 @@ import pandas as pd
 from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError
 
 from .occupancy import resolve_device
+from .syncs import FREE_SYNC_NAMES
 
 __all__ = ["ReplayModel", "ReplayResult", "build_model", "replay", "host_time_map", "round_starts",
            "round_periods", "unchanged_error"]
@@ -54,10 +55,9 @@ MEMCPY_SYNC_NAMES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cuMemcpyDtoH
 EVENT_RECORD = re.compile(r"^(cudaEventRecord|cuEventRecord)")
 EVENT_SYNC = re.compile(r"^(cudaEventSynchronize|cuEventSynchronize)")
 STREAM_SYNC = re.compile(r"^(cudaStreamSynchronize|cuStreamSynchronize)")
-# a device memory free waits for the device to drain (CUDA C++ Programming Guide, "Implicit Synchronization" and
-# "Stream Ordered Memory Allocator": cudaFree is not stream-ordered and synchronizes the device); the stream-ordered
-# cudaFreeAsync does not
-FREE_SYNC = re.compile(r"^(cudaFree|cuMemFree)(_v\d+)?$")
+# a device memory free waits for the device to drain (syncs.FREE_SYNC_NAMES; CUDA C++ Programming Guide, "Implicit
+# Synchronization"); the stream-ordered cudaFreeAsync does not
+FREE_SYNC = re.compile(r"^(" + "|".join(FREE_SYNC_NAMES) + r")(_v\d+)?$")
 RELEASE_EPS_US = 2.0
 LAUNCH_BOUND_GAP_US = 5.0  # a graph's first node that started this long after its stream's previous item was held by its launch  # an event's completion may trail the sync's return by clock skew of this much
 

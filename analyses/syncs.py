@@ -84,13 +84,15 @@ __all__ = [
     "blocking_syncs",
 ]
 
+# a device memory free synchronizes the device (CUDA C++ Programming Guide, "Implicit Synchronization"; the
+# stream-ordered cudaFreeAsync does not): the caching allocator's frees (torch.cuda.empty_cache()); the replay's
+# blocking frees and the allocator-churn finding's drains are these names too
+FREE_SYNC_NAMES = ("cudaFree", "cuMemFree")
 SYNC_API_NAMES = frozenset({
     "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaThreadSynchronize",
     "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
     "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize", "hipCtxSynchronize",
-    # a device memory free synchronizes the device (CUDA C++ Programming Guide, "Implicit Synchronization"; the
-    # stream-ordered cudaFreeAsync does not): the caching allocator's frees (torch.cuda.empty_cache())
-    "cudaFree", "cuMemFree",
+    *FREE_SYNC_NAMES,
 })
 PAGEABLE_HOST_MEMORY = ("Pageable", "Host")
 _MEMCPY_PREFIXES = ("cudaMemcpy", "cuMemcpy", "hipMemcpy")
