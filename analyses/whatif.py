@@ -146,7 +146,9 @@ def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = Tr
         where = "the launching thread" if launching else "any thread of the launching rank"
         from .syncs import api_base_name
 
-        api = np.fromiter((api_base_name(str(u)) == site or u == site for u in uniq), dtype=bool, count=len(uniq))
+        # each distinct name's base API name, once per trace (a site that matches no range or frame lands here)
+        base = trace.memo(("api_base_names",), h, lambda: np.array([api_base_name(str(u)) for u in uniq], dtype=object))
+        api = (base == site) | exact
         rt = ((h["rank"].to_numpy() == model.key[0]) & h["cat"].isin(("cuda_runtime", "cuda_driver")).to_numpy()
               & api[inv])
         if rt.any() and not launching:
