@@ -297,6 +297,11 @@ def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) 
     return memo[site]
 
 
+# _defer_to_nested: a range around a nested cause whose saving is at most this ratio of that cause's (+ slack) marks it
+MARKER_SAVING_RATIO = 1.25
+MARKER_SAVING_SLACK_US = 10.0
+
+
 def _overlap_us(gs: np.ndarray, ge: np.ndarray, us: np.ndarray, ue: np.ndarray) -> float:
     """µs of the intervals [gs, ge) inside the merged, sorted intervals [us, ue) (both (n,) µs, one clock)."""
     inside = 0.0
@@ -348,7 +353,11 @@ def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo:
             # two causes that hold each other (a range around one blocking call and that call) are one window named
             # twice: neither is the loop body around the other
             mutual = _overlap_us(us, ue, gs, ge) >= 0.9 * float((ue - us).sum())
-            if inside >= 0.9 * total and not mutual:
+            # an NVTX range that buys no more than the cause it holds is a marker around that cause (a user's range
+            # around one read-back), not the loop body: removing a body would buy far more than its nested cause
+            marker = (f.get("kind") == "host_range"
+                      and f["saving_us"] <= MARKER_SAVING_RATIO * g["saving_us"] + MARKER_SAVING_SLACK_US)
+            if inside >= 0.9 * total and not mutual and not marker:
                 for k in ("saving_us", "one_off_saving_us", "saving_share", "saving_with_device_us",
                           "device_items_per_round", "saving_with_device_share"):
                     f[k] = None

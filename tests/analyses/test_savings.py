@@ -256,6 +256,28 @@ def test_two_enclosing_frames_deferred_to_one_aten_op():
     assert all(f["saving_us"] is None for f in deferred)
 
 
+READBACK_H100 = os.path.join(ROOT, "fixtures/traces/h100_loops/graph_readback.planted.trace.json.gz")
+
+
+def test_a_range_around_one_read_back_keeps_its_saving():
+    """graph_readback (H100): the planted range ``planted_readback`` holds the blocking ``.item()`` (84% of its host
+    time, under the 90% that makes two causes one window) and covers most of the steps' window. It is a marker
+    around the read-back, not the loop body: removing it buys what removing ``aten::item`` buys (whatif says the
+    same), so it keeps that saving; the ``step`` frame, which holds the step starts, still has none."""
+    tr = load_trace(READBACK_H100)
+    side, why = read_sidecar_checked(READBACK_H100)
+    assert why is None
+    res = summarize(tr, sidecar=side).to_json()
+    by_cause = {f.get("cause"): f for f in res["findings"]}
+    item, rng = by_cause["aten::item"], by_cause["planted_readback"]
+    w = whatif(tr, [Change("planted_readback")], context=Context(tr, side)).data
+    assert rng["saving_us"] == pytest.approx(w["saving_us"], rel=1e-9)
+    assert 50 < rng["saving_us"] <= 1.25 * item["saving_us"] + 10  # 59 µs each today
+    assert rng.get("saving_note") is None
+    body = [f for f in res["findings"] if str(f.get("cause", "")).endswith("graph_readback.py(59): step")]
+    assert body and body[0]["saving_us"] is None
+
+
 @pytest.mark.slow
 def test_a_frame_on_a_thread_the_loop_never_waits_on_saves_nothing():
     """helper_thread's fixed twin: ``_make_inputs`` runs on the producer thread while the main thread never waits
