@@ -32,7 +32,10 @@ def annotate_trace(trace_path: str, out_path: str, window: str | None = None, de
 
     if os.path.isdir(trace_path):
         raise TraceError(f"{trace_path}: annotate takes one trace file, not a directory of ranks")
-    real_out = resolve_output(out_path, (trace_path,))
+    from gaptrace.sidecar import sidecar_path
+
+    # the trace's capture sidecar is an input of every later analysis of it: never overwritten
+    real_out = resolve_output(out_path, (trace_path, sidecar_path(os.fspath(trace_path))))
     trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes)
     tracks = findings_tracks(trace, device, window, round_name=round_name)
     pid = free_pid(trace)

@@ -9,7 +9,8 @@ The sidecar is optional and untrusted input. :func:`load_sidecar_checked` refuse
 regular file, over ``SIDECAR_MAX_BYTES``, not JSON, not an object, a bad ``analysis_window``);
 :func:`sidecar_field_problems` names the fields the analyses will skip (each skip drops a figure: τ, TPOT, the
 profiler check, the launch fit's unprofiled points); :func:`check_sidecar` refuses a sidecar of another capture
-(its ``analysis_window`` names no annotation in the trace). :class:`Sidecar` is the checked object with only the
+(its ``analysis_window`` names no annotation in the trace, or its profiled steps are not the trace's
+``ProfilerStep#N`` ranges) and notes one written for another file name. :class:`Sidecar` is the checked object with only the
 usable values, in the units the analyses take; the analyses read its fields, never the dict.
 
 Torch-free and analysis-free: the trace model's :class:`gaptrace.trace.Trace` is the only gaptrace type it reads.
@@ -23,9 +24,11 @@ import os
 import stat
 from typing import Any, Mapping
 
+import numpy as np
+
 __all__ = ["Sidecar", "SidecarGraph", "SidecarRange", "SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "read_sidecar_checked",
            "load_sidecar_checked", "sidecar_problem", "sidecar_field_problems", "positive_number", "usable_tau",
-           "as_sidecar", "check_sidecar", "sidecar_window_problem",
+           "as_sidecar", "check_sidecar", "sidecar_window_problem", "sidecar_steps_problem", "sidecar_trace_note",
            "usable_period_ms"]
 
 SIDECAR_SUFFIX = ".gaptrace.json"
@@ -71,6 +74,8 @@ def sidecar_problem(obj: Any) -> str | None:
     if not isinstance(obj, dict):
         kind = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
         return f"not a JSON object ({kind.get(type(obj), 'null')})"
+    if "traceEvents" in obj and "gaptrace_sidecar" not in obj:
+        return "a profiler trace (it holds traceEvents), not a capture sidecar"
     w = obj.get("analysis_window")
     if w is not None and (not isinstance(w, str) or not w):
         return f"its analysis_window is {json.dumps(w)[:60]}, not an annotation name"
@@ -333,20 +338,83 @@ def sidecar_window_problem(sidecar: "Sidecar | Mapping[str, Any]", trace, path: 
             "trace (a sidecar of another capture?)")
 
 
+# a sidecar's profiled steps and the trace's ProfilerStep#N ranges are the same steps timed twice (the capture's
+# perf_counter between prof.step() calls, the profiler's own range): their medians agree within 2% on the shipped
+# captures (12% on a 0.2 ms step, whose Python around step() the range leaves out); outside this ratio and this
+# many µs apart the sidecar is another capture's
+STEP_MATCH_RATIO = (0.8, 1.25)
+STEP_MATCH_MIN_US = 30.0
+
+
+def sidecar_steps_problem(sidecar: "Sidecar | Mapping[str, Any]", trace, path: str) -> str | None:
+    """One line when the sidecar's ``profiled_step_ms`` (the wall time of each profiled step, as the capture timed
+    it) disagrees with the trace's ``ProfilerStep#N`` ranges (the same steps as torch.profiler recorded them): the
+    medians' ratio outside :data:`STEP_MATCH_RATIO` and more than :data:`STEP_MATCH_MIN_US` apart: the sidecar was
+    written by another capture (its unprofiled rounds are another loop's). None when either is missing or they
+    agree."""
+    raw = sidecar.raw if isinstance(sidecar, Sidecar) else sidecar
+    ps = raw.get("profiled_step_ms")
+    side_ms = [float(v) for v in ps if usable_period_ms(v)] if isinstance(ps, list) else []
+    if not side_ms:
+        return None
+    names = trace.host["name"]
+    cats = names.cat.categories
+    hit = np.asarray(cats.astype(str).str.fullmatch(r"ProfilerStep#\d+"), dtype=bool)
+    if not hit.any():
+        return None
+    codes = names.cat.codes.to_numpy()
+    rows = (codes >= 0) & hit[np.maximum(codes, 0)]
+    dur = trace.host["dur_us"].to_numpy()[rows]
+    if not len(dur):
+        return None
+    a, b = float(np.median(side_ms)) * 1e3, float(np.median(dur))
+    lo, hi = STEP_MATCH_RATIO
+    if b <= 0 or lo <= a / b <= hi or abs(a - b) <= STEP_MATCH_MIN_US:
+        return None
+    return (f"{path}: the capture sidecar's profiled steps ({a / 1e3:.3f} ms median) are not the trace's "
+            f"ProfilerStep#N ranges ({b / 1e3:.3f} ms median): a sidecar of another capture?")
+
+
+def sidecar_trace_note(sidecar: "Sidecar | Mapping[str, Any]", path: str) -> str | None:
+    """One line when the sidecar names (``trace``) another file than the trace it sits beside (``path``: the
+    sidecar's own path, TRACE.gaptrace.json): renamed with its trace, or copied from another capture; a note only
+    (the step check, :func:`sidecar_steps_problem`, refuses what disagrees). None when it matches or names none."""
+    raw = sidecar.raw if isinstance(sidecar, Sidecar) else sidecar
+    named = raw.get("trace")
+    if not isinstance(named, str) or not named:
+        return None
+    mine = os.path.basename(path)
+    mine = mine[: -len(SIDECAR_SUFFIX)] if mine.endswith(SIDECAR_SUFFIX) else mine
+    theirs = os.path.basename(sidecar_path(named))
+    theirs = theirs[: -len(SIDECAR_SUFFIX)] if theirs.endswith(SIDECAR_SUFFIX) else theirs
+    if theirs == mine:
+        return None
+    return f"the capture sidecar was written for {json.dumps(os.path.basename(named))[:120]} (renamed, or another capture's?)"
+
+
 def check_sidecar(side: "Sidecar | Mapping[str, Any]", trace, window: str | None, path: str
                   ) -> tuple[Sidecar | None, str | None, str | None]:
     """A read sidecar (a dict that passed :func:`sidecar_problem`, or a :class:`Sidecar`) checked against the
     loaded ``trace`` (analyze, diff and report): (sidecar, None, fields) to use it, where ``fields`` is None or one
-    line naming the fields the analyses skip (:func:`sidecar_field_problems`; at most 4 named, then a count);
-    (None, why, None) when its analysis_window names no annotation in the trace (:func:`sidecar_window_problem`):
-    it describes another capture, so its τ and round times are not this trace's, whatever ``window`` the user
-    analyses; (None, None, None) when ``window`` is that same missing name (the window's own error says it all)."""
+    line naming the fields the analyses skip (:func:`sidecar_field_problems`; at most 4 named, then a count) and
+    whether it names another trace file (:func:`sidecar_trace_note`); (None, why, None) when its analysis_window
+    names no annotation in the trace (:func:`sidecar_window_problem`) or its profiled steps disagree with the
+    trace's (:func:`sidecar_steps_problem`): it describes another capture, so its τ and round times are not this
+    trace's, whatever ``window`` the user analyses; (None, None, None) when ``window`` is that same missing name
+    (the window's own error says it all)."""
     side = as_sidecar(side)
     why = sidecar_window_problem(side, trace, path)
     if why is not None:
         if window is not None and window == side.analysis_window:
             return None, None, None  # the user's window is the same missing name: its error line says it all
         return None, why, None
+    why = sidecar_steps_problem(side, trace, path)
+    if why is not None:
+        return None, why, None
     bad = sidecar_field_problems(side.raw)
     more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-    return side, None, (f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}" if bad else None)
+    notes = [f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}"] if bad else []
+    named = sidecar_trace_note(side, path)
+    if named is not None:
+        notes.append(named)
+    return side, None, ("; ".join(notes) if notes else None)

@@ -106,7 +106,9 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
         from gaptrace.outputs import resolve_output
 
         try:
-            resolve_output(annotated, (trace,))
+            from gaptrace.sidecar import sidecar_path
+
+            resolve_output(annotated, (trace, sidecar_path(os.fspath(trace))))
         except ValueError as e:
             fail(str(e))
     try:

@@ -132,7 +132,7 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     import shutil
 
     src = "fixtures/traces/h200_pairs/bench_sync_bs8_B12"
-    dst = tmp_path / "t.json.gz"
+    dst = tmp_path / "bench_sync_bs8_B12.json.gz"
     shutil.copy(src + ".json.gz", dst)
     side = json.loads(open(src + ".gaptrace.json").read())
     side["unprofiled_round_ms"] = "abc"
@@ -143,7 +143,7 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
     del side["rounds"][3]["tau"]  # a round without τ drops out of the τ mean: named too
     side["rounds"][4]["tau"] = 10 ** 400
     side["profiled_step_ms"] = [10 ** 400]  # only shown by the report's Capture section: shown as it is
-    (tmp_path / "t.gaptrace.json").write_text(json.dumps(side))
+    (tmp_path / "bench_sync_bs8_B12.gaptrace.json").write_text(json.dumps(side))
     for args in (("analyze", str(dst)), ("diff", src + ".json.gz", str(dst)),
                  ("report", str(dst), "-o", str(tmp_path / "r.html"))):
         r = _cli(*args)
@@ -155,7 +155,7 @@ def test_sidecar_fields_the_analyses_skip_are_named_in_one_warning(tmp_path):
         assert warn[0].endswith("and 3 more")  # rounds[4].tau, graphs[0], graphs[1]: four named, then a count
     from gaptrace.capture import sidecar_field_problems
 
-    bad = sidecar_field_problems(json.loads((tmp_path / "t.gaptrace.json").read_text()))
+    bad = sidecar_field_problems(json.loads((tmp_path / "bench_sync_bs8_B12.gaptrace.json").read_text()))
     assert [b.split(" ")[0] for b in bad] == ["unprofiled_round_ms", "rounds[1].tau", "rounds[2].tau", "rounds[3].tau",
                                              "rounds[4].tau", "graphs[0]", "graphs[1]"]
     # the τ of the good rounds is still read: the window is the sidecar's, τ is there

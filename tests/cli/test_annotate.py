@@ -218,6 +218,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json.gz"]  # no output, no temporary file
 
 
+def test_the_traces_sidecar_is_never_an_annotated_output(tmp_path):
+    """`annotate -o TRACE.gaptrace.json` and `report --annotated TRACE.gaptrace.json` would replace the capture
+    sidecar every later analysis of the trace reads: refused like the trace itself, the sidecar untouched."""
+    src = tmp_path / "sync.json.gz"
+    shutil.copy(trace_path(SYNC), src)
+    side = tmp_path / "sync.gaptrace.json"
+    shutil.copy(trace_path(SYNC).replace(".json.gz", ".gaptrace.json"), side)
+    before = side.read_bytes()
+    for args in (["annotate", str(src), "-o", str(side)],
+                 ["report", str(src), "-o", str(tmp_path / "r.html"), "--annotated", str(side)]):
+        r = subprocess.run(GAPTRACE + args, capture_output=True, text=True)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "overwrite the input" in lines[0], r.stderr
+    assert side.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sync.gaptrace.json", "sync.json.gz"]
+
+
 def test_report_writes_the_annotated_trace_over_its_window(tmp_path):
     """`report --annotated OUT`: the same tracks as `annotate --window` over the window the report analysed (the
     sidecar's analysis window here), and never over the report itself."""

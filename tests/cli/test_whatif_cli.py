@@ -67,6 +67,32 @@ def test_sidecar_checked_as_analyze_checks_it(tmp_path):
     assert r.returncode == 0 and any("unprofiled_round_ms (not a period" in w for w in d["warnings"])
 
 
+def test_a_sidecar_of_another_capture_of_the_same_loop_is_ignored(tmp_path):
+    """graph_readback's fixed twin's sidecar beside its planted trace (same ranges, so the analysis_window check
+    passes): its profiled steps (0.157 ms median) are not the trace's ProfilerStep#N ranges (0.210 ms), so it is
+    ignored, not fitted to (it used to give a confident 0.10 ms round, the fixed twin's). The planted trace's own
+    sidecar under a new name is used, with a note naming the file it was written for. A trace JSON in the sidecar's
+    place is refused as one."""
+    import shutil
+    loops = os.path.join(ROOT, "h100_loops")
+    t = tmp_path / "swap.trace.json.gz"
+    shutil.copy(os.path.join(loops, "graph_readback.planted.trace.json.gz"), t)
+    shutil.copy(os.path.join(loops, "graph_readback.fixed.trace.gaptrace.json"), tmp_path / "swap.trace.gaptrace.json")
+    r = _run(str(t), "--remove", "aten::item", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert "0.157 ms median" in r.stderr and "0.210 ms median" in r.stderr and "another capture" in r.stderr
+    assert d["unprofiled_round_us"] is None and not d["fitted_to_unprofiled"]
+    shutil.copy(os.path.join(loops, "graph_readback.planted.trace.gaptrace.json"), tmp_path / "swap.trace.gaptrace.json")
+    r = _run(str(t), "--remove", "aten::item", "--json")
+    d = json.loads(r.stdout)
+    assert d["unprofiled_round_us"] is not None and "capture sidecar ignored" not in r.stderr
+    assert any('written for "graph_readback.planted.trace.json.gz"' in w for w in d["warnings"])
+    (tmp_path / "swap.trace.gaptrace.json").write_text(json.dumps({"traceEvents": []}))
+    r = _run(str(t), "--json")
+    assert r.returncode == 0 and "a profiler trace (it holds traceEvents), not a capture sidecar" in r.stderr
+
+
 def test_a_fit_that_misses_the_measured_round_is_not_called_fitted(tmp_path):
     """An absurd calibration (1 s per ATen op): bisection over α ends beside a jump of the replayed round, inside the
     bounds but 7.7% off the measured round; that is no fit ("unmatched", NOT fitted, a warning), not "fitted"."""
