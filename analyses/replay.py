@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gaptrace.trace import GRAPH_LAUNCH_NAMES, Trace, TraceError
+from gaptrace.trace import EARLY_DEVICE_US, GRAPH_LAUNCH_NAMES, Trace, TraceError
 
 from .occupancy import resolve_device
 from .syncs import FREE_SYNC_NAMES
@@ -182,6 +182,36 @@ def _names_in(names: np.ndarray, values) -> np.ndarray:
     return np.isin(np.asarray(uniq, dtype=object), values)[inv]
 
 
+# the replay derives each device start from its launch call: it refuses a device whose ops mostly have no launch call
+# on the launching thread (correlation ids missing or repeated: legitimate traces leave up to 48% untied, a backward
+# on autograd's thread) or mostly start before their launch call (host and device clocks that disagree)
+MIN_LINKED_SHARE = 0.2
+MAX_EARLY_SHARE = 0.5
+MIN_OPS_TO_CHECK = 10
+
+
+def _check_links(trace: Trace, linked: np.ndarray, op_ts_us: np.ndarray, call_start_us: np.ndarray,
+                 op_call: np.ndarray) -> None:
+    """TraceError (one line) when the device's ops cannot be replayed from their launches: fewer than
+    MIN_LINKED_SHARE of them tied to a runtime call of the launching thread by a correlation id that one call
+    carries, or more than MAX_EARLY_SHARE of the tied ones starting over EARLY_DEVICE_US before their call began
+    (DESIGN.md 5.1: every device start is derived from its launch). ``linked`` (n,) bool, ``op_ts_us`` (n,) and
+    ``call_start_us`` (K,) on one clock, ``op_call`` (n,) the call index (−1 untied)."""
+    n = len(linked)
+    if n < MIN_OPS_TO_CHECK:
+        return
+    k = int(linked.sum())
+    if k < MIN_LINKED_SHARE * n:
+        raise TraceError(f"{trace.path}: only {k} of {n} device ops are tied to a launch call of the launching thread "
+                         "by their correlation id (ids missing or repeated): the replay cannot derive the device "
+                         "timeline, so no unprofiled round or saving is predicted")
+    early = int((op_ts_us[linked] < call_start_us[op_call[linked]] - EARLY_DEVICE_US).sum())
+    if early > MAX_EARLY_SHARE * k:
+        raise TraceError(f"{trace.path}: {early} of {k} device ops start before their launch call began (host and "
+                         "device clocks disagree): the replay cannot derive the device timeline, so no unprofiled "
+                         "round or saving is predicted")
+
+
 def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: str | None = None) -> ReplayModel:
     """The :class:`ReplayModel` of ``trace`` for ``device`` (the busiest one by default; see
     :func:`gaptrace.analyses.occupancy.resolve_device`). The launching thread is the one whose runtime calls carry
@@ -227,6 +257,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     # that occupies their stream from its measured start (call index -1, launched before every call)
     op_rows = op_rows_all
     op_call = np.where(linked, pos, -1).astype(np.int64)
+    _check_links(trace, linked, d["ts_us"].to_numpy()[op_rows_all] - t0, s, op_call)
     if (~linked).any():
         warnings.append(f"{int((~linked).sum())} of {len(dcorr)} device ops are not tied to a runtime call of the "
                         "launching thread (launched before the trace began or by another thread): they keep their "

@@ -583,6 +583,11 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     # is the estimator's noise, not a cost of the fix
     saving = max(med_b - med_a, 0.0)
     one_off = one_off_saving_us(p_before - p_after, saving)
+    notes = _round_start_notes(trace, ctx, changes)
+    if med_a - med_b > LONGER_AFTER_NOTE_US:
+        notes.append(f"the median round after the change is {med_a - med_b:.0f} µs longer than before ({med_b:.0f} -> "
+                     f"{med_a:.0f} µs): a removal or speedup cannot lengthen a round, so the rounds' own starts "
+                     "moved (see above, or the periods); saving_us is given as 0")
     rs_b = host_time_map(ctx.model, ctx.base, ctx.starts)
     rs_a = host_time_map(ctx.model, after, ctx.starts)
     tau = _tau(ctx.sidecar, len(ctx.starts) - 1, ctx.joins)
@@ -630,9 +635,38 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "measured_ranges": ctx.unprof.get("measured_ranges", {}),
         "latency_us": ctx.model.latency_us,
         "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))
-                     + ([ctx.fit_warning] if ctx.fit_warning else [])),
+                     + ([ctx.fit_warning] if ctx.fit_warning else []) + notes),
     }
     return WhatIf(data)
+
+
+# whatif: a median round that lengthens by more than this under a change is named (a few µs is the median's noise)
+LONGER_AFTER_NOTE_US = 1.0
+# a site holding more than this share of the round starts is the loop body (analyses/savings.py ENCLOSING_SHARE)
+BODY_START_SHARE = 0.5
+
+
+def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> list[str]:
+    """One warning per changed site whose host intervals hold round starts (``ctx.starts``): removing or speeding it
+    moves those starts, so the periods around them are not rounds any more; holding more than half of them, it is
+    the loop body around the round (DESIGN.md 5.10: analyze gives such a site no saving). A site on another
+    thread holds none of the launching thread's starts."""
+    out = []
+    t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
+    for c in changes:
+        try:
+            us, ue = site_intervals(trace, ctx.model, c.site)
+        except TraceError:
+            continue
+        k = int(_starts_inside(us, ue, t).sum())
+        if not k:
+            continue
+        body = k > BODY_START_SHARE * len(t)
+        out.append(f"{c.site!r} holds the start of {k} of {len(t)} rounds: "
+                   + ("it is the loop body around the round, not a cause (analyze gives it no saving); the "
+                      "prediction removes the round's own host work" if body else
+                      "changing it moves those round starts, so the periods beside them are not whole rounds"))
+    return out
 
 
 def cause_savings(trace: Trace, causes: Iterable[dict[str, Any]], sidecar: dict | None = None,

@@ -10,7 +10,7 @@ regular file, over ``SIDECAR_MAX_BYTES``, not JSON, not an object, a bad ``analy
 :func:`sidecar_field_problems` names the fields the analyses will skip (each skip drops a figure: τ, TPOT, the
 profiler check, the launch fit's unprofiled points); :func:`check_sidecar` refuses a sidecar of another capture
 (its ``analysis_window`` names no annotation in the trace, or its profiled steps are not the trace's
-``ProfilerStep#N`` ranges) and notes one written for another file name. :class:`Sidecar` is the checked object with only the
+``ProfilerStep#N`` ranges). :class:`Sidecar` is the checked object with only the
 usable values, in the units the analyses take; the analyses read its fields, never the dict.
 
 Torch-free and analysis-free: the trace model's :class:`gaptrace.trace.Trace` is the only gaptrace type it reads.
@@ -28,7 +28,7 @@ import numpy as np
 
 __all__ = ["Sidecar", "SidecarGraph", "SidecarRange", "SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "read_sidecar_checked",
            "load_sidecar_checked", "sidecar_problem", "sidecar_field_problems", "positive_number", "usable_tau",
-           "as_sidecar", "check_sidecar", "sidecar_window_problem", "sidecar_steps_problem", "sidecar_trace_note",
+           "as_sidecar", "check_sidecar", "sidecar_window_problem", "sidecar_steps_problem",
            "usable_period_ms"]
 
 SIDECAR_SUFFIX = ".gaptrace.json"
@@ -350,8 +350,8 @@ def sidecar_steps_problem(sidecar: "Sidecar | Mapping[str, Any]", trace, path: s
     """One line when the sidecar's ``profiled_step_ms`` (the wall time of each profiled step, as the capture timed
     it) disagrees with the trace's ``ProfilerStep#N`` ranges (the same steps as torch.profiler recorded them): the
     medians' ratio outside :data:`STEP_MATCH_RATIO` and more than :data:`STEP_MATCH_MIN_US` apart: the sidecar was
-    written by another capture (its unprofiled rounds are another loop's). None when either is missing or they
-    agree."""
+    written by another capture (its unprofiled rounds are another loop's; a sidecar renamed with its trace passes).
+    None when either is missing or they agree."""
     raw = sidecar.raw if isinstance(sidecar, Sidecar) else sidecar
     ps = raw.get("profiled_step_ms")
     side_ms = [float(v) for v in ps if usable_period_ms(v)] if isinstance(ps, list) else []
@@ -375,29 +375,12 @@ def sidecar_steps_problem(sidecar: "Sidecar | Mapping[str, Any]", trace, path: s
             f"ProfilerStep#N ranges ({b / 1e3:.3f} ms median): a sidecar of another capture?")
 
 
-def sidecar_trace_note(sidecar: "Sidecar | Mapping[str, Any]", path: str) -> str | None:
-    """One line when the sidecar names (``trace``) another file than the trace it sits beside (``path``: the
-    sidecar's own path, TRACE.gaptrace.json): renamed with its trace, or copied from another capture; a note only
-    (the step check, :func:`sidecar_steps_problem`, refuses what disagrees). None when it matches or names none."""
-    raw = sidecar.raw if isinstance(sidecar, Sidecar) else sidecar
-    named = raw.get("trace")
-    if not isinstance(named, str) or not named:
-        return None
-    mine = os.path.basename(path)
-    mine = mine[: -len(SIDECAR_SUFFIX)] if mine.endswith(SIDECAR_SUFFIX) else mine
-    theirs = os.path.basename(sidecar_path(named))
-    theirs = theirs[: -len(SIDECAR_SUFFIX)] if theirs.endswith(SIDECAR_SUFFIX) else theirs
-    if theirs == mine:
-        return None
-    return f"the capture sidecar was written for {json.dumps(os.path.basename(named))[:120]} (renamed, or another capture's?)"
-
-
 def check_sidecar(side: "Sidecar | Mapping[str, Any]", trace, window: str | None, path: str
                   ) -> tuple[Sidecar | None, str | None, str | None]:
     """A read sidecar (a dict that passed :func:`sidecar_problem`, or a :class:`Sidecar`) checked against the
     loaded ``trace`` (analyze, diff and report): (sidecar, None, fields) to use it, where ``fields`` is None or one
-    line naming the fields the analyses skip (:func:`sidecar_field_problems`; at most 4 named, then a count) and
-    whether it names another trace file (:func:`sidecar_trace_note`); (None, why, None) when its analysis_window
+    line naming the fields the analyses skip (:func:`sidecar_field_problems`; at most 4 named, then a count);
+    (None, why, None) when its analysis_window
     names no annotation in the trace (:func:`sidecar_window_problem`) or its profiled steps disagree with the
     trace's (:func:`sidecar_steps_problem`): it describes another capture, so its τ and round times are not this
     trace's, whatever ``window`` the user analyses; (None, None, None) when ``window`` is that same missing name
@@ -413,8 +396,4 @@ def check_sidecar(side: "Sidecar | Mapping[str, Any]", trace, window: str | None
         return None, why, None
     bad = sidecar_field_problems(side.raw)
     more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
-    notes = [f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}"] if bad else []
-    named = sidecar_trace_note(side, path)
-    if named is not None:
-        notes.append(named)
-    return side, None, ("; ".join(notes) if notes else None)
+    return side, None, (f"capture sidecar fields skipped: {', '.join(bad[:4])}{more}" if bad else None)

@@ -127,6 +127,11 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
         notes: list[str] = []
         side = sidecar_or_warn(trace, tr, None, notes)
         ctx = Context(tr, side, cal, round_name=round_name, fit=not no_fit)
+        cc = click.get_current_context(silent=True)
+        if (cc is not None and cc.get_parameter_source("round_name") != click.core.ParameterSource.DEFAULT
+                and ctx.step_rule != "round"):  # the range asked for is absent: say so, as analyze --rounds does
+            fail(f"{trace}: fewer than two annotations named {round_name!r} on the launching thread: no rounds of "
+                 f"that name (--round-name; without it the loop's steps are {ctx.step_name!r})")
         res = run(tr, changes, context=ctx).data
         if as_json:
             res["warnings"].extend(notes)
