@@ -163,8 +163,10 @@ def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = Tr
             # a call that launches nothing (cudaMalloc, cudaFree, cudaEventQuery): its host time and any wait go
             m, how, names = rt & on, "runtime call", api
         if not m.any():
+            dropped = [w for w in trace.warnings if w.endswith(" were dropped") or "and were dropped" in w]
             raise TraceError(f"{trace.path}: no NVTX range, host frame or CUDA runtime call named {site!r} on "
-                             f"{where}")
+                             f"{where}" + (f" (of the events read, {'; '.join(dropped)}: it may have been one "
+                                           "of them)" if dropped else ""))
     hit = np.zeros(len(uniq), dtype=bool)
     hit[np.unique(inv[m])] = True
     return m, how, [str(x) for x in uniq[hit & names]]

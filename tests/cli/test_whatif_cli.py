@@ -195,3 +195,15 @@ def test_round_names_and_round_starts_are_checked():
     assert any("'round' holds the start of 8 of 8 rounds: it is the loop body" in w for w in d["warnings"])
     d = json.loads(_run(p, "--remove", "planted_readback", "--json").stdout)
     assert not any("holds the start" in w for w in d["warnings"]) and d["saving_us"] > 50
+
+
+def test_a_site_whose_events_were_dropped_says_so(tmp_path):
+    """Every planted_readback range given a negative duration: the loader drops them (a warning), and the site that
+    matches nothing says events were dropped, not only that no range has that name."""
+    def negative(ev):
+        for e in ev:
+            if e.get("name") == "planted_readback":
+                e["dur"] = -100
+    r = _run(_edited_readback(tmp_path, "neg", negative), "--remove", "planted_readback")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "named 'planted_readback'" in r.stderr and "12 events with negative durations were dropped" in r.stderr
