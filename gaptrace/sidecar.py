@@ -111,7 +111,7 @@ def usable_period_ms(v: Any) -> bool:
 def sidecar_field_problems(obj: dict) -> list[str]:
     """The fields of a usable sidecar (:func:`sidecar_problem` passed) that the analyses will skip, each as
     ``name (why)``: ``unprofiled_round_ms`` or ``unprofiled_step_ms`` not a positive number (or a list of them), a ``rounds[i].tau`` not a
-    finite number >= 0 (an empty list too), a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
+    number 0 or in [1e-6, 1e6] (an empty list too), a ``graphs[i]`` without positive ``nodes`` and ``unprofiled_launch_us`` (null allowed: no
     unprofiled launch), ``rounds`` or ``graphs`` not a list. Empty when every field present is usable; the caller
     says what was skipped (one warning line), since a skipped field silently drops a figure (τ, TPOT, the
     profiler check, the launch fit's unprofiled points)."""
@@ -139,7 +139,7 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     for i, r in enumerate(obj.get("rounds") if isinstance(obj.get("rounds"), list) else []):
         t = r.get("tau") if isinstance(r, dict) else r
         if not usable_tau(t):  # a round without τ drops out of the τ mean: say so
-            out.append(f"rounds[{i}].tau (missing, or not a finite number >= 0)")
+            out.append(f"rounds[{i}].tau (missing, or not 0 or a number from {TAU_MIN_NONZERO:g} to {TAU_MAX:g})")
     for i, g in enumerate(obj.get("graphs") if isinstance(obj.get("graphs"), list) else []):
         us = g.get("unprofiled_launch_us") if isinstance(g, dict) else None
         if not isinstance(g, dict) or not positive_number(g.get("nodes")) or not (us is None or positive_number(us)):

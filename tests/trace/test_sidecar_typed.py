@@ -39,7 +39,7 @@ def test_hostile_values_are_dropped_as_named():
            "unprofiled_round_ms": [1.0, "x", -2, 3.0, 1e300]}
     side = Sidecar.from_dict(raw)
     named = sidecar_field_problems(raw)
-    assert [f"rounds[{i}].tau (missing, or not a finite number >= 0)" for i in (1, 2, 3, 5)] == \
+    assert [f"rounds[{i}].tau (missing, or not 0 or a number from 1e-06 to 1e+06)" for i in (1, 2, 3, 5)] == \
         [p for p in named if p.startswith("rounds")]
     taus = side.round_taus
     assert taus[0] == 2.5 and taus[4] == 3.0 and taus[6] == 0.0 and all(math.isnan(taus[i]) for i in (1, 2, 3, 5))
