@@ -38,7 +38,7 @@ from .allocator import FREE_CALLS
 from .findings import ms_text
 from .profiler_cost import Calibration, _starts_inside, load_calibration
 from .syncs import api_base_name
-from .whatif import Change, Context, device_items_launched, other_thread_intervals, site_intervals, whatif
+from .whatif import BODY_START_SHARE, Change, Context, device_items_launched, other_thread_intervals, site_intervals, whatif
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
            "finding_cause",
@@ -50,7 +50,7 @@ FOLD_SHARE = 0.01
 # idle site can be the outer frame the host returns to between calls): removing it would remove every round's host
 # work, which is no fix of anything; such a finding carries no saving. (A blocking call's site may cover most of
 # the span, waiting, and still be a cause: it holds no round start.)
-ENCLOSING_SHARE = 0.5
+ENCLOSING_SHARE = BODY_START_SHARE  # one figure for "the loop body" in whatif and here
 
 
 def resolve_calibration(calibration: Calibration | str | None) -> Calibration:

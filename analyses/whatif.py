@@ -642,10 +642,10 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     return WhatIf(data)
 
 
+# a site holding more than this share of the round starts is the loop body (analyses/savings.py uses it too)
+BODY_START_SHARE = 0.5
 # whatif: a median round that lengthens by more than this under a change is named (a few µs is the median's noise)
 LONGER_AFTER_NOTE_US = 1.0
-# a site holding more than this share of the round starts is the loop body (analyses/savings.py ENCLOSING_SHARE)
-BODY_START_SHARE = 0.5
 
 
 def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> list[str]:

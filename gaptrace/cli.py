@@ -164,13 +164,17 @@ def memory_limit_bytes(gb: float | None) -> int | None:
     return None if gb is None else int(gb * 1e9)
 
 
+def given_on_command_line(param: str) -> bool:
+    """Whether the running click command's ``param`` was set by the user (not left at its default)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(param) != click.core.ParameterSource.DEFAULT
+
+
 def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
     """The error line when ``--rounds NAME`` was given on the command line and the trace has fewer than two
     annotations named NAME (or NAME_<n>): the round model it asked for is absent (the default name may be absent:
     most traces are not from the runtime). None when there is nothing to say."""
-    ctx = click.get_current_context(silent=True)
-    explicit = ctx is not None and ctx.get_parameter_source("round_name") != click.core.ParameterSource.DEFAULT
-    if explicit and res.get("devices") and not res.get("rounds"):
+    if given_on_command_line("round_name") and res.get("devices") and not res.get("rounds"):
         return (f"{trace_path}: fewer than two annotations named {round_name!r} (or {round_name}_<n>) on the analysed "
                 "device's rank: no verify rounds to model (--rounds)")
     return None

@@ -110,7 +110,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     from gaptrace.analyses.profiler_cost import load_calibration
     from gaptrace.analyses.whatif import Change, Context, check_changes, parse_speedup
     from gaptrace.analyses.whatif import whatif as run
-    from gaptrace.cli import fail, memory_limit_bytes, sidecar_or_warn
+    from gaptrace.cli import fail, given_on_command_line, memory_limit_bytes, sidecar_or_warn
 
     for opt, sites in (("--remove", removes), ("--remove-with-device", removes_all)):
         for r in sites:
@@ -127,9 +127,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
         notes: list[str] = []
         side = sidecar_or_warn(trace, tr, None, notes)
         ctx = Context(tr, side, cal, round_name=round_name, fit=not no_fit)
-        cc = click.get_current_context(silent=True)
-        if (cc is not None and cc.get_parameter_source("round_name") != click.core.ParameterSource.DEFAULT
-                and ctx.step_rule != "round"):  # the range asked for is absent: say so, as analyze --rounds does
+        if given_on_command_line("round_name") and ctx.step_rule != "round":  # the range asked for is absent: say so, as analyze --rounds does
             fail(f"{trace}: fewer than two annotations named {round_name!r} on the launching thread: no rounds of "
                  f"that name (--round-name; without it the loop's steps are {ctx.step_name!r})")
         res = run(tr, changes, context=ctx).data
