@@ -6,7 +6,8 @@ stacks (:class:`gaptrace.capture.Capture`, one ``step()`` per round). The unprof
 same process just before: the round periods of the warm-up rounds (the last :data:`UNPROFILED_ROUNDS`, outside the
 first quarter: :func:`unprofiled_block`), the host cost of every graph launch in those rounds, and the host time of
 every NVTX range in them (:func:`unprofiled_ranges`). The sidecar holds the config, per-round τ of the profiled
-rounds, each graph's node count and unprofiled launch cost, and those range times. The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
+rounds, each graph's node count and unprofiled launch cost, and those range times, and each graph's device span
+timed with CUDA events in the :data:`DEVICE_TIMED_ROUNDS` rounds right after the profiled ones. The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
 ``EngineHooks``): the round events, the rounds read, and the graph node counts the engine reports.
 """
 from __future__ import annotations
@@ -36,10 +37,10 @@ def unprofiled_block(periods_ms: list[float], keep: int = UNPROFILED_ROUNDS) -> 
 
 def range_timing_from(warmup_rounds: int, keep: int = UNPROFILED_ROUNDS) -> int:
     """The round hook index from which the NVTX ranges are timed unprofiled (``unprofiled_ranges``): the rounds
-    after it up to the last warm-up round, i.e. the rounds whose periods :func:`unprofiled_block` keeps and after
-    the device-timing rounds (:func:`device_timing_rounds`). With the default 40 warm-up rounds: rounds 10-40."""
+    after it up to the last warm-up round, i.e. the rounds whose periods :func:`unprofiled_block` keeps. With the
+    default 40 warm-up rounds: rounds 10-40."""
     n = warmup_rounds - 1
-    return max(n - keep, n // 4, device_timing_rounds(warmup_rounds, keep) + 1)
+    return max(n - keep, n // 4)
 
 
 def unprofiled_ranges(ranges, rounds: int) -> list[dict]:
@@ -51,13 +52,7 @@ def unprofiled_ranges(ranges, rounds: int) -> list[dict]:
     return range_summary(ranges.total_s, ranges.count, rounds)
 
 
-def device_timing_rounds(warmup_rounds: int, keep: int = UNPROFILED_ROUNDS) -> int:
-    """The last warm-up round whose graph replays are timed on the device (from round 3 on), before the periods
-    :func:`unprofiled_block` keeps (one round of margin); 0 (no device timing) when the warm-up leaves no such
-    rounds. With the default 40 warm-up rounds: rounds 3-8 (the kept periods start at round 10)."""
-    n = warmup_rounds - 1
-    last = max(n - keep, n // 4) - 1
-    return last if last > 2 else 0
+DEVICE_TIMED_ROUNDS = 6  # rounds whose graph replays are timed on the device, right after the profiled ones
 
 
 class _CaptureDone(Exception):
@@ -163,7 +158,7 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
     """
     from gaptrace.capture import Capture
 
-    need = warmup_rounds + 1 + rounds + 2
+    need = warmup_rounds + 1 + rounds + 2 + DEVICE_TIMED_ROUNDS
     check_queue(setup.rcfg.batch_size, len(texts), max_new_tokens, queue)
     # both outputs checked before the engine is built and the decode runs
     # the runtime times its own NVTX ranges per round (record_host_ranges), not record_function blocks per step
@@ -188,9 +183,12 @@ class CaptureHooks(EngineHooks):
         self.shrink_at_round, self.user_on_round = shrink_at_round, on_round
         self.launch_us: dict[tuple[str, int], list[float]] = {}
         self.round_tau: list[list[int]] = []
-        # graph replays timed on the device in the warm-up rounds whose periods the sidecar does not keep (the two
-        # event records per replay stay out of the reference periods): rounds 3 .. device_timing_until
-        self.device_timing_until = device_timing_rounds(warmup_rounds)
+        # graph replays are timed on the device (a CUDA event pair around each) in the DEVICE_TIMED_ROUNDS rounds
+        # right after the trace is written: out of the profiled rounds and of the kept unprofiled periods, and at
+        # the profiled rounds' context length (a graph's device span steps up as the context grows: the paged
+        # attention's draft graph 1060 -> 1260 -> 1490 µs over 80 rounds of tiny bs 1). The hook index timing began
+        # at; None before.
+        self.device_timed_from: int | None = None
         # unprofiled host time per NVTX range (runtime.annotate.HostRangeTimes), over the warm-up rounds whose
         # periods the sidecar keeps (after the device-timing rounds): set by _run_capture
         self.ranges = None
@@ -205,8 +203,6 @@ class CaptureHooks(EngineHooks):
         if i <= self.warmup_rounds:  # unprofiled: keep each graph's host launch cost of this round
             for key, us in event.graph_launch_us().items():
                 self.launch_us.setdefault(key, []).extend(us)
-        if self.device_timing_until and i in (2, self.device_timing_until):
-            event.time_graph_device(i == 2)
         if self.ranges is not None:
             # the ranges between this hook and the next one belong to round i + 1
             self.ranges.active = self.range_from <= i < self.warmup_rounds
@@ -218,8 +214,14 @@ class CaptureHooks(EngineHooks):
         self.cap.step()
         if self.user_on_round is not None:
             self.user_on_round(i)
-        # stop once the trace is written and every profiled round's τ has been read back (one round late)
-        if self.cap.done and len(self.round_tau) > self.warmup_rounds + self.rounds:
+        if self.cap.done and self.device_timed_from is None:  # the trace was written at this step
+            self.device_timed_from = i
+            event.time_graph_device(True)
+        # stop once the trace is written, every profiled round's τ has been read back (one round late) and the
+        # device-timed rounds after them were enqueued
+        if (self.cap.done and len(self.round_tau) > self.warmup_rounds + self.rounds
+                and i >= self.device_timed_from + DEVICE_TIMED_ROUNDS):
+            event.time_graph_device(False)
             raise _CaptureDone
 
 

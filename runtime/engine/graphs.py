@@ -73,7 +73,7 @@ class GraphedCall:
         self.graph.instantiate()
         self.num_nodes = graph_node_count(self.graph)
         self.last_launch_us = float("nan")
-        # device timing (capture's early warm-up rounds): while on, a (start, end) CUDA event pair around each replay
+        # device timing (capture's rounds right after the profiled ones): while on, a (start, end) CUDA event pair around each replay
         self.device_timing = False
         self.device_events: list = []
 

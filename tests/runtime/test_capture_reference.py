@@ -64,12 +64,27 @@ def test_runtime_capture_keeps_30_unprofiled_rounds(tmp_path):
     assert os.path.exists(out)
 
 
-def test_device_timing_rounds_stay_out_of_the_kept_periods():
-    from runtime.capture_run import device_timing_rounds
+@pytest.mark.slow
+def test_runtime_capture_times_the_device_right_after_the_profiled_rounds(tmp_path, monkeypatch):
+    """The graph replays are timed on the device in the DEVICE_TIMED_ROUNDS rounds right after the trace is written
+    (not in the kept unprofiled periods, not in the profiled rounds), and the decode stops after them."""
+    from runtime.capture_run import DEVICE_TIMED_ROUNDS
+    from runtime.engine.hooks import RoundEvent
+    from runtime.session import build_setup
 
-    for warmup in (8, 20, 40, 41, 60, 100):
-        last = device_timing_rounds(warmup)
-        n = warmup - 1
-        kept_from = max(n - UNPROFILED_ROUNDS, n // 4)  # the first kept period (0-based) is round kept_from + 1's
-        assert last == 0 or (3 <= last < kept_from), (warmup, last)
-    assert device_timing_rounds(40) == 8 and device_timing_rounds(8) == 0
+    calls, seen = [], []
+    monkeypatch.setattr(RoundEvent, "time_graph_device", lambda self, on: calls.append((self.index, on)))
+    setup = build_setup("tiny", device="cpu", batch_size=1)
+    out = str(tmp_path / "rt.json.gz")
+    W, R = 8, 2
+    side = capture_decode(setup, ["hello there"], out, W, R, inputs=(), on_round=seen.append)
+    # the profiler's warm-up step is hook W + 1, its active steps W + 2 .. W + 1 + R: the trace is written at the
+    # last of them, so rounds W + R + 2 .. W + R + 1 + DEVICE_TIMED_ROUNDS are timed
+    assert DEVICE_TIMED_ROUNDS == 6
+    assert calls == [(W + 1 + R, True), (W + 1 + R + DEVICE_TIMED_ROUNDS, False)]
+    assert seen[-1] == W + 1 + R + DEVICE_TIMED_ROUNDS
+    assert len(side["unprofiled_step_ms"]) == W - 1 and len(side["profiled_step_ms"]) == R
+    steps = load_trace(out).host["name"].astype(str).str.startswith("ProfilerStep#")
+    assert int(steps.sum()) == R
+
+
