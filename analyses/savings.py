@@ -36,9 +36,10 @@ from gaptrace.trace import Trace, TraceError
 
 from .allocator import FREE_CALLS
 from .findings import ms_text
-from .profiler_cost import Calibration, _starts_inside, load_calibration
+from .profiler_cost import Calibration, load_calibration
 from .syncs import api_base_name
-from .whatif import BODY_START_SHARE, Change, Context, device_items_launched, other_thread_intervals, site_intervals, whatif
+from .whatif import (BODY_START_SHARE, Change, Context, device_items_launched, loop_body, other_thread_intervals,
+                     site_intervals, whatif)
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
            "finding_cause",
@@ -163,7 +164,6 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["summary"] += (f"; the profiler's own cost is no fix: without it the round is predicted to take "
                              f"{ms_text(pred)} (profiled {ms_text(block['profiled_round_us'])})")
     memo: dict[str, dict | str | None] = {}
-    body = _body_ranges(trace, ctx) if ctx is not None else []
     for f in found:
         site = finding_cause(f)
         f["cause"] = site
@@ -174,12 +174,12 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             continue
         causes = tuple(f.get("causes") or ())
         w = (_replay_sites(trace, ctx, causes, memo) if len(causes) > 1
-             else _replay_site(trace, ctx, site, memo, body))
+             else _replay_site(trace, ctx, site, memo))
         if w == "encloses" and f.get("kind") == "blocking_sync" and f.get("aten_op"):
             # the blocking call sits in the loop's own body (a step() that reads a value back inline): the fix is
             # the read itself, so the cause removed is the ATen op's calls (their wait and host work)
             op = str(f["aten_op"])
-            w2 = _replay_site(trace, ctx, op, memo, body)
+            w2 = _replay_site(trace, ctx, op, memo)
             if isinstance(w2, dict):
                 f["cause"], w = op, w2
                 f["fix"] = (f"stop blocking on {f.get('call')} ({op}) in {site}, the loop's own body: keep the "
@@ -189,7 +189,7 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             # a device memory free in the loop's own body (a cudaFree under torch.cuda.empty_cache() called from
             # step()): the cause removed is the frees themselves, their wait and host time (every free of the launching
             # thread: the runtime-call site of whatif)
-            w2 = _replay_site(trace, ctx, str(f["call"]), memo, body)
+            w2 = _replay_site(trace, ctx, str(f["call"]), memo)
             if isinstance(w2, dict):
                 f["cause"], w = str(f["call"]), w2
                 f["fix"] = (f"stop calling {f['call']} in {site}, the loop's own body"
@@ -210,38 +210,13 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["saving_with_device_us"] = float(w["saving_with_device_us"])
             f["device_items_per_round"] = float(w["device_items_per_round"])
             f["saving_with_device_share"] = f["saving_with_device_us"] / base if base and base > 0 else None
-    _defer_to_nested(trace, ctx, found, memo, body, base)
+    _defer_to_nested(trace, ctx, found, memo, base)
     # savings within FOLD_SHARE of the round of each other are one rank: they keep their idle-share order (two frames
     # of one cause, e.g. a blocking read and the function around it, save the same within the model's error)
     step = FOLD_SHARE * base if base and base > 0 else 1.0
     order = sorted(range(len(found)), key=lambda i: (found[i]["saving_us"] is None,
                                                       -round(rank_saving_us(found[i]) / step), i))
     return [found[i] for i in order]
-
-
-def _body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """The ranges that fill the rounds: (name, starts, ends) (µs relative to the model's t0) of every
-    user_annotation name on the launching thread inside the window that occurs at least once per two rounds and
-    whose occurrences cover more than ENCLOSING_SHARE of the window (a loop's own ``step`` range inside
-    ``ProfilerStep#N``, a forward range). A site that holds most of them holds the loop body."""
-    h = trace.host
-    lo, hi = ctx.window
-    m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == ctx.model.key[0])
-         & trace.host_str_eq("tid", ctx.model.tid)
-         & (h["ts_us"].to_numpy() >= lo) & (h["ts_us"].to_numpy() < hi))
-    rows = np.flatnonzero(m)
-    if not len(rows) or hi <= lo:
-        return []
-    names = trace.host_str("name")[rows]
-    ts, te = h["ts_us"].to_numpy()[rows], h["end_us"].to_numpy()[rows]
-    n_rounds = max(len(ctx.starts) - 1, 1)
-    out = []
-    for name in np.unique(names):
-        k = names == name
-        cover = float(np.minimum(te[k], hi).sum() - ts[k].sum())
-        if k.sum() >= 0.5 * n_rounds and cover > ENCLOSING_SHARE * (hi - lo):
-            out.append((str(name), ts[k] - ctx.model.t0_us, te[k] - ctx.model.t0_us))
-    return out
 
 
 def _replay_sites(trace: Trace, ctx: Context, sites: tuple[str, ...], memo: dict) -> dict | None:
@@ -256,32 +231,18 @@ def _replay_sites(trace: Trace, ctx: Context, sites: tuple[str, ...], memo: dict
     return memo[sites]
 
 
-def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict, body: list) -> dict | str | None:
+def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict) -> dict | str | None:
     """The replay with ``site`` removed (memoised by site): the whatif data dict (with the with-device figures
-    when it launches device work), "encloses" when the site holds the start of most rounds or holds most
-    occurrences of a range that fills them (:func:`_body_ranges`, the range itself aside), None when the site is
-    not on the launching thread."""
+    when it launches device work), "encloses" when the site is the loop body around the round
+    (:func:`.whatif.loop_body`), None when the site is not on the launching thread."""
     if site in memo:
         return memo[site]
     try:
-        try:
-            us, ue = site_intervals(trace, ctx.model, site)
-        except TraceError:  # on another thread: what the launching thread waited on it (whatif.other_thread_intervals)
+        lb = loop_body(trace, ctx, site)
+        if lb is None:  # on another thread: what the launching thread waited on it (whatif.other_thread_intervals)
             other_thread_intervals(trace, ctx.model, site, ctx.window)
             memo[site] = whatif(trace, [Change(site)], context=ctx).data
-            return memo[site]
-        t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
-        held = int(_starts_inside(us, ue, t).sum())
-        encloses = held > ENCLOSING_SHARE * len(t)
-        for name, bs, be in body:
-            if encloses or name == site:
-                continue
-            if not len(us):
-                break
-            j = np.searchsorted(us, bs, side="right") - 1
-            inside = (j >= 0) & (be <= ue[np.maximum(j, 0)] + 1e-6)
-            encloses = int(inside.sum()) > ENCLOSING_SHARE * len(bs)
-        if encloses:
+        elif lb.body:
             memo[site] = "encloses"
         else:
             w = whatif(trace, [Change(site)], context=ctx).data
@@ -313,12 +274,12 @@ def _overlap_us(gs: np.ndarray, ge: np.ndarray, us: np.ndarray, ue: np.ndarray) 
 
 
 def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo: dict | None = None,
-                     body: list | None = None, base: float | None = None) -> None:
+                     base: float | None = None) -> None:
     """A cause whose host intervals cover more than ENCLOSING_SHARE of the rounds' window and hold another
     finding's cause (at least 90% of that cause's host time inside them) is the loop body around that cause (a
     ``step()`` that reads a value back inline), not a cause of its own: its saving is dropped (``saving_note``
     names the nested cause); a blocking sync's then goes to its ATen op's calls (their wait and host work), as
-    when the site encloses the rounds. In place; ``memo``, ``body`` and ``base`` as :func:`rank_findings` has
+    when the site encloses the rounds. In place; ``memo`` and ``base`` as :func:`rank_findings` has
     them."""
     if ctx is None:
         return
@@ -362,7 +323,7 @@ def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo:
                           "device_items_per_round", "saving_with_device_share"):
                     f[k] = None
                 op = f.get("aten_op")
-                w = (_replay_site(trace, ctx, str(op), memo if memo is not None else {}, body or [])
+                w = (_replay_site(trace, ctx, str(op), memo if memo is not None else {})
                      if f.get("kind") == "blocking_sync" and op and f["cause"] == f.get("site") else None)
                 if isinstance(w, dict):
                     f["cause"] = str(op)

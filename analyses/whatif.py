@@ -437,6 +437,9 @@ class Context:
         self.step_rule = "round"
         self.step_name = round_name
         self.warnings: list[str] = []
+        # loop_body's memos: the ranges that fill the rounds, and each site's verdict
+        self.body_ranges: list[tuple[str, np.ndarray, np.ndarray]] | None = None
+        self.loop_body_memo: dict[str, LoopBody | None] = {}
         if len(self.starts) >= 2:
             h = trace.host
             m = (trace.host_str_eq("cat", "user_annotation") & trace.host_str_eq("name", round_name)
@@ -648,26 +651,91 @@ BODY_START_SHARE = 0.5
 LONGER_AFTER_NOTE_US = 1.0
 
 
-def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> list[str]:
-    """One warning per changed site whose host intervals hold round starts (``ctx.starts``): removing or speeding it
-    moves those starts, so the periods around them are not rounds any more; holding more than half of them, it is
-    the loop body around the round (DESIGN.md 5.10: analyze gives such a site no saving). A site on another
-    thread holds none of the launching thread's starts."""
-    out = []
+@dataclasses.dataclass(frozen=True)
+class LoopBody:
+    """Whether a site is the loop body around the round (:func:`loop_body`). ``starts_held``: round starts
+    (``Context.starts``) inside its host intervals, of ``rounds``; ``body``: True when it holds more than
+    BODY_START_SHARE of them, or more than that share of the occurrences of a range that fills the rounds
+    (``fills``: that range's name, else None)."""
+
+    starts_held: int
+    rounds: int
+    body: bool
+    fills: str | None = None
+
+
+def body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """The ranges that fill the rounds: (name, starts, ends) (µs relative to the model's t0) of every
+    user_annotation name on the launching thread inside the window that occurs at least once per two rounds and
+    whose occurrences cover more than BODY_START_SHARE of the window (a loop's own ``step`` range inside
+    ``ProfilerStep#N``, a forward range). Memoised on ``ctx``. DESIGN.md 5.10."""
+    if ctx.body_ranges is not None:
+        return ctx.body_ranges
+    h = trace.host
+    lo, hi = ctx.window
+    m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == ctx.model.key[0])
+         & trace.host_str_eq("tid", ctx.model.tid)
+         & (h["ts_us"].to_numpy() >= lo) & (h["ts_us"].to_numpy() < hi))
+    rows = np.flatnonzero(m)
+    out: list[tuple[str, np.ndarray, np.ndarray]] = []
+    if len(rows) and hi > lo:
+        names = trace.host_str("name")[rows]
+        ts, te = h["ts_us"].to_numpy()[rows], h["end_us"].to_numpy()[rows]
+        n_rounds = max(len(ctx.starts) - 1, 1)
+        for name in np.unique(names):
+            k = names == name
+            cover = float(np.minimum(te[k], hi).sum() - ts[k].sum())
+            if k.sum() >= 0.5 * n_rounds and cover > BODY_START_SHARE * (hi - lo):
+                out.append((str(name), ts[k] - ctx.model.t0_us, te[k] - ctx.model.t0_us))
+    ctx.body_ranges = out
+    return out
+
+
+def loop_body(trace: Trace, ctx: Context, site: str) -> LoopBody | None:
+    """Whether ``site`` (a frame or NVTX range, as :func:`site_intervals` matches it) is the loop body around the
+    round: it holds more than BODY_START_SHARE of the round starts, or more than that share of the occurrences
+    of a range that fills the rounds (:func:`body_ranges`; the range itself aside: a ``step`` range is not its own
+    body). None when the site is not on the launching thread. Removing such a site removes the round's own host
+    work: analyze gives it no saving, whatif says so (DESIGN.md 5.10). Memoised on ``ctx`` by site."""
+    if site in ctx.loop_body_memo:
+        return ctx.loop_body_memo[site]
+    try:
+        us, ue = site_intervals(trace, ctx.model, site)
+    except TraceError:
+        ctx.loop_body_memo[site] = None
+        return None
     t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
+    held = int(_starts_inside(us, ue, t).sum())
+    out = LoopBody(held, len(t), held > BODY_START_SHARE * len(t))
+    if not out.body and len(us):
+        for name, bs, be in body_ranges(trace, ctx):
+            if name == site:
+                continue
+            j = np.searchsorted(us, bs, side="right") - 1
+            inside = (j >= 0) & (be <= ue[np.maximum(j, 0)] + 1e-6)
+            if int(inside.sum()) > BODY_START_SHARE * len(bs):
+                out = LoopBody(held, len(t), True, name)
+                break
+    ctx.loop_body_memo[site] = out
+    return out
+
+
+def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> list[str]:
+    """One warning per changed site that is the loop body (:func:`loop_body`) or holds round starts: removing or
+    speeding it moves those starts, so the periods around them are not rounds any more; the loop body is no cause
+    (DESIGN.md 5.10: analyze gives it no saving). A site on another thread holds none of the launching thread's
+    starts."""
+    out = []
     for c in changes:
-        try:
-            us, ue = site_intervals(trace, ctx.model, c.site)
-        except TraceError:
+        lb = loop_body(trace, ctx, c.site)
+        if lb is None or not (lb.body or lb.starts_held):
             continue
-        k = int(_starts_inside(us, ue, t).sum())
-        if not k:
-            continue
-        body = k > BODY_START_SHARE * len(t)
-        out.append(f"{c.site!r} holds the start of {k} of {len(t)} rounds: "
-                   + ("it is the loop body around the round, not a cause (analyze gives it no saving); the "
-                      "prediction removes the round's own host work" if body else
-                      "changing it moves those round starts, so the periods beside them are not whole rounds"))
+        where = (f"{c.site!r} holds most occurrences of {lb.fills!r}, a range that fills the rounds" if lb.fills else
+                 f"{c.site!r} holds the start of {lb.starts_held} of {lb.rounds} rounds")
+        out.append(where + ": " + ("it is the loop body around the round, not a cause (analyze gives it no saving); "
+                                   "the prediction removes the round's own host work" if lb.body else
+                                   "changing it moves those round starts, so the periods beside them are not whole "
+                                   "rounds"))
     return out
 
 

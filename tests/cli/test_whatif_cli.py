@@ -194,7 +194,18 @@ def test_round_names_and_round_starts_are_checked():
     d = json.loads(_run(FAULT, "--remove", "round", "--json").stdout)
     assert any("'round' holds the start of 8 of 8 rounds: it is the loop body" in w for w in d["warnings"])
     d = json.loads(_run(p, "--remove", "planted_readback", "--json").stdout)
-    assert not any("holds the start" in w for w in d["warnings"]) and d["saving_us"] > 50
+    assert not any("holds the start" in w or "loop body" in w for w in d["warnings"]) and d["saving_us"] > 50
+    # the loop's `step` frame starts after each ProfilerStep#N (no round start inside) but holds the range that
+    # fills the rounds: the loop body in whatif's note as in analyze's ranking (one rule, whatif.loop_body)
+    site = "benchmarks/loops/graph_readback.py(59): step"
+    d = json.loads(_run(p, "--remove", site, "--json").stdout)
+    assert [w for w in d["warnings"] if "loop body" in w] == [
+        f"{site!r} holds most occurrences of 'planted_readback', a range that fills the rounds: it is the loop body "
+        "around the round, not a cause (analyze gives it no saving); the prediction removes the round's own host work"]
+    a = json.loads(subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", p, "--json"], capture_output=True,
+                                  text=True).stdout)
+    f = next(f for f in a["findings"] if f.get("cause") == site)
+    assert f["saving_us"] is None and "encloses the loop itself" in f["saving_note"]
 
 
 def test_a_site_whose_events_were_dropped_says_so(tmp_path):
