@@ -153,9 +153,13 @@ def sidecar_field_problems(obj: dict) -> list[str]:
         out.append("unprofiled_range_rounds (not a whole number of timed rounds, or 0 beside timed ranges: unprofiled_ranges skipped)")
         ranges = None
     seen: set[str] = set()
+    period_us = _round_period_us(obj)
     for i, r in enumerate(ranges if isinstance(ranges, list) else []):
         if not _usable_range(r):
             out.append(f"unprofiled_ranges[{i}] (needs a name, a positive mean_us and per_round)")
+        elif not _usable_range(r, period_us):
+            out.append(f"unprofiled_ranges[{i}] ({json.dumps(r['name'])[:60]}: {r['mean_us'] * r['per_round']:.4g} µs "
+                       f"a round, more than {RANGE_MAX_ROUNDS:g} unprofiled rounds of {period_us:.4g} µs)")
         elif r["name"] in seen:
             out.append(f"unprofiled_ranges[{i}] (a second entry for {json.dumps(r['name'])[:60]}: the first one is used)")
         else:
@@ -175,11 +179,31 @@ def _usable_range_rounds(obj: dict) -> bool:
     return v >= 1 or not obj.get("unprofiled_ranges")
 
 
-def _usable_range(r: Any) -> bool:
+# a range's host time per round (mean_us × per_round) may reach this many unprofiled round periods: one thread
+# spends at most one period in a range name per round; two threads recording one name, up to two
+RANGE_MAX_ROUNDS = 2.0
+
+
+def _round_period_us(obj: Mapping[str, Any]) -> float | None:
+    """The median unprofiled round period in µs (``unprofiled_round_ms``, else ``unprofiled_step_ms``: their usable
+    values), None without one."""
+    import statistics
+
+    for key in ("unprofiled_round_ms", "unprofiled_step_ms"):
+        u = obj.get(key)
+        vals = [float(v) for v in (u if isinstance(u, list) else [u]) if usable_period_ms(v)]
+        if vals:
+            return statistics.median(vals) * 1e3
+    return None
+
+
+def _usable_range(r: Any, period_us: float | None = None) -> bool:
     """An ``unprofiled_ranges`` entry the replay can use: a non-empty string ``name``, positive ``mean_us`` and
-    ``per_round``."""
+    ``per_round``, and, given the unprofiled round ``period_us``, a host time per round (mean_us × per_round) of at
+    most RANGE_MAX_ROUNDS periods (a range cannot outlast the rounds it was timed in)."""
     return (isinstance(r, dict) and isinstance(r.get("name"), str) and bool(r["name"])
-            and positive_number(r.get("mean_us")) and positive_number(r.get("per_round")))
+            and positive_number(r.get("mean_us")) and positive_number(r.get("per_round"))
+            and (period_us is None or r["mean_us"] * r["per_round"] <= RANGE_MAX_ROUNDS * period_us))
 
 
 def load_sidecar_checked(path: str) -> tuple[dict | None, str | None]:
@@ -295,8 +319,9 @@ class Sidecar:
         config = obj.get("config")
         ranges = obj.get("unprofiled_ranges") if _usable_range_rounds(obj) else None
         by_name: dict[str, SidecarRange] = {}
+        period_us = _round_period_us(obj)
         for r in (ranges if isinstance(ranges, list) else []):
-            if _usable_range(r) and r["name"] not in by_name:  # a second entry of a name is skipped (named so)
+            if _usable_range(r, period_us) and r["name"] not in by_name:  # a second entry of a name is skipped (named so)
                 by_name[r["name"]] = SidecarRange(r["name"], float(r["mean_us"]), float(r["per_round"]))
         return cls(raw=obj, config=config if isinstance(config, dict) else {},
                    analysis_window=window if isinstance(window, str) else None, round_taus=taus,

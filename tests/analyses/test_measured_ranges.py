@@ -136,6 +136,17 @@ def test_sidecar_ranges_are_checked():
     # a capture whose warm-up timed no round, and says so with no range: nothing to skip
     assert sidecar_field_problems({"unprofiled_range_rounds": 0, "unprofiled_ranges": []}) == []
     assert measured_ranges is not None
+    # a range longer than the rounds it was timed in (1e12 µs a round against a 2 ms round) is skipped, and named;
+    # up to two rounds' worth (two threads recording one name) is kept
+    long = {"unprofiled_round_ms": [2.0, 2.0, 2.2],
+            "unprofiled_ranges": [{"name": "a", "mean_us": 1e12, "per_round": 1.0},
+                                  {"name": "b", "mean_us": 1000.0, "per_round": 4.0},
+                                  {"name": "c", "mean_us": 1000.0, "per_round": 3.9}]}
+    assert sidecar_field_problems(long) == [
+        'unprofiled_ranges[0] ("a": 1e+12 µs a round, more than 2 unprofiled rounds of 2000 µs)']
+    assert sorted(Sidecar.from_dict(long).unprofiled_ranges) == ["b", "c"]
+    steps = {"unprofiled_step_ms": [0.5] * 3, "unprofiled_ranges": long["unprofiled_ranges"][1:]}
+    assert [p.split(" ")[0] for p in sidecar_field_problems(steps)] == ["unprofiled_ranges[0]", "unprofiled_ranges[1]"]
 
 
 HF = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces", "h100_loops",
