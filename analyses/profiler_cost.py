@@ -363,14 +363,15 @@ def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 
 def measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
-    """The capture's own measured unprofiled period, µs: the sidecar's ``unprofiled_round_ms`` (median), else the
-    median of the usable ``unprofiled_step_ms`` (:class:`gaptrace.capture.Capture`'s unprofiled steps); None without
-    one."""
+    """The capture's own measured unprofiled period, µs: the sidecar's :attr:`~gaptrace.sidecar.Sidecar.measured_round_ms`
+    (the profiled rounds' positions decoded unprofiled, else the warm-up rounds' ``unprofiled_round_ms``; medians),
+    else the median of the usable ``unprofiled_step_ms`` (:class:`gaptrace.capture.Capture`'s unprofiled steps);
+    None without one. DESIGN.md 5.3."""
     side = as_sidecar(sidecar)
     if side is None:
         return None
-    if side.unprofiled_round_ms is not None:
-        return side.unprofiled_round_ms * 1e3
+    if side.measured_round_ms is not None:
+        return side.measured_round_ms * 1e3
     v = (side.raw or {}).get("unprofiled_step_ms")
     if isinstance(v, list):
         ok = [float(x) for x in v if usable_period_ms(x)]

@@ -93,7 +93,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     """The round table of ``trace`` (module docstring), or None when it has fewer than two ``name`` annotations.
 
     ``taus``: tokens accepted per round in trace order (NaN: unknown; :attr:`gaptrace.sidecar.Sidecar.round_taus`);
-    ``unprofiled_round_ms``: the unprofiled round period in ms (:attr:`gaptrace.sidecar.Sidecar.unprofiled_round_ms`);
+    ``unprofiled_round_ms``: the unprofiled round period in ms (:attr:`gaptrace.sidecar.Sidecar.measured_round_ms`);
     ``sidecar``: a capture sidecar (a :class:`gaptrace.sidecar.Sidecar` or its parsed dict) to take both from
     instead; ``kappa_us_per_node``: κ from :func:`gaptrace.analyses.launch_fit.launch_fit` for the profiler check;
     ``sync_calls``: :attr:`.syncs.SyncReport.calls` already computed over a window containing the rounds;
@@ -156,7 +156,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
         exposed = np.bincount(li[ok], weights=np.minimum(linfl[ok], waited), minlength=len(ps))
     side = as_sidecar(sidecar)
     if side is not None:
-        taus, unprofiled_round_ms = side.round_taus, side.unprofiled_round_ms
+        taus, unprofiled_round_ms = side.round_taus, side.measured_round_ms
     tau = np.full(len(ps), np.nan)
     if taus:
         m = min(len(taus), len(ps))

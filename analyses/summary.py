@@ -277,7 +277,7 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     rr = rounds.rounds(trace, round_name, key, kappa_us_per_node=fit.kappa_us_per_node if fit is not None else None,
                        sync_calls=report.calls, launches=fit.points if fit is not None else None,
                        taus=sidecar.round_taus if sidecar is not None else None,
-                       unprofiled_round_ms=sidecar.unprofiled_round_ms if sidecar is not None else None)
+                       unprofiled_round_ms=sidecar.measured_round_ms if sidecar is not None else None)
     out["rounds"] = rr
     # the loop's steps (any torch.profiler loop: rounds, ProfilerStep#N, an engine's step, a repeating range) and the
     # verdict per step and overall (analyses/steps.py, analyses/verdicts.py)

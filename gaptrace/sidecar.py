@@ -3,7 +3,9 @@
 A capture (:class:`gaptrace.capture.Capture`, ``gaptrace capture``) writes, next to the trace, one JSON object with
 what the trace cannot say: the run's ``config``, the accepted tokens τ of every profiled verify round (``rounds``),
 the graphs it launched with their node counts and unprofiled launch costs (``graphs``), the unprofiled round
-period (``unprofiled_round_ms``) and the annotation that spans the profiled rounds (``analysis_window``).
+period (``unprofiled_round_ms``, the warm-up rounds; ``unprofiled_same_rounds_ms``, the profiled rounds' own positions
+in an unprofiled decode of the same prompts, where the runtime's capture made one) and the annotation that spans
+the profiled rounds (``analysis_window``).
 
 The sidecar is optional and untrusted input. :func:`load_sidecar_checked` refuses a file that cannot be one (not a
 regular file, over ``SIDECAR_MAX_BYTES``, not JSON, not an object, a bad ``analysis_window``);
@@ -120,7 +122,7 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     if v is not None and (isinstance(v, bool) or v not in SIDECAR_VERSIONS):
         out.append(f"gaptrace_sidecar ({json.dumps(v)[:20]}: not a version this gaptrace writes, "
                    f"{', '.join(map(str, SIDECAR_VERSIONS))}; its fields read as version {SIDECAR_VERSIONS[-1]}'s)")
-    for key in ("unprofiled_round_ms", "unprofiled_step_ms"):
+    for key in ("unprofiled_round_ms", "unprofiled_step_ms", "unprofiled_same_rounds_ms"):
         u = obj.get(key)
         if u is None:
             continue
@@ -187,13 +189,10 @@ RANGE_MAX_ROUNDS = 2.0
 def _round_period_us(obj: Mapping[str, Any]) -> float | None:
     """The median unprofiled round period in µs (``unprofiled_round_ms``, else ``unprofiled_step_ms``: their usable
     values), None without one."""
-    import statistics
-
     for key in ("unprofiled_round_ms", "unprofiled_step_ms"):
-        u = obj.get(key)
-        vals = [float(v) for v in (u if isinstance(u, list) else [u]) if usable_period_ms(v)]
-        if vals:
-            return statistics.median(vals) * 1e3
+        ms = _median_period_ms(obj.get(key))
+        if ms is not None:
+            return ms * 1e3
     return None
 
 
@@ -279,6 +278,8 @@ class Sidecar:
     - ``graphs``: the usable :class:`SidecarGraph` entries, in order (positive ``nodes`` and ``unprofiled_launch_us``);
     - ``unprofiled_round_ms``: the unprofiled round period in ms (the median of the usable values when a list),
       or None;
+    - ``same_rounds_ms``: the median usable ``unprofiled_same_rounds_ms`` (the profiled rounds' positions, decoded
+      unprofiled), or None; :attr:`measured_round_ms` prefers it;
     - ``unprofiled_ranges``: the usable :class:`SidecarRange` entries (a later entry of one name replacing an
       earlier one), {} when absent.
     """
@@ -291,6 +292,14 @@ class Sidecar:
     graphs: tuple[SidecarGraph, ...]
     unprofiled_round_ms: float | None
     unprofiled_ranges: Mapping[str, SidecarRange] = dataclasses.field(default_factory=dict)
+    same_rounds_ms: float | None = None
+
+    @property
+    def measured_round_ms(self) -> float | None:
+        """The measured unprofiled round the analyses compare with, ms: ``same_rounds_ms`` (the profiled rounds'
+        own positions) where present, else ``unprofiled_round_ms`` (the warm-up rounds before them); None without
+        either. DESIGN.md 5.3."""
+        return self.same_rounds_ms if self.same_rounds_ms is not None else self.unprofiled_round_ms
 
     @classmethod
     def from_dict(cls, obj: Mapping[str, Any]) -> "Sidecar":
@@ -311,10 +320,7 @@ class Sidecar:
                        for g in (graphs if isinstance(graphs, list) else [])
                        if isinstance(g, dict) and positive_number(g.get("nodes"))
                        and positive_number(g.get("unprofiled_launch_us")))
-        unprof = obj.get("unprofiled_round_ms")
-        if isinstance(unprof, list):  # the items sidecar_field_problems does not name as skipped
-            vals = [float(v) for v in unprof if usable_period_ms(v)]
-            unprof = float(np.median(vals)) if vals else None
+        unprof, same = (_median_period_ms(obj.get(k)) for k in ("unprofiled_round_ms", "unprofiled_same_rounds_ms"))
         window = obj.get("analysis_window")
         config = obj.get("config")
         ranges = obj.get("unprofiled_ranges") if _usable_range_rounds(obj) else None
@@ -326,8 +332,7 @@ class Sidecar:
         return cls(raw=obj, config=config if isinstance(config, dict) else {},
                    analysis_window=window if isinstance(window, str) else None, round_taus=taus,
                    round_record_taus=records or (), graphs=usable,
-                   unprofiled_round_ms=float(unprof) if usable_period_ms(unprof) else None,
-                   unprofiled_ranges=by_name)
+                   unprofiled_round_ms=unprof, unprofiled_ranges=by_name, same_rounds_ms=same)
 
     def unprofiled_launch_us(self) -> dict[int, float] | None:
         """{graph node count: unprofiled launch µs} for the launch fit
@@ -340,6 +345,14 @@ class Sidecar:
         entry of one size replacing an earlier one; None when no graph carries one."""
         return {int(g.nodes): g.unprofiled_device_us for g in self.graphs
                 if g.unprofiled_device_us is not None} or None
+
+
+def _median_period_ms(u: Any) -> float | None:
+    """A sidecar period field (a number or a list of them) as the median of its usable values
+    (:func:`usable_period_ms`: the items :func:`sidecar_field_problems` does not name as skipped), ms; None without
+    one."""
+    vals = [float(v) for v in (u if isinstance(u, list) else [u]) if usable_period_ms(v)]
+    return float(np.median(vals)) if vals else None
 
 
 def as_sidecar(side: "Sidecar | Mapping[str, Any] | None") -> Sidecar | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import time
 from typing import Callable
 
 from gaptrace.rangetimes import range_summary
@@ -172,6 +173,42 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
         raise ValueError(f"{e.filename or path}: cannot write the capture {what}: {e.strerror or e}") from None
 
 
+def finish_at_next_read(event: RoundEvent, keep: int = 0) -> None:
+    """Every running request after the first ``keep`` (by slot) gets max_new_tokens = its output so far + 1: it
+    finishes at the next read of its results and is retired (no abort: its slot and pages are freed as usual)."""
+    live = [event.running[s] for s in sorted(event.running)]
+    for r in live[keep:]:
+        r.max_new_tokens = len(r.output) + 1
+
+
+class ReferenceHooks(EngineHooks):
+    """The reference decode's observer (:func:`capture_decode`): the host time at every round hook, the same
+    shrink as the capture, and every request finished right after round ``last`` is enqueued, so the decode ends
+    cleanly (slots and pages freed) for the capture's own decode."""
+
+    def __init__(self, last: int, shrink_at_round: int | None):
+        self.last, self.shrink_at_round = last, shrink_at_round
+        self.hook_s: list[float] = []
+
+    def on_round(self, event: RoundEvent) -> None:
+        self.hook_s.append(time.perf_counter())
+        if event.index == self.shrink_at_round:
+            finish_at_next_read(event, (len(event.running) + 1) // 2)
+        if event.index == self.last:
+            finish_at_next_read(event)
+
+
+def reference_periods_ms(hook_s: list[float], warmup_rounds: int, rounds: int) -> list[float]:
+    """The periods of the rounds the capture profiles (hook indices W + 2 .. W + 1 + R: the profiler's warm-up
+    step is W + 1), from the reference decode's hook times (``hook_s[k]``: hook k + 1): round i's period is the
+    time from hook i − 1 to hook i, as :class:`gaptrace.capture.Capture` times a step. [] when the decode ended
+    before them."""
+    first = warmup_rounds + 2
+    if len(hook_s) < first + rounds - 1:
+        return []
+    return [(hook_s[i - 1] - hook_s[i - 2]) * 1e3 for i in range(first, first + rounds)]
+
+
 class CaptureHooks(EngineHooks):
     """The capture's observer: keeps each warm-up round's graph launch costs (unprofiled), cuts half the batch after
     round ``shrink_at_round``, steps the profiler once per round, collects the τ of every round read, and ends the
@@ -208,9 +245,7 @@ class CaptureHooks(EngineHooks):
             self.ranges.active = self.range_from <= i < self.warmup_rounds
             self.range_rounds += self.ranges.active
         if i == self.shrink_at_round:
-            live = [event.running[s] for s in sorted(event.running)]
-            for r in live[(len(live) + 1) // 2:]:
-                r.max_new_tokens = len(r.output) + 1  # finishes at its next read
+            finish_at_next_read(event, (len(event.running) + 1) // 2)
         self.cap.step()
         if self.user_on_round is not None:
             self.user_on_round(i)
@@ -241,6 +276,15 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                         rounds=rounds, queue=queue, shrink_at_round=shrink_at_round,
                         simulated_acceptance=rc.sim_accept_rate if setup.simulated else None)
     cap.config = config
+    reference: list[float] = []
+    if not queue:
+        # the reference decode: the same prompts, unprofiled, up to the last round the capture profiles. Its rounds
+        # sit at the profiled rounds' positions (context lengths): a round's device time steps with the context,
+        # so the warm-up rounds before them are no exact reference (DESIGN.md 5.3). A queue capture admits by
+        # request finishes, which this decode's early end would change: no reference there
+        ref = ReferenceHooks(warmup_rounds + 1 + rounds, shrink_at_round)
+        engine.generate(ids, max_new_tokens, hooks=ref)
+        reference = reference_periods_ms(ref.hook_s, warmup_rounds, rounds)
     hooks = CaptureHooks(cap, warmup_rounds, rounds, shrink_at_round, on_round)
 
     with cap, record_host_ranges() as ranges:
@@ -275,6 +319,9 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                    for k, t in enumerate(profiled)],
         "graphs": graphs,
         "unprofiled_round_ms": periods or None,  # null: a warm-up too short to time a round
+        # the profiled rounds' own positions, unprofiled, from the reference decode before the capture (null: none,
+        # a queue capture); the replay's measured round where present (DESIGN.md 5.3)
+        "unprofiled_same_rounds_ms": reference or None,
         # host time per NVTX range in those warm-up rounds (no profiler): the replay takes a removed range's host
         # time from it (docs/DESIGN.md 5.2)
         "unprofiled_ranges": unprofiled_ranges(ranges, hooks.range_rounds),

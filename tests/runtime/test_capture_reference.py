@@ -84,7 +84,21 @@ def test_runtime_capture_times_the_device_right_after_the_profiled_rounds(tmp_pa
     assert calls == [(W + 1 + R, True), (W + 1 + R + DEVICE_TIMED_ROUNDS, False)]
     assert seen[-1] == W + 1 + R + DEVICE_TIMED_ROUNDS
     assert len(side["unprofiled_step_ms"]) == W - 1 and len(side["profiled_step_ms"]) == R
+    # the reference decode before the capture timed the profiled rounds' own positions, unprofiled
+    assert len(side["unprofiled_same_rounds_ms"]) == R and min(side["unprofiled_same_rounds_ms"]) > 0
     steps = load_trace(out).host["name"].astype(str).str.startswith("ProfilerStep#")
     assert int(steps.sum()) == R
 
 
+
+
+def test_reference_periods_are_the_profiled_rounds():
+    """Round i's period runs from hook i − 1 to hook i; the profiled rounds are hooks W + 2 .. W + 1 + R (the
+    profiler's warm-up step is W + 1), as gaptrace.capture.Capture times its steps."""
+    from runtime.capture_run import reference_periods_ms
+
+    W, R = 8, 3
+    hook_s = list(np.cumsum([0.001 * (k + 1) for k in range(W + R + 4)]))  # hook k + 1 at hook_s[k]; round k lasts k ms
+    assert reference_periods_ms(hook_s, W, R) == pytest.approx([W + 2, W + 3, W + 4])
+    assert reference_periods_ms(hook_s[:W + R], W, R) == []  # the decode ended before the last profiled round
+    assert reference_periods_ms(hook_s[:W + R + 1], W, R) == pytest.approx([W + 2, W + 3, W + 4])
