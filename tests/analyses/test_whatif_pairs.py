@@ -292,30 +292,39 @@ def test_gil_held_work_of_the_waited_for_thread_by_hand():
     assert min(sleeps) > 200  # the producer's 0.2 ms sleep sits in every wait (GIL released)
 
 
-# the eager forward's host work (the first finding on per_request_readback, second on helper_thread and
-# host_detokenize in the H100 set): what graphing it buys, measured (fixtures/traces/h100_loops/forward_graph: the
-# planted variant with graph_forward 0 and 1, three fresh processes each, interleaved, on a second H100 machine),
-# against the prediction of removing the frame's host work on the shipped planted capture; bounds = today's errors
+# the eager forward's host work (the first finding on per_request_readback and mask_index, second on helper_thread and
+# host_detokenize in the H100 set): what graphing it buys, measured (fixtures/traces/*/forward_graph: the planted
+# variant with graph_forward 0 and 1, fresh processes interleaved, on H100 machines), against the prediction of
+# removing the frame's host work on the shipped planted capture; bounds = today's errors
 FORWARD = "benchmarks/loops/_common.py(153): logits"
-# (loop set, loop) -> |predicted − measured| bound, µs
-FORWARD_GRAPH = {("h100_loops", "helper_thread"): 30, ("h100_loops", "per_request_readback"): 105,
-                 ("h100_loops", "host_detokenize"): 50}
+# (loop set, loop) -> (|predicted − measured| bound µs, every eager process slower than every graphed one); where the
+# host's speed varies between processes (mask_index's host: 0.48-0.70 ms graphed, 0.61-1.05 eager) the processes
+# overlap, and the interleaved slots say which is faster instead: the eager one in at least 12 of 14
+FORWARD_GRAPH = {("h100_loops", "helper_thread"): (30, True), ("h100_loops", "per_request_readback"): (105, True),
+                 ("h100_loops", "host_detokenize"): (50, True), ("h100_hidden_syncs", "mask_index"): (115, False)}
 
 
 @pytest.mark.parametrize("loops_set,loop", sorted(FORWARD_GRAPH))
 def test_graphing_the_eager_forward_against_its_prediction(loops_set, loop):
     d = os.path.join(ROOT, loops_set, "forward_graph")
-    per = {g: [_mk_ms(p) for p in sorted(glob.glob(os.path.join(d, f"{loop}.g{g}.m*.json")))] for g in (0, 1)}
+    files = {g: sorted(glob.glob(os.path.join(d, f"{loop}.g{g}.m*.json"))) for g in (0, 1)}
+    assert [os.path.basename(p).split(".")[2] for p in files[0]] == [os.path.basename(p).split(".")[2] for p in files[1]]
+    per = {g: [_mk_ms(p) for p in files[g]] for g in (0, 1)}
     assert len(per[0]) == len(per[1]) >= 3
     for g in (0, 1):  # the files say what ran: the planted variant, the forward eager (0) or graphed (1)
-        for p in sorted(glob.glob(os.path.join(d, f"{loop}.g{g}.m*.json"))):
+        for p in files[g]:
             m = _json(p)
             assert m["variant"] == "planted" and m["size"]["graph_forward"] == g and m["device_name"].startswith("NVIDIA H100")
     meas_us = (float(np.median(per[0])) - float(np.median(per[1]))) * 1e3
-    assert min(per[0]) > max(per[1])  # every eager process slower than every graphed one
+    bound_us, separated = FORWARD_GRAPH[(loops_set, loop)]
+    if separated:
+        assert min(per[0]) > max(per[1])  # every eager process slower than every graphed one
+    else:  # slot k: the eager and graphed processes run one after the other
+        slower = sum(a > b for a, b in zip(per[0], per[1]))
+        assert len(per[0]) == 14 and slower >= 12, (slower, len(per[0]))
     w = _predict(os.path.join(ROOT, loops_set, f"{loop}.planted.trace.json.gz"), FORWARD, "step")
-    assert w["saving_us"] > meas_us > 0  # over-predicted on all three (DESIGN.md 5.6)
-    assert w["saving_us"] - meas_us <= FORWARD_GRAPH[(loops_set, loop)], (w["saving_us"], meas_us)
+    assert w["saving_us"] > meas_us > 0  # over-predicted on all four (DESIGN.md 5.6)
+    assert w["saving_us"] - meas_us <= bound_us, (w["saving_us"], meas_us)
 
 
 # the first finding of the H100 hf_generate capture (the attention's host work: cuDNN attention building a graph per
