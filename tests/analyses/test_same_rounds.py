@@ -45,6 +45,20 @@ def test_every_capture_times_the_profiled_rounds_positions():
         assert (0.10 < ratio - 1 < 0.125) if n.startswith("tiny") else (0 < ratio - 1 < 0.015), (n, ratio)
 
 
+def test_the_repeat_on_another_machine_steps_the_same():
+    """The repeat (another H100, an hour later): the same step between the warm-up rounds and the profiled
+    positions on tiny bs 1, none on bench bs 8."""
+    paths = sorted(glob.glob(os.path.join(D, "repeat", "*.gaptrace.json")))
+    assert len(paths) == 5
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            s = json.load(f)
+        assert sidecar_field_problems(s) == [] and len(s["unprofiled_same_rounds_ms"]) == 8
+        ratio = statistics.median(s["unprofiled_same_rounds_ms"]) / statistics.median(s["unprofiled_round_ms"])
+        tiny = os.path.basename(p).startswith("tiny")
+        assert (0.10 < ratio - 1 < 0.12) if tiny else (0 < ratio - 1 < 0.005), (p, ratio)
+
+
 def test_the_draft_graph_steps_with_the_context():
     """The timeline (maintainer/gpu/graph_timing.py, every warm-up round of an 80-round tiny bs-1 capture timed):
     the draft graph's device span per round, from round 3 on."""
