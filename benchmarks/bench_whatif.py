@@ -142,6 +142,34 @@ def first_finding_pairs() -> list[dict]:
              "processes": (on, off)}]
 
 
+# the eager forward's frame (the first finding of per_request_readback and mask_index, the second of helper_thread and
+# host_detokenize on the H100): its fix, a CUDA graph, measured as the planted variant with graph_forward 0 and 1
+FORWARD_FRAME = "benchmarks/loops/_common.py(153): logits"
+FORWARD_GRAPH_LOOPS = ((H100_LOOPS_DIR, "helper_thread"), (H100_LOOPS_DIR, "host_detokenize"),
+                       (H100_LOOPS_DIR, "per_request_readback"), (HIDDEN_SYNCS_DIR, "mask_index"))
+
+
+def forward_graph_pairs() -> list[dict]:
+    """Graphing the eager forward, measured (``FOLDER/forward_graph/LOOP.gG.mK.json``, fresh processes interleaved),
+    against removing ``FORWARD_FRAME``'s host work on the planted capture."""
+    out = []
+    for folder, loop in FORWARD_GRAPH_LOOPS:
+        d = os.path.join(folder, "forward_graph")
+        eager = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(d, f"{loop}.g0.m*.json")))]
+        graphed = [mk_period_ms(f) for f in sorted(glob.glob(os.path.join(d, f"{loop}.g1.m*.json")))]
+        trace = os.path.join(folder, f"{loop}.planted.trace.json.gz")
+        if not eager or not graphed or not os.path.exists(trace):
+            continue
+        out.append({"pair": f"{loop} (H100): the eager forward graphed", "site": [FORWARD_FRAME], "traces": [trace],
+                    "paired_saving_ms": None, "paired_range_ms": None,
+                    "measured_period_ms": [float(np.median(eager))],
+                    "same_process_ms": [sidecar_period_ms(trace, "unprofiled_step_ms")],
+                    "measured_saving_ms": float(np.median(eager) - np.median(graphed)),
+                    "saving_range_ms": (min(eager) - max(graphed), max(eager) - min(graphed)), "round_name": "step",
+                    "processes": (eager, graphed)})
+    return out
+
+
 def allocator_pairs(folder: str = HIDDEN_SYNCS_DIR) -> list[dict]:
     """empty_cache's first finding, the allocator churn: its cause is every cudaMalloc and cudaFree of the launching
     thread (the frees inside the planted range, the allocations they force in the next step's forward), removed
@@ -343,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     cals = [load_calibration(c) for c in (a.calibration or [None, CPU_CAL])]
     pairs = (runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
              + loop_pairs(a.h100_loops_dir, " (H100)") + loop_pairs(NOCUDNN_DIR, " (H100, no cuDNN attention)")
-             + first_finding_pairs() + loop_pairs(HIDDEN_SYNCS_DIR, " (H100, hidden syncs)") + allocator_pairs())
+             + first_finding_pairs() + loop_pairs(HIDDEN_SYNCS_DIR, " (H100, hidden syncs)") + allocator_pairs()
+             + forward_graph_pairs())
     if a.only:
         pairs = [p for p in pairs if a.only in p["pair"]]
     cache: dict = {}
