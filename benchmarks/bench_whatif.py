@@ -112,16 +112,24 @@ def loop_pairs(folder: str = LOOPS_DIR, label: str = "") -> list[dict]:
         trace = os.path.join(folder, f"{loop}.planted.trace.json.gz")
         if not os.path.exists(trace):  # measured, trace not shipped (the folder's MANIFEST.md says why)
             continue
-        pr = json.load(open(pp, encoding="utf-8")).get("paired")
-        out.append({"pair": f"loop {loop}{label}", "site": None, "traces": [trace],
-                    "paired_saving_ms": pr["saving_ms"] if pr else None,
-                    "paired_range_ms": tuple(pr["saving_range_ms"]) if pr else None,
-                    "measured_period_ms": [float(np.median(pl))],
-                    "same_process_ms": [sidecar_period_ms(trace, "unprofiled_step_ms")],
-                    "measured_saving_ms": float(np.median(pl) - np.median(fx)),
-                    "saving_range_ms": (min(pl) - max(fx), max(pl) - min(fx)), "round_name": "step",
-                    "processes": (pl, fx)})
+        out.append(process_pair(f"loop {loop}{label}", None, trace, pl, fx,
+                                json.load(open(pp, encoding="utf-8")).get("paired")))
     return out
+
+
+def process_pair(name: str, site: list[str] | None, trace: str, with_cause: list[float], fixed: list[float],
+                 paired: dict | None = None) -> dict:
+    """One loop pair measured in fresh processes: ``with_cause`` and ``fixed`` per-process step periods (ms), the
+    saving = the difference of their medians, its range = min − max to max − min; ``paired``: run_pairs' paired
+    block summary, or None; ``site`` None: the trace's ``planted_*`` range."""
+    return {"pair": name, "site": site, "traces": [trace],
+            "paired_saving_ms": paired["saving_ms"] if paired else None,
+            "paired_range_ms": tuple(paired["saving_range_ms"]) if paired else None,
+            "measured_period_ms": [float(np.median(with_cause))],
+            "same_process_ms": [sidecar_period_ms(trace, "unprofiled_step_ms")],
+            "measured_saving_ms": float(np.median(with_cause) - np.median(fixed)),
+            "saving_range_ms": (min(with_cause) - max(fixed), max(with_cause) - min(fixed)), "round_name": "step",
+            "processes": (with_cause, fixed)}
 
 
 def first_finding_pairs() -> list[dict]:
@@ -133,13 +141,7 @@ def first_finding_pairs() -> list[dict]:
     trace = os.path.join(H100_LOOPS_DIR, "hf_generate.planted.trace.json.gz")
     if not on or not off:
         return []
-    return [{"pair": "hf_generate (H100): its first finding, cuDNN attention left out", "site": [SDPA_FRAME],
-             "traces": [trace], "paired_saving_ms": None, "paired_range_ms": None,
-             "measured_period_ms": [float(np.median(on))],
-             "same_process_ms": [sidecar_period_ms(trace, "unprofiled_step_ms")],
-             "measured_saving_ms": float(np.median(on) - np.median(off)),
-             "saving_range_ms": (min(on) - max(off), max(on) - min(off)), "round_name": "step",
-             "processes": (on, off)}]
+    return [process_pair("hf_generate (H100): its first finding, cuDNN attention left out", [SDPA_FRAME], trace, on, off)]
 
 
 # the eager forward's frame (the first finding of per_request_readback and mask_index, the second of helper_thread and
@@ -160,13 +162,7 @@ def forward_graph_pairs() -> list[dict]:
         trace = os.path.join(folder, f"{loop}.planted.trace.json.gz")
         if not eager or not graphed or not os.path.exists(trace):
             continue
-        out.append({"pair": f"{loop} (H100): the eager forward graphed", "site": [FORWARD_FRAME], "traces": [trace],
-                    "paired_saving_ms": None, "paired_range_ms": None,
-                    "measured_period_ms": [float(np.median(eager))],
-                    "same_process_ms": [sidecar_period_ms(trace, "unprofiled_step_ms")],
-                    "measured_saving_ms": float(np.median(eager) - np.median(graphed)),
-                    "saving_range_ms": (min(eager) - max(graphed), max(eager) - min(graphed)), "round_name": "step",
-                    "processes": (eager, graphed)})
+        out.append(process_pair(f"{loop} (H100): the eager forward graphed", [FORWARD_FRAME], trace, eager, graphed))
     return out
 
 
