@@ -184,11 +184,15 @@ def finish_at_next_read(event: RoundEvent, keep: int = 0) -> None:
 class ReferenceHooks(EngineHooks):
     """The reference decode's observer (:func:`capture_decode`): the host time at every round hook, the same
     shrink as the capture, and every request finished right after round ``last`` is enqueued, so the decode ends
-    cleanly (slots and pages freed) for the capture's own decode."""
+    cleanly (slots and pages freed)."""
 
     def __init__(self, last: int, shrink_at_round: int | None):
         self.last, self.shrink_at_round = last, shrink_at_round
         self.hook_s: list[float] = []
+        self.round_tau: list[list[int]] = []  # as CaptureHooks': the same positions when they match
+
+    def on_round_read(self, index: int, taus: list[int]) -> None:
+        self.round_tau.append(taus)
 
     def on_round(self, event: RoundEvent) -> None:
         self.hook_s.append(time.perf_counter())
@@ -211,12 +215,15 @@ def reference_periods_ms(hook_s: list[float], warmup_rounds: int, rounds: int) -
 
 class CaptureHooks(EngineHooks):
     """The capture's observer: keeps each warm-up round's graph launch costs (unprofiled), cuts half the batch after
-    round ``shrink_at_round``, steps the profiler once per round, collects the τ of every round read, and ends the
-    decode (raising _CaptureDone) once the trace is written and the profiled rounds have been read back."""
+    round ``shrink_at_round``, steps the profiler once per round, collects the τ of every round read, times the graph
+    replays after the profiled rounds, and then ends the decode: every request finished at its next read, so the
+    engine is free for the reference decode (``finish``), or at once by raising _CaptureDone (a queue capture,
+    whose waiting requests would be admitted as the others finish)."""
 
     def __init__(self, cap, warmup_rounds: int, rounds: int, shrink_at_round: int | None,
-                 on_round: Callable[[int], None] | None):
-        self.cap, self.warmup_rounds, self.rounds = cap, warmup_rounds, rounds
+                 on_round: Callable[[int], None] | None, finish: bool = True):
+        self.cap, self.warmup_rounds, self.rounds, self.finish = cap, warmup_rounds, rounds, finish
+        self.finished = False
         self.shrink_at_round, self.user_on_round = shrink_at_round, on_round
         self.launch_us: dict[tuple[str, int], list[float]] = {}
         self.round_tau: list[list[int]] = []
@@ -254,10 +261,13 @@ class CaptureHooks(EngineHooks):
             event.time_graph_device(True)
         # stop once the trace is written, every profiled round's τ has been read back (one round late) and the
         # device-timed rounds after them were enqueued
-        if (self.cap.done and len(self.round_tau) > self.warmup_rounds + self.rounds
+        if (self.cap.done and not self.finished and len(self.round_tau) > self.warmup_rounds + self.rounds
                 and i >= self.device_timed_from + DEVICE_TIMED_ROUNDS):
             event.time_graph_device(False)
-            raise _CaptureDone
+            if not self.finish:
+                raise _CaptureDone
+            self.finished = True
+            finish_at_next_read(event)
 
 
 def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_rounds: int, rounds: int,
@@ -276,16 +286,7 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                         rounds=rounds, queue=queue, shrink_at_round=shrink_at_round,
                         simulated_acceptance=rc.sim_accept_rate if setup.simulated else None)
     cap.config = config
-    reference: list[float] = []
-    if not queue:
-        # the reference decode: the same prompts, unprofiled, up to the last round the capture profiles. Its rounds
-        # sit at the profiled rounds' positions (context lengths): a round's device time steps with the context,
-        # so the warm-up rounds before them are no exact reference (DESIGN.md 5.3). A queue capture admits by
-        # request finishes, which this decode's early end would change: no reference there
-        ref = ReferenceHooks(warmup_rounds + 1 + rounds, shrink_at_round)
-        engine.generate(ids, max_new_tokens, hooks=ref)
-        reference = reference_periods_ms(ref.hook_s, warmup_rounds, rounds)
-    hooks = CaptureHooks(cap, warmup_rounds, rounds, shrink_at_round, on_round)
+    hooks = CaptureHooks(cap, warmup_rounds, rounds, shrink_at_round, on_round, finish=not queue)
 
     with cap, record_host_ranges() as ranges:
         hooks.ranges = ranges
@@ -301,6 +302,16 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
     profiled = hooks.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
     graphs = []
     dev_us = engine.graph_device_us()  # after the decode: reading the events syncs
+    reference: list[float] = []
+    if not queue:
+        # the reference decode, after the capture (a one-off in the profiled rounds, a compile on a new batch shape,
+        # stays there): the same prompts again, unprofiled, up to the last profiled round. Its rounds sit at the
+        # profiled rounds' positions (context lengths), and a round's device time steps with the context, so the
+        # warm-up rounds before them are no exact reference (DESIGN.md 5.3). A queue capture admits by request
+        # finishes, which this decode's early end would change: no reference there
+        ref = ReferenceHooks(warmup_rounds + 1 + rounds, shrink_at_round)
+        engine.generate(ids, max_new_tokens, hooks=ref)
+        reference = reference_periods_ms(ref.hook_s, warmup_rounds, rounds)
     for phase, nb, nodes in sorted((p, nb, n) for p, by_bucket in engine.graph_nodes.items()
                                    for nb, n in by_bucket.items()):
         host = hooks.launch_us.get((phase, nb), [])
@@ -319,7 +330,7 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                    for k, t in enumerate(profiled)],
         "graphs": graphs,
         "unprofiled_round_ms": periods or None,  # null: a warm-up too short to time a round
-        # the profiled rounds' own positions, unprofiled, from the reference decode before the capture (null: none,
+        # the profiled rounds' own positions, unprofiled, from the reference decode after the capture (null: none,
         # a queue capture); the replay's measured round where present (DESIGN.md 5.3)
         "unprofiled_same_rounds_ms": reference or None,
         # host time per NVTX range in those warm-up rounds (no profiler): the replay takes a removed range's host

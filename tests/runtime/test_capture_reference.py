@@ -72,8 +72,12 @@ def test_runtime_capture_times_the_device_right_after_the_profiled_rounds(tmp_pa
     from runtime.engine.hooks import RoundEvent
     from runtime.session import build_setup
 
-    calls, seen = [], []
+    from runtime.capture_run import ReferenceHooks
+
+    calls, seen, refs = [], [], []
     monkeypatch.setattr(RoundEvent, "time_graph_device", lambda self, on: calls.append((self.index, on)))
+    init = ReferenceHooks.__init__
+    monkeypatch.setattr(ReferenceHooks, "__init__", lambda self, *a: (init(self, *a), refs.append(self))[0])
     setup = build_setup("tiny", device="cpu", batch_size=1)
     out = str(tmp_path / "rt.json.gz")
     W, R = 8, 2
@@ -82,10 +86,16 @@ def test_runtime_capture_times_the_device_right_after_the_profiled_rounds(tmp_pa
     # last of them, so rounds W + R + 2 .. W + R + 1 + DEVICE_TIMED_ROUNDS are timed
     assert DEVICE_TIMED_ROUNDS == 6
     assert calls == [(W + 1 + R, True), (W + 1 + R + DEVICE_TIMED_ROUNDS, False)]
-    assert seen[-1] == W + 1 + R + DEVICE_TIMED_ROUNDS
+    # then every request finishes at its next read: the decode ends a round later, cleanly, and the reference decode
+    # runs after it (not seen by the capture's hooks)
+    assert seen == list(range(1, W + 1 + R + DEVICE_TIMED_ROUNDS + 2))
     assert len(side["unprofiled_step_ms"]) == W - 1 and len(side["profiled_step_ms"]) == R
-    # the reference decode before the capture timed the profiled rounds' own positions, unprofiled
+    # the reference decode after the capture timed the profiled rounds' own positions, unprofiled
     assert len(side["unprofiled_same_rounds_ms"]) == R and min(side["unprofiled_same_rounds_ms"]) > 0
+    # at the same positions: the reference decode accepted the same tokens in every round up to the profiled ones
+    (ref,) = refs
+    assert [r["accepted"] for r in side["rounds"]] == ref.round_tau[W + 1: W + 1 + R]
+    assert len(ref.round_tau) >= W + 1 + R
     steps = load_trace(out).host["name"].astype(str).str.startswith("ProfilerStep#")
     assert int(steps.sum()) == R
 
