@@ -242,7 +242,9 @@ def decode(check_exact: bool, as_json: bool, **o) -> None:
 def capture(warmup_rounds: int, active_rounds: int, shrink_at_round: int | None, queue: bool, output: str,
             **o) -> None:
     """Capture a torch.profiler trace of the runtime's steady decode (Python stacks, CUDA sync events where
-    supported), plus a sidecar with the config, τ per round, graph node counts and unprofiled timings.
+    supported), plus a sidecar with the config, τ per round, graph node counts and unprofiled timings. After the
+    profiled rounds the same prompts are decoded again, unprofiled, to time the rounds at the profiled rounds'
+    positions (not with --queue): the measured round the predictions are checked against.
 
     --max-new-tokens defaults to enough tokens for every request to outlive the capture; fewer prompts than
     --batch-size are repeated to fill the batch, more are cut to one batch unless --queue."""
