@@ -6,8 +6,10 @@ stacks (:class:`gaptrace.capture.Capture`, one ``step()`` per round). The unprof
 same process just before: the round periods of the warm-up rounds (the last :data:`UNPROFILED_ROUNDS`, outside the
 first quarter: :func:`unprofiled_block`), the host cost of every graph launch in those rounds, and the host time of
 every NVTX range in them (:func:`unprofiled_ranges`). The sidecar holds the config, per-round τ of the profiled
-rounds, each graph's node count and unprofiled launch cost, and those range times, and each graph's device span
-timed with CUDA events in the :data:`DEVICE_TIMED_ROUNDS` rounds right after the profiled ones. The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
+rounds, each graph's node count and unprofiled launch cost, and those range times, each graph's device span
+timed with CUDA events in the :data:`DEVICE_TIMED_ROUNDS` rounds right after the profiled ones, and the periods of
+the profiled rounds' own positions from a second, unprofiled decode of the same prompts after the capture
+(:class:`ReferenceHooks`; not for a queue capture). The driver observes the engine only through its hook API (:class:`CaptureHooks`, an
 ``EngineHooks``): the round events, the rounds read, and the graph node counts the engine reports.
 """
 from __future__ import annotations
@@ -234,7 +236,7 @@ class CaptureHooks(EngineHooks):
         # at; None before.
         self.device_timed_from: int | None = None
         # unprofiled host time per NVTX range (runtime.annotate.HostRangeTimes), over the warm-up rounds whose
-        # periods the sidecar keeps (after the device-timing rounds): set by _run_capture
+        # periods the sidecar keeps: set by _run_capture
         self.ranges = None
         self.range_from = range_timing_from(warmup_rounds)
         self.range_rounds = 0
