@@ -656,19 +656,23 @@ class LoopBody:
     """Whether a site is the loop body around the round (:func:`loop_body`). ``starts_held``: round starts
     (``Context.starts``) inside its host intervals, of ``rounds``; ``body``: True when it holds more than
     BODY_START_SHARE of them, or more than that share of the occurrences of a range that fills the rounds
-    (``fills``: that range's name, else None)."""
+    (``fills``: that range's name, else None); ``window_share``: the share of the rounds' window its host
+    intervals cover."""
 
     starts_held: int
     rounds: int
     body: bool
     fills: str | None = None
+    window_share: float = 0.0  # of the rounds' window inside the site's host intervals
 
 
 def body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """The ranges that fill the rounds: (name, starts, ends) (µs relative to the model's t0) of every
-    user_annotation name on the launching thread inside the window that occurs at least once per two rounds and
-    whose occurrences cover more than BODY_START_SHARE of the window (a loop's own ``step`` range inside
-    ``ProfilerStep#N``, a forward range). Memoised on ``ctx``. DESIGN.md 5.10."""
+    user_annotation name on the launching thread inside the window that occurs at least once per two rounds, whose
+    occurrences cover more than BODY_START_SHARE of the window and hold more than that share of the window's
+    device-facing calls (a loop's own ``step`` range inside ``ProfilerStep#N``, a forward range; not a cause's own
+    range that is long only because the cause is: a detokenize or read-back range holds few launches). Memoised on
+    ``ctx``. DESIGN.md 5.10."""
     if ctx.body_ranges is not None:
         return ctx.body_ranges
     h = trace.host
@@ -680,13 +684,19 @@ def body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.nd
     out: list[tuple[str, np.ndarray, np.ndarray]] = []
     if len(rows) and hi > lo:
         names = trace.host_str("name")[rows]
-        ts, te = h["ts_us"].to_numpy()[rows], h["end_us"].to_numpy()[rows]
+        t0 = ctx.model.t0_us
+        ts, te = h["ts_us"].to_numpy()[rows] - t0, h["end_us"].to_numpy()[rows] - t0
         n_rounds = max(len(ctx.starts) - 1, 1)
+        calls = np.asarray(ctx.model.call_start_us, dtype=np.float64)
+        calls = calls[(calls >= lo - t0) & (calls < hi - t0)]
         for name in np.unique(names):
             k = names == name
-            cover = float(np.minimum(te[k], hi).sum() - ts[k].sum())
-            if k.sum() >= 0.5 * n_rounds and cover > BODY_START_SHARE * (hi - lo):
-                out.append((str(name), ts[k] - ctx.model.t0_us, te[k] - ctx.model.t0_us))
+            cover = float(np.minimum(te[k], hi - t0).sum() - ts[k].sum())
+            if k.sum() < 0.5 * n_rounds or cover <= BODY_START_SHARE * (hi - lo):
+                continue
+            held = int(_starts_inside(*_merge(ts[k], te[k]), calls).sum())
+            if held > BODY_START_SHARE * len(calls):
+                out.append((str(name), ts[k], te[k]))
     ctx.body_ranges = out
     return out
 
@@ -704,9 +714,12 @@ def loop_body(trace: Trace, ctx: Context, site: str) -> LoopBody | None:
     except TraceError:
         ctx.loop_body_memo[site] = None
         return None
-    t = np.asarray(ctx.starts, dtype=np.float64) - ctx.model.t0_us
+    t0 = ctx.model.t0_us
+    t = np.asarray(ctx.starts, dtype=np.float64) - t0
     held = int(_starts_inside(us, ue, t).sum())
-    out = LoopBody(held, len(t), held > BODY_START_SHARE * len(t))
+    lo, hi = ctx.window[0] - t0, ctx.window[1] - t0
+    share = float((np.minimum(ue, hi) - np.maximum(us, lo)).clip(min=0).sum()) / (hi - lo) if hi > lo else 0.0
+    out = LoopBody(held, len(t), held > BODY_START_SHARE * len(t), window_share=share)
     if not out.body and len(us):
         for name, bs, be in body_ranges(trace, ctx):
             if name == site:
@@ -714,7 +727,7 @@ def loop_body(trace: Trace, ctx: Context, site: str) -> LoopBody | None:
             j = np.searchsorted(us, bs, side="right") - 1
             inside = (j >= 0) & (be <= ue[np.maximum(j, 0)] + 1e-6)
             if int(inside.sum()) > BODY_START_SHARE * len(bs):
-                out = LoopBody(held, len(t), True, name)
+                out = dataclasses.replace(out, body=True, fills=name)
                 break
     ctx.loop_body_memo[site] = out
     return out
@@ -728,6 +741,12 @@ def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> lis
     out = []
     for c in changes:
         lb = loop_body(trace, ctx, c.site)
+        # (a frame: an NVTX range that long is a marker around the cause it holds when it buys no more, 5.10)
+        if (lb is not None and not lb.body and lb.window_share > BODY_START_SHARE
+                and site_matches(trace, ctx.model, c.site)["how"] != "range"):
+            out.append(f"{c.site!r} spans {lb.window_share:.0%} of the rounds' window: analyze calls a site that long "
+                       "the loop body when it holds another finding's cause (one that does not also hold it) and then "
+                       "gives it no saving of its own (DESIGN.md 5.10); this prediction removes all of its host work")
         if lb is None or not (lb.body or lb.starts_held):
             continue
         where = (f"{c.site!r} holds most occurrences of {lb.fills!r}, a range that fills the rounds" if lb.fills else

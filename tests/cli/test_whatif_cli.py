@@ -200,8 +200,20 @@ def test_round_names_and_round_starts_are_checked():
     site = "benchmarks/loops/graph_readback.py(59): step"
     d = json.loads(_run(p, "--remove", site, "--json").stdout)
     assert [w for w in d["warnings"] if "loop body" in w] == [
-        f"{site!r} holds most occurrences of 'planted_readback', a range that fills the rounds: it is the loop body "
+        f"{site!r} holds most occurrences of 'step', a range that fills the rounds: it is the loop body "
         "around the round, not a cause (analyze gives it no saving); the prediction removes the round's own host work"]
+    # a site that spans most of the window without holding round starts or a body range: named with its share,
+    # since analyze calls it the loop body when it holds another finding's cause (train_step_logging's step frame)
+    t = os.path.join(ROOT, "h100_loops", "train_step_logging.planted.trace.json.gz")
+    d = json.loads(_run(t, "--remove", "benchmarks/loops/train_step_logging.py(56): step", "--json").stdout)
+    assert [w for w in d["warnings"] if "of the rounds' window" in w] == [
+        "'benchmarks/loops/train_step_logging.py(56): step' spans 97% of the rounds' window: analyze calls a site that "
+        "long the loop body when it holds another finding's cause (one that does not also hold it) and then gives it "
+        "no saving of its own (DESIGN.md 5.10); this prediction removes all of its host work"]
+    a = json.loads(subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", t, "--json"], capture_output=True,
+                                  text=True).stdout)
+    f = next(f for f in a["findings"] if f.get("cause") == "benchmarks/loops/train_step_logging.py(56): step")
+    assert f["saving_us"] is None and "loop body around it" in f["saving_note"]
     a = json.loads(subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", p, "--json"], capture_output=True,
                                   text=True).stdout)
     f = next(f for f in a["findings"] if f.get("cause") == site)
