@@ -18,7 +18,8 @@ Input: two dicts from :func:`gaptrace.analyses.summary.run_analysis`. Output (:f
 - ``whatif``: the replay model's predicted unprofiled round of A and B (``whatif.predicted_unprofiled_round_us``
   of each analysis) and the change it predicts, beside the measured one where both captures' sidecars hold an
   unprofiled round (``measured_unprofiled_round_us``): {predicted_a_us, predicted_b_us, predicted_delta_us,
-  predicted_rel, measured_a_us, measured_b_us, measured_delta_us, measured_rel, statement}; None when neither
+  predicted_rel, measured_a_us, measured_b_us, measured_delta_us, measured_rel, measured_source_a, measured_source_b (the
+  rounds each measured: figures of different rounds are not compared, measured_delta_us None), statement}; None when neither
   analysis has a prediction;
 - ``warnings``: [str]; says when A and B were analysed over different windows (one over its capture sidecar's
   analysis_window, the other over its whole trace or another annotation): their metrics then describe different
@@ -188,10 +189,15 @@ def _whatif_diff(a: dict, b: dict) -> dict[str, Any] | None:
     if pa is None and pb is None:
         return None
     ma, mb = wa.get("measured_unprofiled_round_us"), wb.get("measured_unprofiled_round_us")
-    pred, meas = _delta(pa, pb), _delta(ma, mb)
+    # figures of different rounds (the profiled rounds' positions against warm-up rounds) are not compared: their
+    # difference holds the rounds' own (a round's device time steps with the context, DESIGN.md 5.3)
+    src_a, src_b = wa.get("measured_source"), wb.get("measured_source")
+    unlike = ma is not None and mb is not None and src_a != src_b
+    pred, meas = _delta(pa, pb), _delta(*((None, None) if unlike else (ma, mb)))
     out = {"predicted_a_us": pa, "predicted_b_us": pb, "predicted_delta_us": pred["delta"],
            "predicted_rel": pred["rel"], "measured_a_us": ma, "measured_b_us": mb,
-           "measured_delta_us": meas["delta"], "measured_rel": meas["rel"]}
+           "measured_delta_us": meas["delta"], "measured_rel": meas["rel"], "measured_source_a": src_a,
+           "measured_source_b": src_b}
     if pred["delta"] is None:
         text = "the replay model predicts only one side's unprofiled round (the other has no rounds)"
     else:
@@ -200,6 +206,9 @@ def _whatif_diff(a: dict, b: dict) -> dict[str, Any] | None:
         if meas["delta"] is not None:
             text += (f"; the sidecars measured {meas['delta'] / 1000:+.3f} ms ({ma / 1000:.3f} -> {mb / 1000:.3f} ms), "
                      f"a prediction error of {(pred['delta'] - meas['delta']) / 1000:+.3f} ms")
+        elif unlike:
+            text += (f"; the sidecars measured different rounds (A: {src_a or 'unknown'}, B: {src_b or 'unknown'}), "
+                     "not compared")
         else:
             text += "; no measured unprofiled round in both sidecars to check it against"
     out["statement"] = text

@@ -40,6 +40,7 @@ from .replay import ReplayModel, _coverage, _intersect, _merge
 
 __all__ = ["Calibration", "load_calibration", "name_codes", "profiler_frames", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
            "thread_wait_cost", "THREAD_WAIT_PREFIX", "gil_held_in_waits", "lock_waits_in", "GIL_RELEASING_PREFIX", "measured_period_us",
+           "measured_period_source",
            "COST_KEYS"]
 
 DEFAULT_CALIBRATION = os.path.join(os.path.dirname(__file__), "data", "calibration_default.json")
@@ -360,6 +361,20 @@ def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
         return np.zeros(len(t), dtype=bool)
     i = np.searchsorted(us, t, side="right") - 1
     return (i >= 0) & (t < ue[np.maximum(i, 0)])
+
+
+def measured_period_source(sidecar: "Sidecar | dict | None") -> str | None:
+    """Which rounds :func:`measured_period_us` measured: "profiled_positions" (the sidecar's
+    ``unprofiled_same_rounds_ms``), "warmup_rounds" (``unprofiled_round_ms``), "warmup_steps"
+    (``unprofiled_step_ms``), or None without one. Two figures of different sources are of different rounds."""
+    side = as_sidecar(sidecar)
+    if side is None:
+        return None
+    if side.same_rounds_ms is not None:
+        return "profiled_positions"
+    if side.unprofiled_round_ms is not None:
+        return "warmup_rounds"
+    return "warmup_steps" if measured_period_us(side) is not None else None
 
 
 def measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:

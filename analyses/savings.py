@@ -36,7 +36,7 @@ from gaptrace.trace import Trace, TraceError
 
 from .allocator import FREE_CALLS
 from .findings import ms_text
-from .profiler_cost import Calibration, load_calibration
+from .profiler_cost import Calibration, load_calibration, measured_period_source
 from .syncs import api_base_name
 from .whatif import (BODY_START_SHARE, Change, Context, device_items_launched, loop_body, other_thread_intervals,
                      site_intervals, whatif)
@@ -77,8 +77,10 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
                  sidecar: Any) -> dict[str, Any]:
     """The ``whatif`` object of ``analyze --json``: {profiled_round_us (median measured period of the rounds),
     predicted_unprofiled_round_us (median replayed period with the profiler's cost taken out),
-    replayed_round_us, measured_unprofiled_round_us (the sidecar's ``unprofiled_round_ms`` × 1000, else the median of
-    its ``unprofiled_step_ms`` × 1000 (a :class:`gaptrace.capture.Capture` sidecar), or None),
+    replayed_round_us, measured_unprofiled_round_us (:func:`.profiler_cost.measured_period_us`: the median of the
+    sidecar's ``unprofiled_same_rounds_ms``, else ``unprofiled_round_ms``, else ``unprofiled_step_ms`` (a
+    :class:`gaptrace.capture.Capture` sidecar), × 1000, or None), measured_source (which of them:
+    :func:`.profiler_cost.measured_period_source`),
     rounds, calibration (source, measured_on and the per-event costs), fitted_to_unprofiled (whether the profiler's
     per-event costs were scaled to reproduce the sidecar's measured unprofiled rounds: then the prediction matches
     them by construction), profiler_cost_fit ("fitted" | "set_aside": no scale in the bounds reaches them and the
@@ -91,7 +93,8 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
 
     meas_us = _measured_period_us(sidecar)
     out = {"profiled_round_us": None, "predicted_unprofiled_round_us": None, "replayed_round_us": None,
-           "measured_unprofiled_round_us": meas_us, "rounds": None,
+           "measured_unprofiled_round_us": meas_us, "measured_source": measured_period_source(sidecar),
+           "rounds": None,
            "fitted_to_unprofiled": None, "profiler_cost_fit": None, "profiler_cost_scale": None,
            "unfitted_round_us": None,
            "calibration": (ctx.calibration if ctx is not None else cal).to_dict()}

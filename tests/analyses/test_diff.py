@@ -239,3 +239,27 @@ def test_frames_without_wrappers_one_row_per_chain():
     same = [f for f, r in a_rows.items() if round(r["inclusive_idle_us"], 3) == round(top["a_us"], 3)
             and not (r.get("self_idle_us", 0) < 0.5 and WRAPPER_RE.search(f))]
     assert top["same_idle_frames"] >= 1 and top["same_idle_frames"] <= len(same) - 1
+
+
+def test_diff_does_not_compare_measured_rounds_of_different_kinds(tmp_path):
+    """A capture measured at the profiled rounds' positions against one measured in its warm-up rounds (an older or
+    --queue capture; here the same trace with the positions removed from its sidecar): the two measured figures are
+    of different rounds (2.272 against 2.040 ms on tiny bs 1), so diff states both kinds and no measured change; the
+    same kind on both sides is compared."""
+    import shutil
+
+    src = "fixtures/traces/h100_same_rounds/tiny_overlap_bs1_B12_clean_a"
+    b = str(tmp_path / "b.json.gz")
+    shutil.copy(src + ".json.gz", b)
+    with open(src + ".gaptrace.json", encoding="utf-8") as f:
+        side = json.load(f)
+    side["unprofiled_same_rounds_ms"] = None
+    with open(str(tmp_path / "b.gaptrace.json"), "w", encoding="utf-8") as f:
+        json.dump(side, f)
+    d = json.loads(_cli("diff", src + ".json.gz", b, "--json").stdout)["whatif"]
+    assert (d["measured_source_a"], d["measured_source_b"]) == ("profiled_positions", "warmup_rounds")
+    assert d["measured_a_us"] == pytest.approx(2272.2, abs=0.1) and d["measured_b_us"] == pytest.approx(2039.8, abs=0.1)
+    assert d["measured_delta_us"] is None
+    assert "the sidecars measured different rounds (A: profiled_positions, B: warmup_rounds), not compared" in d["statement"]
+    d = json.loads(_cli("diff", src + ".json.gz", src + ".json.gz", "--json").stdout)["whatif"]
+    assert d["measured_delta_us"] == 0.0 and d["measured_source_a"] == d["measured_source_b"] == "profiled_positions"
