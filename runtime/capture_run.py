@@ -302,6 +302,15 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
                              f"warm-up + 1 + {rounds} profiled rounds the capture needs: raise --max-new-tokens "
                              "or lower --rounds")
     profiled = hooks.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
+    empty = [warmup_rounds + 1 + k for k, t in enumerate(profiled) if not t]
+    if empty:
+        # a profiled round with no live request (every one finished inside the capture): not a decode round; the
+        # trace and the profiler's sidecar are taken back, so nothing half-made stays
+        for out in (cap.trace_out, cap.sidecar_out):
+            if os.path.exists(out):
+                os.remove(out)
+        raise ValueError(f"profiled round {empty[0]} ran with no live request (every request finished inside the "
+                         "capture): raise --max-new-tokens or lower --rounds; nothing was written")
     graphs = []
     dev_us = engine.graph_device_us()  # after the decode: reading the events syncs
     reference: list[float] = []

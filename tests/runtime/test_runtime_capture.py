@@ -73,3 +73,16 @@ def test_short_warmup_sidecar_has_nothing_to_skip(tmp_path):
     a = subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", str(out)], capture_output=True, text=True)
     lines = a.stderr.strip().splitlines()
     assert a.returncode == 2 and len(lines) == 1 and "no GPU activity" in lines[0], a.stderr
+
+
+def test_a_profiled_round_with_no_live_request_is_refused(tmp_path):
+    """Too few new tokens for the capture: every request finishes inside the profiled rounds, so the last one runs
+    with no live request. One error line, exit 2, and neither the trace nor a sidecar is left."""
+    out = tmp_path / "cap.json.gz"
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "capture", "--preset", "tiny", "--prompts",
+                        "fixtures/prompts/heldout.jsonl", "--batch-size", "2", "--warmup-rounds", "2", "--rounds", "3",
+                        "--max-new-tokens", "8", "-o", str(out)], capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "no live request" in lines[-1] and "raise --max-new-tokens" in lines[-1], r.stderr
+    assert not [line for line in lines if "Traceback" in line]
+    assert os.listdir(tmp_path) == []
