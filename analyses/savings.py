@@ -405,9 +405,11 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
     meas = block.get("measured_unprofiled_round_us")
     if meas is not None and block.get("profiler_cost_fit") == "set_aside":
         # the measured rounds are unlike the profiled ones: the calibration alone predicts; say both
+        where = ("its rounds at the profiled positions, unprofiled, are not like the profiled ones"
+                 if block.get("measured_source") == "profiled_positions" else
+                 "its warm-up rounds are not like the profiled ones")
         round_text = (f"the predicted unprofiled round, {ms_text(pred)} from the calibration alone; the capture's "
-                      f"measured {ms_text(meas)} is out of the model's reach (its warm-up rounds are not like the "
-                      "profiled ones) and was set aside")
+                      f"measured {ms_text(meas)} is out of the model's reach ({where}) and was set aside")
     elif meas is not None and block.get("profiler_cost_fit") == "unmatched":
         # no scale reproduces the measured rounds: the prediction does not; say both
         round_text = (f"the predicted unprofiled round, {ms_text(pred)}; measured {ms_text(meas)}: the model could "

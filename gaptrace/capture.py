@@ -119,6 +119,10 @@ class Capture:
                  with_stack: bool = True, inputs: tuple[str, ...] = (), time_ranges: bool = True):
         if warmup_steps < 0 or active_steps < 1:
             raise ValueError(f"warmup_steps must be >= 0 and active_steps >= 1 (got {warmup_steps}, {active_steps})")
+        if os.path.basename(path).endswith(SIDECAR_SUFFIX):
+            # a trace named like a sidecar would overwrite another capture's sidecar, and its own would be X.gaptrace.gaptrace.json
+            raise ValueError(f"{path}: a trace output cannot end with {SIDECAR_SUFFIX}, the name of a capture "
+                             "sidecar (use .json.gz)")
         self.trace_out = resolve_output(path, tuple(inputs))
         side = sidecar_path(path)
         self.sidecar_out = resolve_output(side, (*inputs, path, self.trace_out))

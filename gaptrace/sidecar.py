@@ -129,7 +129,7 @@ def sidecar_field_problems(obj: dict) -> list[str]:
         if isinstance(u, list) and not u:
             # no unprofiled round: the profiler-cost check has nothing to compare (a capture with too few warm-up
             # steps writes an empty unprofiled_step_ms: nothing skipped)
-            if key == "unprofiled_round_ms":
+            if key in ("unprofiled_round_ms", "unprofiled_same_rounds_ms"):
                 out.append(f"{key} (an empty list)")
         elif isinstance(u, list):
             out += [f"{key}[{i}] ({NOT_A_PERIOD})" for i, v in enumerate(u) if not usable_period_ms(v)]
@@ -187,9 +187,9 @@ RANGE_MAX_ROUNDS = 2.0
 
 
 def _round_period_us(obj: Mapping[str, Any]) -> float | None:
-    """The median unprofiled round period in µs (``unprofiled_round_ms``, else ``unprofiled_step_ms``: their usable
-    values), None without one."""
-    for key in ("unprofiled_round_ms", "unprofiled_step_ms"):
+    """The median unprofiled round period in µs (``unprofiled_round_ms``, else ``unprofiled_step_ms``, else
+    ``unprofiled_same_rounds_ms``: their usable values), None without one."""
+    for key in ("unprofiled_round_ms", "unprofiled_step_ms", "unprofiled_same_rounds_ms"):
         ms = _median_period_ms(obj.get(key))
         if ms is not None:
             return ms * 1e3

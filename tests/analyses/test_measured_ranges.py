@@ -147,6 +147,10 @@ def test_sidecar_ranges_are_checked():
     assert sorted(Sidecar.from_dict(long).unprofiled_ranges) == ["b", "c"]
     steps = {"unprofiled_step_ms": [0.5] * 3, "unprofiled_ranges": long["unprofiled_ranges"][1:]}
     assert [p.split(" ")[0] for p in sidecar_field_problems(steps)] == ["unprofiled_ranges[0]", "unprofiled_ranges[1]"]
+    # with only the profiled positions' periods, those bound the ranges; an empty list of them is named
+    same = {"unprofiled_same_rounds_ms": [2.0] * 8, "unprofiled_ranges": long["unprofiled_ranges"][:1]}
+    assert [p.split(" ")[0] for p in sidecar_field_problems(same)] == ["unprofiled_ranges[0]"]
+    assert sidecar_field_problems({"unprofiled_same_rounds_ms": []}) == ["unprofiled_same_rounds_ms (an empty list)"]
 
 
 HF = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces", "h100_loops",

@@ -220,3 +220,15 @@ def test_a_block_whose_exit_was_skipped_does_not_stop_its_name_being_timed():
     finally:
         t.uninstall()
     assert t.count == {"manual": 3}
+
+
+def test_a_trace_output_named_like_a_sidecar_is_refused(tmp_path):
+    """`-o X.gaptrace.json` would replace X.json.gz's sidecar with a trace (and write X.gaptrace.gaptrace.json):
+    refused before anything runs, the existing sidecar untouched."""
+    from gaptrace.capture import Capture
+
+    side = tmp_path / "orig.gaptrace.json"
+    side.write_text('{"gaptrace_sidecar": 1}')
+    with pytest.raises(ValueError, match=r"cannot end with \.gaptrace\.json"):
+        Capture(str(side))
+    assert side.read_text() == '{"gaptrace_sidecar": 1}' and sorted(os.listdir(tmp_path)) == ["orig.gaptrace.json"]
