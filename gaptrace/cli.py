@@ -75,6 +75,17 @@ def _unavailable(name: str, missing: str) -> click.Command:
     return unavailable
 
 
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into ``SystemExit(143)`` in the main thread, so a terminated command unwinds like an interrupted
+    one: the temporary files of an atomic write (a trace export, a report) are removed by their ``finally`` blocks
+    instead of left beside the output. No-op off the main thread (signal handlers live there)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands live in other modules and are imported on first use.
 
@@ -115,6 +126,7 @@ class LazyGroup(click.Group):
         # result or error line; the analyses turn non-finite values into None / gaps themselves
         import numpy as np
         np.seterr(all="ignore")
+        exit_on_sigterm()
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:  # bare `gaptrace` (click >= 8.2): the help

@@ -484,3 +484,14 @@ def test_an_empty_output_path_is_refused(tmp_path, command):
     r = _gaptrace(command, os.path.abspath(PROBE), "-o", "", cwd=tmp_path)
     _one_error_line(r, "the output path is empty")
     assert os.listdir(tmp_path) == []
+
+
+def test_sigterm_unwinds_so_temporaries_are_removed(tmp_path):
+    """A terminated command runs its finally blocks (the atomic writers remove their temporaries there): SIGTERM is
+    SystemExit(143) once the CLI has started."""
+    marker = tmp_path / "cleaned"
+    code = ("import os, signal\nfrom gaptrace.cli import exit_on_sigterm\nexit_on_sigterm()\n"
+            f"try:\n    os.kill(os.getpid(), signal.SIGTERM)\n    import time; time.sleep(5)\n"
+            f"finally:\n    open({str(marker)!r}, 'w').close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 143 and marker.exists(), r.stderr
