@@ -325,14 +325,16 @@ def savings_figure(rows: list[tuple[str, float, float | None]], predicted_us: fl
     pred = round(predicted_us / 1000.0, 6)
     shapes = [{"type": "line", "x0": pred, "x1": pred, "yref": "paper", "y0": 0, "y1": 1,
                "line": {"color": "#e15759", "dash": "dash", "width": 2}}]
-    notes = [{"x": pred, "y": 1.03, "yref": "paper", "text": "predicted round now", "showarrow": False,
-              "font": {"size": 11, "color": "#e15759"}, "xanchor": "right"}]
+    # the notes sit above the plot, bottom-anchored and shifted in pixels (paper units would overlap on a short plot)
+    notes = [{"x": pred, "y": 1, "yref": "paper", "yanchor": "bottom", "yshift": 2, "text": "predicted round now",
+              "showarrow": False, "font": {"size": 11, "color": "#e15759"}, "xanchor": "right"}]
     if measured_us is not None:
         m = round(measured_us / 1000.0, 6)
         shapes.append({"type": "line", "x0": m, "x1": m, "yref": "paper", "y0": 0, "y1": 1,
                        "line": {"color": "#555555", "dash": "dot", "width": 1}})
         # a line of its own above the other note: the two are often at one x (the model fitted to the measurement)
-        notes.append({"x": m, "y": 1.12, "yref": "paper", "text": "measured unprofiled", "showarrow": False,
+        notes.append({"x": m, "y": 1, "yref": "paper", "yanchor": "bottom", "yshift": 18,
+                      "text": "measured unprofiled", "showarrow": False,
                       "font": {"size": 11, "color": "#555555"}, "xanchor": "right"})
     # each bar runs from the round after the fix to the round as it is: its length is the saving
     saved = [round(pred - a, 6) for a in after]
