@@ -343,7 +343,7 @@ def savings_figure(rows: list[tuple[str, float, float | None]], predicted_us: fl
              "text": text, "textposition": "auto", "marker": {"color": BUSY_COLOUR}, "customdata": after,
              "hovertemplate": "%{y}<br>round after the fix %{customdata:,.3f} ms<br>%{text}<extra></extra>"}]
     return {"data": data, "layout": {
-        "height": 105 + 34 * max(len(rows), 1), "margin": {"l": 20, "r": 20, "t": 45, "b": 45}, "font": FONT,
+        "height": 130 + 34 * max(len(rows), 1), "margin": {"l": 20, "r": 20, "t": 70, "b": 45}, "font": FONT,
         "plot_bgcolor": "#ffffff", "shapes": shapes, "annotations": notes,
         "xaxis": {"title": {"text": "predicted unprofiled round (ms): after the fix (bar start) to now (dashed)"},
                   # room right of the dashed line for a short bar's label ("saves 0.056 ms"), which sits outside it
