@@ -736,8 +736,9 @@ def loop_body(trace: Trace, ctx: Context, site: str) -> LoopBody | None:
 def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> list[str]:
     """One warning per changed site that is the loop body (:func:`loop_body`) or holds round starts: removing or
     speeding it moves those starts, so the periods around them are not rounds any more; the loop body is no cause
-    (DESIGN.md 5.10: analyze gives it no saving). A site on another thread holds none of the launching thread's
-    starts."""
+    (DESIGN.md 5.10: analyze gives it no saving); and one per changed frame that spans more than BODY_START_SHARE of
+    the window (analyze's other body rule, which needs the findings: such a frame holding another finding's cause is
+    the body around it). A site on another thread holds none of the launching thread's starts."""
     out = []
     for c in changes:
         lb = loop_body(trace, ctx, c.site)
