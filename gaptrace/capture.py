@@ -24,7 +24,11 @@ says how many. Over the same steps every ``torch.profiler.record_function`` bloc
 (the steps timed), which the replay gives those ranges instead of the calibration's estimate (docs/DESIGN.md 5.2
 "Measured ranges").
 
-Outputs are written to a temporary name in the target directory and renamed, so a crash leaves nothing half-written;
+Outputs are written to a temporary name in the target directory and renamed, so a crash leaves nothing half-written:
+the trace is exported to a temporary file at the last active step and renamed with its sidecar when the ``with``
+block exits, so an exception in the block (or SIGTERM, which the CLI turns into one) leaves both outputs as they
+were, never a new trace beside an old sidecar; anything the caller adds to ``extra`` inside the block goes into the
+sidecar;
 both outputs (trace and sidecar) pass :func:`gaptrace.outputs.resolve_output` when the :class:`Capture` is made, before
 any step runs. A write that fails (ENOSPC, ...) removes its temporaries and raises OSError naming the output.
 torch is imported here only; the analysis side of gaptrace never needs it.
@@ -58,8 +62,10 @@ def write_json_atomic(path: str, obj: Any) -> None:
     write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True, default=str))
 
 
-def _export_gz_atomic(prof: Any, path: str) -> None:
-    """Export the profiler's Chrome trace to ``path`` (gzipped when it ends in .gz), atomically."""
+def _export_trace_tmp(prof: Any, path: str) -> str:
+    """Export the profiler's Chrome trace to a temporary file beside ``path`` (gzipped when ``path`` ends in .gz),
+    with the permission bits ``path`` will have; returns the temporary's path, for the caller to rename (or
+    discard). Nothing is left behind on an error."""
     d = os.path.dirname(os.path.abspath(path))
     fd, raw = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
     os.close(fd)
@@ -71,13 +77,11 @@ def _export_gz_atomic(prof: Any, path: str) -> None:
             with os.fdopen(fd, "wb") as out, open(raw, "rb") as src, gzip.GzipFile(fileobj=out, mode="wb",
                                                                                   compresslevel=6) as gz:
                 shutil.copyfileobj(src, gz, 1 << 20)
-            set_output_mode(gz_tmp, path)
-            os.replace(gz_tmp, path)
-            gz_tmp = None
+            done, gz_tmp = gz_tmp, None
         else:
-            set_output_mode(raw, path)
-            os.replace(raw, path)
-            raw = None
+            done, raw = raw, None
+        set_output_mode(done, path)
+        return done
     finally:
         discard(raw, gz_tmp)
 
@@ -137,6 +141,7 @@ class Capture:
         self.unprofiled_step_ms: list[float] = []
         self.profiled_step_ms: list[float] = []
         self.done = False
+        self._trace_tmp: str | None = None  # the exported trace, renamed to trace_out with the sidecar at the exit
         self._n = 0
         self._t_last: float | None = None
         self._prof = None
@@ -197,18 +202,11 @@ class Capture:
         if self._n < self.warmup_steps + 1 + self.active_steps or self._failed:
             return
         try:
-            _export_gz_atomic(prof, self.trace_out)
+            self._trace_tmp = _export_trace_tmp(prof, self.trace_out)
         except OSError as e:
             self._failed = True
             raise OSError(e.errno, e.strerror or str(e), self.path) from None
         self.done = True
-
-    def write_sidecar(self, side: dict[str, Any]) -> None:
-        """Write ``side`` to the sidecar output atomically; OSError with ``filename`` = the sidecar path on failure."""
-        try:
-            write_json_atomic(self.sidecar_out, side)
-        except OSError as e:
-            raise OSError(e.errno, e.strerror or str(e), sidecar_path(self.path)) from None
 
     def sidecar(self) -> dict[str, Any]:
         """The sidecar dict (see module docstring)."""
@@ -233,13 +231,45 @@ class Capture:
 
     def __exit__(self, *exc: Any) -> None:
         self._exited = True
-        if self._ranges is not None:
-            self._ranges.uninstall()
-        prof, self._prof = self._prof, None
-        if prof is not None:
-            prof.__exit__(*exc)
-        if exc[0] is None:
-            if not self.done:
-                raise RuntimeError(f"capture ended after {self._n} steps, before the {self.warmup_steps} warm-up + 1 "
-                                   f"+ {self.active_steps} active steps it needs; nothing was written")
-            self.write_sidecar(self.sidecar())
+        try:
+            if self._ranges is not None:
+                self._ranges.uninstall()
+            prof, self._prof = self._prof, None
+            if prof is not None:
+                prof.__exit__(*exc)
+            if exc[0] is None:
+                if not self.done:
+                    raise RuntimeError(f"capture ended after {self._n} steps, before the {self.warmup_steps} warm-up "
+                                       f"+ 1 + {self.active_steps} active steps it needs; nothing was written")
+                self._commit(self.sidecar())
+        finally:
+            # an exception in the block (a refusal, SIGTERM's SystemExit), or a failed commit: the exported trace is
+            # dropped and the outputs keep what they held before
+            discard(self._trace_tmp)
+            self._trace_tmp = None
+
+    def _commit(self, side: dict[str, Any]) -> None:
+        """Put the trace and its sidecar in place together: the sidecar written to a temporary file, then both
+        renamed, trace first (the two renames are the only moment a stop could pair them wrongly). OSError with
+        ``filename`` = the output that failed."""
+        d = os.path.dirname(os.path.abspath(self.sidecar_out))
+        tmp = None
+        try:
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(side, indent=1, sort_keys=True, default=str))
+            set_output_mode(tmp, self.sidecar_out)
+        except OSError as e:
+            discard(tmp)
+            raise OSError(e.errno, e.strerror or str(e), sidecar_path(self.path)) from None
+        try:
+            os.replace(self._trace_tmp, self.trace_out)
+            self._trace_tmp = None
+        except OSError as e:
+            discard(tmp)
+            raise OSError(e.errno, e.strerror or str(e), self.path) from None
+        try:
+            os.replace(tmp, self.sidecar_out)
+        except OSError as e:
+            discard(tmp)
+            raise OSError(e.errno, e.strerror or str(e), sidecar_path(self.path)) from None

@@ -290,6 +290,9 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
     cap.config = config
     hooks = CaptureHooks(cap, warmup_rounds, rounds, shrink_at_round, on_round, finish=not queue)
 
+    # everything below runs inside the capture: the trace stays a temporary file until the exit puts it in place
+    # with its sidecar, so a refusal or a stop (SIGTERM) leaves the outputs as they were, never a trace without its
+    # sidecar or beside an earlier capture's
     with cap, record_host_ranges() as ranges:
         hooks.ranges = ranges
         try:
@@ -301,57 +304,50 @@ def _run_capture(cap, setup: DecodeSetup, texts: list[str], path: str, warmup_ro
             raise ValueError(f"the decode ended after {len(hooks.round_tau)} rounds, before the {warmup_rounds} "
                              f"warm-up + 1 + {rounds} profiled rounds the capture needs: raise --max-new-tokens "
                              "or lower --rounds")
-    profiled = hooks.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
-    empty = [warmup_rounds + 1 + k for k, t in enumerate(profiled) if not t]
-    if empty:
-        # a profiled round with no live request (every one finished inside the capture): not a decode round; the
-        # trace and the profiler's sidecar are taken back, so nothing half-made stays
-        for out in (cap.trace_out, cap.sidecar_out):
-            if os.path.exists(out):
-                os.remove(out)
-        raise ValueError(f"profiled round {empty[0]} ran with no live request (every request finished inside the "
-                         "capture): raise --max-new-tokens or lower --rounds; nothing was written")
-    graphs = []
-    dev_us = engine.graph_device_us()  # after the decode: reading the events syncs
-    reference: list[float] = []
-    if not queue:
-        # the reference decode, after the capture (a one-off in the profiled rounds, a compile on a new batch shape,
-        # stays there): the same prompts again, unprofiled, up to the last profiled round. Its rounds sit at the
-        # profiled rounds' positions (context lengths), and a round's device time steps with the context, so the
-        # warm-up rounds before them are no exact reference (DESIGN.md 5.3). A queue capture admits by request
-        # finishes, which this decode's early end would change: no reference there
-        ref = ReferenceHooks(warmup_rounds + 1 + rounds, shrink_at_round)
-        engine.generate(ids, max_new_tokens, hooks=ref)
-        reference = reference_periods_ms(ref.hook_s, warmup_rounds, rounds)
-    for phase, nb, nodes in sorted((p, nb, n) for p, by_bucket in engine.graph_nodes.items()
-                                   for nb, n in by_bucket.items()):
-        host = hooks.launch_us.get((phase, nb), [])
-        dev = dev_us.get((phase, nb), [])
-        graphs.append({"name": f"{phase}_bs{nb}", "phase": phase, "bucket": nb, "nodes": nodes,
-                       "unprofiled_launch_us": statistics.median(host) if host else None,
-                       "unprofiled_launches": len(host),
-                       "unprofiled_device_us": statistics.median(dev) if dev else None,
-                       "unprofiled_device_replays": len(dev)})
-    periods = unprofiled_block(cap.unprofiled_step_ms)
-    side = cap.sidecar()
-    tp = setup.target.tp
-    side.update({
-        "rank": 0 if tp is None else tp.rank, "world_size": 1 if tp is None else tp.world,  # of a --tp N capture
-        "rounds": [{"round": warmup_rounds + 1 + k, "tau": (sum(t) / len(t)) if t else None, "accepted": list(t)}
-                   for k, t in enumerate(profiled)],
-        "graphs": graphs,
-        "unprofiled_round_ms": periods or None,  # null: a warm-up too short to time a round
-        # the profiled rounds' own positions, unprofiled, from the reference decode after the capture (null: none,
-        # a queue capture); the replay's measured round where present (DESIGN.md 5.3)
-        "unprofiled_same_rounds_ms": reference or None,
-        # host time per NVTX range in those warm-up rounds (no profiler): the replay takes a removed range's host
-        # time from it (docs/DESIGN.md 5.2)
-        "unprofiled_ranges": unprofiled_ranges(ranges, hooks.range_rounds),
-        "unprofiled_range_rounds": hooks.range_rounds,
-        # the decode window: the profiled rounds, without the profiler's own start/stop synchronisation
-        "analysis_window": "round",
-        "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"
-                                 if setup.simulated else None),
-    })
-    cap.write_sidecar(side)
-    return side
+        profiled = hooks.round_tau[warmup_rounds + 1: warmup_rounds + 1 + rounds]
+        empty = [warmup_rounds + 1 + k for k, t in enumerate(profiled) if not t]
+        if empty:  # a profiled round with no live request (every one finished inside the capture): no decode round
+            raise ValueError(f"profiled round {empty[0]} ran with no live request (every request finished inside "
+                             "the capture): raise --max-new-tokens or lower --rounds; nothing was written")
+        dev_us = engine.graph_device_us()  # after the decode: reading the events syncs
+        reference: list[float] = []
+        if not queue:
+            # the reference decode, after the capture (a one-off in the profiled rounds, a compile on a new batch
+            # shape, stays there): the same prompts again, unprofiled, up to the last profiled round. Its rounds sit
+            # at the profiled rounds' positions (context lengths), and a round's device time steps with the context,
+            # so the warm-up rounds before them are no exact reference (DESIGN.md 5.3). A queue capture admits by
+            # request finishes, which this decode's early end would change: no reference there
+            ref = ReferenceHooks(warmup_rounds + 1 + rounds, shrink_at_round)
+            engine.generate(ids, max_new_tokens, hooks=ref)
+            reference = reference_periods_ms(ref.hook_s, warmup_rounds, rounds)
+        graphs = []
+        for phase, nb, nodes in sorted((p, nb, n) for p, by_bucket in engine.graph_nodes.items()
+                                       for nb, n in by_bucket.items()):
+            host = hooks.launch_us.get((phase, nb), [])
+            dev = dev_us.get((phase, nb), [])
+            graphs.append({"name": f"{phase}_bs{nb}", "phase": phase, "bucket": nb, "nodes": nodes,
+                           "unprofiled_launch_us": statistics.median(host) if host else None,
+                           "unprofiled_launches": len(host),
+                           "unprofiled_device_us": statistics.median(dev) if dev else None,
+                           "unprofiled_device_replays": len(dev)})
+        periods = unprofiled_block(cap.unprofiled_step_ms)
+        tp = setup.target.tp
+        cap.extra.update({  # the sidecar's fields beyond the generic capture's (written at the exit)
+            "rank": 0 if tp is None else tp.rank, "world_size": 1 if tp is None else tp.world,  # of a --tp N capture
+            "rounds": [{"round": warmup_rounds + 1 + k, "tau": (sum(t) / len(t)) if t else None,
+                        "accepted": list(t)} for k, t in enumerate(profiled)],
+            "graphs": graphs,
+            "unprofiled_round_ms": periods or None,  # null: a warm-up too short to time a round
+            # the profiled rounds' own positions, unprofiled, from the reference decode after the capture (null:
+            # none, a queue capture); the replay's measured round where present (DESIGN.md 5.3)
+            "unprofiled_same_rounds_ms": reference or None,
+            # host time per NVTX range in those warm-up rounds (no profiler): the replay takes a removed range's
+            # host time from it (docs/DESIGN.md 5.2)
+            "unprofiled_ranges": unprofiled_ranges(ranges, hooks.range_rounds),
+            "unprofiled_range_rounds": hooks.range_rounds,
+            # the decode window: the profiled rounds, without the profiler's own start/stop synchronisation
+            "analysis_window": "round",
+            "simulated_acceptance": (f"acceptance simulated on the device with rate {rc.sim_accept_rate}"
+                                     if setup.simulated else None),
+        })
+    return cap.sidecar()

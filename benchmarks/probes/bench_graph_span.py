@@ -139,6 +139,8 @@ def run(args) -> dict:
         pass
     if rc.device == "cuda":
         torch.cuda.synchronize()  # SYNC (deliberate, after the decode): every timed replay has finished
+    if cap.done:
+        cap.__exit__(None, None, None)  # puts the trace (and its sidecar) in place
     spans = launch_spans(trace) if cap.done and rc.device == "cuda" else {}
     rows = []
     for (phase, nb), nodes in sorted(names.items(), key=lambda kv: (kv[0][1], kv[0][0])):

@@ -161,13 +161,15 @@ class _FakeProf:
 
 
 def test_trace_export_keeps_permissions(tmp_path):
-    from gaptrace.capture import _export_gz_atomic
+    from gaptrace.capture import _export_trace_tmp
 
     for name in ("t.json.gz", "t.json"):
         p = tmp_path / name
         p.write_text("old")
         os.chmod(p, 0o600)
-        _export_gz_atomic(_FakeProf(), str(p))
+        tmp = _export_trace_tmp(_FakeProf(), str(p))
+        assert p.read_text() == "old"  # the output is untouched until the capture commits
+        os.replace(tmp, p)
         assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
     assert _temporaries(tmp_path) == []
 
@@ -203,7 +205,7 @@ def test_trace_export_enospc_leaves_no_temporaries(tmp_path, monkeypatch):
 
     monkeypatch.setattr(capture.shutil, "copyfileobj", full)
     with pytest.raises(OSError) as ei:
-        capture._export_gz_atomic(_FakeProf(), str(tmp_path / "t.json.gz"))
+        capture._export_trace_tmp(_FakeProf(), str(tmp_path / "t.json.gz"))
     assert ei.value.errno == errno.ENOSPC
     assert os.listdir(tmp_path) == []
 
@@ -321,7 +323,7 @@ def test_capture_decode_enospc_one_line_no_temporaries(tmp_path, monkeypatch):
     monkeypatch.undo()
 
     # the sidecar's write fails: one line naming the sidecar, no temporaries
-    monkeypatch.setattr(outputs, "set_output_mode", lambda tmp, dest: (_ for _ in ()).throw(
+    monkeypatch.setattr(capture, "set_output_mode", lambda tmp, dest: (_ for _ in ()).throw(
         OSError(errno.ENOSPC, "No space left on device")) if dest.endswith(".gaptrace.json") else os.chmod(tmp, 0o644))
     with pytest.raises(ValueError, match=r"x\.gaptrace\.json: cannot write the capture sidecar: No space left"):
         capture_decode(setup, ["hello"], out, 1, 2, 40, inputs=())

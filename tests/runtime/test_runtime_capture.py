@@ -77,12 +77,23 @@ def test_short_warmup_sidecar_has_nothing_to_skip(tmp_path):
 
 def test_a_profiled_round_with_no_live_request_is_refused(tmp_path):
     """Too few new tokens for the capture: every request finishes inside the profiled rounds, so the last one runs
-    with no live request. One error line, exit 2, and neither the trace nor a sidecar is left."""
+    with no live request. One error line, exit 2, and nothing written: an earlier capture at the same path keeps
+    its trace and sidecar, byte for byte (the trace is put in place only with its sidecar, at the end)."""
     out = tmp_path / "cap.json.gz"
-    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "capture", "--preset", "tiny", "--prompts",
-                        "fixtures/prompts/heldout.jsonl", "--batch-size", "2", "--warmup-rounds", "2", "--rounds", "3",
-                        "--max-new-tokens", "8", "-o", str(out)], capture_output=True, text=True)
+
+    def capture(new_tokens: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "gaptrace.cli", "capture", "--preset", "tiny", "--prompts",
+                               "fixtures/prompts/heldout.jsonl", "--batch-size", "2", "--warmup-rounds", "2",
+                               "--rounds", "3", "--max-new-tokens", new_tokens, "-o", str(out)],
+                              capture_output=True, text=True)
+
+    r = capture("8")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "no live request" in lines[-1] and "raise --max-new-tokens" in lines[-1], r.stderr
     assert not [line for line in lines if "Traceback" in line]
     assert os.listdir(tmp_path) == []
+    assert capture("16").returncode == 0
+    before = {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)}
+    assert sorted(before) == ["cap.gaptrace.json", "cap.json.gz"]
+    assert capture("8").returncode == 2
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == before
