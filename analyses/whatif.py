@@ -33,7 +33,7 @@ from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import (Calibration, _starts_inside, gil_held_in_waits, load_calibration, lock_waits_in,
                            measured_period_us, name_codes, site_share, unprofiled_inputs)
-from .steps import find_steps
+from .steps import find_steps, is_launch_call
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
 
@@ -670,8 +670,9 @@ def body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.nd
     """The ranges that fill the rounds: (name, starts, ends) (µs relative to the model's t0) of every
     user_annotation name on the launching thread inside the window that occurs at least once per two rounds, whose
     occurrences cover more than BODY_START_SHARE of the window and hold more than that share of the window's
-    device-facing calls (a loop's own ``step`` range inside ``ProfilerStep#N``, a forward range; not a cause's own
-    range that is long only because the cause is: a detokenize or read-back range holds few launches). Memoised on
+    launch calls (:func:`.steps.is_launch_call`; a loop's own ``step`` range inside ``ProfilerStep#N``, a forward
+    range; not a cause's own range that is long only because the cause is: a detokenize or read-back range, or a
+    tree built on the host that polls the device, holds few launches). Memoised on
     ``ctx``. DESIGN.md 5.10."""
     if ctx.body_ranges is not None:
         return ctx.body_ranges
@@ -687,8 +688,12 @@ def body_ranges(trace: Trace, ctx: Context) -> list[tuple[str, np.ndarray, np.nd
         t0 = ctx.model.t0_us
         ts, te = h["ts_us"].to_numpy()[rows] - t0, h["end_us"].to_numpy()[rows] - t0
         n_rounds = max(len(ctx.starts) - 1, 1)
+        # the launch calls (kernel and graph launches: steps.is_launch_call, as analyze's host-range
+        # findings count them), not every runtime call: a host loop polling cudaEventQuery is no body
+        u, inv = np.unique(np.asarray(ctx.model.call_name, dtype=object).astype(str), return_inverse=True)
+        launch = np.array([is_launch_call(n) for n in u], dtype=bool)[inv]
         calls = np.asarray(ctx.model.call_start_us, dtype=np.float64)
-        calls = calls[(calls >= lo - t0) & (calls < hi - t0)]
+        calls = calls[launch & (calls >= lo - t0) & (calls < hi - t0)]
         for name in np.unique(names):
             k = names == name
             cover = float(np.minimum(te[k], hi - t0).sum() - ts[k].sum())
@@ -736,24 +741,32 @@ def loop_body(trace: Trace, ctx: Context, site: str) -> LoopBody | None:
 def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> list[str]:
     """One warning per changed site that is the loop body (:func:`loop_body`) or holds round starts: removing or
     speeding it moves those starts, so the periods around them are not rounds any more; the loop body is no cause
-    (DESIGN.md 5.10: analyze gives it no saving); and one per changed frame that spans more than BODY_START_SHARE of
-    the window (analyze's other body rule, which needs the findings: such a frame holding another finding's cause is
-    the body around it). A site on another thread holds none of the launching thread's starts."""
+    (DESIGN.md 5.10: analyze gives it no saving); one per changed range that itself fills the rounds
+    (:func:`body_ranges`: most of the round's host work and launches, not one cause; analyze makes no finding of
+    it); and one per changed frame that spans more than BODY_START_SHARE of the window (analyze's other body rule,
+    which needs the findings: such a frame holding another finding's cause is the body around it). A site on
+    another thread holds none of the launching thread's starts."""
     out = []
     for c in changes:
         lb = loop_body(trace, ctx, c.site)
+        verb = f"speeds up (x{c.factor:g})" if c.factor is not None else "removes"
+        fills = lb is not None and c.site in {name for name, _s, _e in body_ranges(trace, ctx)}
+        if fills:
+            out.append(f"{c.site!r} is a range that fills the rounds ({lb.window_share:.0%} of the window and most of "
+                       f"its launch calls): the loop body or its forward, not one cause (analyze makes no finding of "
+                       f"it); the prediction {verb} most of the round's host work")
         # (a frame: an NVTX range that long is a marker around the cause it holds when it buys no more, 5.10)
-        if (lb is not None and not lb.body and lb.window_share > BODY_START_SHARE
+        elif (lb is not None and not lb.body and lb.window_share > BODY_START_SHARE
                 and site_matches(trace, ctx.model, c.site)["how"] != "range"):
             out.append(f"{c.site!r} spans {lb.window_share:.0%} of the rounds' window: analyze calls a site that long "
                        "the loop body when it holds another finding's cause (one that does not also hold it) and then "
-                       "gives it no saving of its own (DESIGN.md 5.10); this prediction removes all of its host work")
+                       f"gives it no saving of its own (DESIGN.md 5.10); this prediction {verb} all of its host work")
         if lb is None or not (lb.body or lb.starts_held):
             continue
         where = (f"{c.site!r} holds most occurrences of {lb.fills!r}, a range that fills the rounds" if lb.fills else
                  f"{c.site!r} holds the start of {lb.starts_held} of {lb.rounds} rounds")
-        out.append(where + ": " + ("it is the loop body around the round, not a cause (analyze gives it no saving); "
-                                   "the prediction removes the round's own host work" if lb.body else
+        out.append(where + ": " + (f"it is the loop body around the round, not a cause (analyze gives it no saving); "
+                                   f"the prediction {verb} the round's own host work" if lb.body else
                                    "changing it moves those round starts, so the periods beside them are not whole "
                                    "rounds"))
     return out

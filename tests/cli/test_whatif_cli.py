@@ -202,6 +202,16 @@ def test_round_names_and_round_starts_are_checked():
     assert [w for w in d["warnings"] if "loop body" in w] == [
         f"{site!r} holds most occurrences of 'step', a range that fills the rounds: it is the loop body "
         "around the round, not a cause (analyze gives it no saving); the prediction removes the round's own host work"]
+    # the range that fills the rounds itself (most of the window and of its launches): named as the loop body or its
+    # forward; a speedup says it speeds up, not removes
+    h = os.path.join(ROOT, "h100_loops", "pageable_htod.planted.trace.json.gz")
+    d = json.loads(_run(h, "--remove", "step", "--json").stdout)
+    assert [w for w in d["warnings"] if "fills the rounds" in w] == [
+        "'step' is a range that fills the rounds (96% of the window and most of its launch calls): the loop body or "
+        "its forward, not one cause (analyze makes no finding of it); the prediction removes most of the round's "
+        "host work"]
+    d = json.loads(_run(h, "--speedup", "benchmarks/loops/pageable_htod.py(76): step=2", "--json").stdout)
+    assert any(w.endswith("the prediction speeds up (x2) the round's own host work") for w in d["warnings"])
     # a site that spans most of the window without holding round starts or a body range: named with its share,
     # since analyze calls it the loop body when it holds another finding's cause (train_step_logging's step frame)
     t = os.path.join(ROOT, "h100_loops", "train_step_logging.planted.trace.json.gz")
