@@ -158,10 +158,10 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     period_us = _round_period_us(obj)
     for i, r in enumerate(ranges if isinstance(ranges, list) else []):
         if not _usable_range(r):
-            out.append(f"unprofiled_ranges[{i}] (needs a name, a positive mean_us and per_round)")
+            out.append(f"unprofiled_ranges[{i}] (needs a name, and mean_us and per_round {NOT_POSITIVE[4:]})")
         elif not _usable_range(r, period_us):
             out.append(f"unprofiled_ranges[{i}] ({json.dumps(r['name'])[:60]}: {r['mean_us'] * r['per_round']:.4g} µs "
-                       f"a round, more than {RANGE_MAX_ROUNDS:g} unprofiled rounds of {period_us:.4g} µs)")
+                       f"a round, more than {RANGE_MAX_ROUNDS:g} rounds of {period_us:.4g} µs)")
         elif r["name"] in seen:
             out.append(f"unprofiled_ranges[{i}] (a second entry for {json.dumps(r['name'])[:60]}: the first one is used)")
         else:
@@ -188,8 +188,9 @@ RANGE_MAX_ROUNDS = 2.0
 
 def _round_period_us(obj: Mapping[str, Any]) -> float | None:
     """The median unprofiled round period in µs (``unprofiled_round_ms``, else ``unprofiled_step_ms``, else
-    ``unprofiled_same_rounds_ms``: their usable values), None without one."""
-    for key in ("unprofiled_round_ms", "unprofiled_step_ms", "unprofiled_same_rounds_ms"):
+    ``unprofiled_same_rounds_ms``: their usable values), else the profiled steps' (``profiled_step_ms``, longer: a
+    looser bound), None without any."""
+    for key in ("unprofiled_round_ms", "unprofiled_step_ms", "unprofiled_same_rounds_ms", "profiled_step_ms"):
         ms = _median_period_ms(obj.get(key))
         if ms is not None:
             return ms * 1e3

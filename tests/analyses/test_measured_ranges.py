@@ -143,7 +143,7 @@ def test_sidecar_ranges_are_checked():
                                   {"name": "b", "mean_us": 1000.0, "per_round": 4.0},
                                   {"name": "c", "mean_us": 1000.0, "per_round": 3.9}]}
     assert sidecar_field_problems(long) == [
-        'unprofiled_ranges[0] ("a": 1e+12 µs a round, more than 2 unprofiled rounds of 2000 µs)']
+        'unprofiled_ranges[0] ("a": 1e+12 µs a round, more than 2 rounds of 2000 µs)']
     assert sorted(Sidecar.from_dict(long).unprofiled_ranges) == ["b", "c"]
     steps = {"unprofiled_step_ms": [0.5] * 3, "unprofiled_ranges": long["unprofiled_ranges"][1:]}
     assert [p.split(" ")[0] for p in sidecar_field_problems(steps)] == ["unprofiled_ranges[0]", "unprofiled_ranges[1]"]
@@ -151,6 +151,10 @@ def test_sidecar_ranges_are_checked():
     same = {"unprofiled_same_rounds_ms": [2.0] * 8, "unprofiled_ranges": long["unprofiled_ranges"][:1]}
     assert [p.split(" ")[0] for p in sidecar_field_problems(same)] == ["unprofiled_ranges[0]"]
     assert sidecar_field_problems({"unprofiled_same_rounds_ms": []}) == ["unprofiled_same_rounds_ms (an empty list)"]
+    # no unprofiled period at all (a hand-made sidecar): the profiled steps bound them, looser but not unbounded
+    prof = {"profiled_step_ms": [2.0] * 3, "unprofiled_ranges": long["unprofiled_ranges"][:1]}
+    assert [p.split(" ")[0] for p in sidecar_field_problems(prof)] == ["unprofiled_ranges[0]"]
+    assert Sidecar.from_dict(prof).unprofiled_ranges == {}
 
 
 HF = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces", "h100_loops",
