@@ -179,6 +179,11 @@ def test_a_device_the_replay_cannot_tie_to_its_launches_is_refused(tmp_path):
         assert any(needle in w for w in d["warnings"])
 
 
+def _notes(needle: str, *args: str) -> list[str]:
+    """The warnings of ``gaptrace whatif ARGS --json`` that contain ``needle``."""
+    return [w for w in json.loads(_run(*args, "--json").stdout)["warnings"] if needle in w]
+
+
 def test_round_names_and_round_starts_are_checked():
     """A --round-name the trace lacks is an error (as analyze --rounds), not a silent fall-back to the steps; a
     removed site that holds round starts is named: one start (ProfilerStep#3: the periods beside it are not whole
@@ -198,15 +203,13 @@ def test_round_names_and_round_starts_are_checked():
     # the loop's `step` frame starts after each ProfilerStep#N (no round start inside) but holds the range that
     # fills the rounds: the loop body in whatif's note as in analyze's ranking (one rule, whatif.loop_body)
     site = "benchmarks/loops/graph_readback.py(59): step"
-    d = json.loads(_run(p, "--remove", site, "--json").stdout)
-    assert [w for w in d["warnings"] if "loop body" in w] == [
+    assert _notes("loop body", p, "--remove", site) == [
         f"{site!r} holds most occurrences of 'step', a range that fills the rounds: it is the loop body "
         "around the round, not a cause (analyze gives it no saving); the prediction removes the round's own host work"]
     # the range that fills the rounds itself (most of the window and of its launches): named as the loop body or its
     # forward; a speedup says it speeds up, not removes
     h = os.path.join(ROOT, "h100_loops", "pageable_htod.planted.trace.json.gz")
-    d = json.loads(_run(h, "--remove", "step", "--json").stdout)
-    assert [w for w in d["warnings"] if "fills the rounds" in w] == [
+    assert _notes("fills the rounds", h, "--remove", "step") == [
         "'step' is a range that fills the rounds (96% of the window and most of its launch calls): the loop body or "
         "its forward, not one cause (analyze makes no finding of it); the prediction removes most of the round's "
         "host work"]
@@ -215,8 +218,7 @@ def test_round_names_and_round_starts_are_checked():
     # a site that spans most of the window without holding round starts or a body range: named with its share,
     # since analyze calls it the loop body when it holds another finding's cause (train_step_logging's step frame)
     t = os.path.join(ROOT, "h100_loops", "train_step_logging.planted.trace.json.gz")
-    d = json.loads(_run(t, "--remove", "benchmarks/loops/train_step_logging.py(56): step", "--json").stdout)
-    assert [w for w in d["warnings"] if "of the rounds' window" in w] == [
+    assert _notes("of the rounds' window", t, "--remove", "benchmarks/loops/train_step_logging.py(56): step") == [
         "'benchmarks/loops/train_step_logging.py(56): step' spans 97% of the rounds' window: analyze calls a site that "
         "long the loop body when it holds another finding's cause (one that does not also hold it) and then gives it "
         "no saving of its own (DESIGN.md 5.10); this prediction removes all of its host work"]
