@@ -106,7 +106,8 @@ def steady_decode(engine, ids: list, max_new: int, warmup: int, timed: int, prof
         cap = st["cap"]
         if profiled and i == warmup + timed:
             st["cap_t0"] = time.perf_counter()
-            cap = st["cap"] = Capture(trace_path, warmup_steps=0, active_steps=profiled, config=config)
+            cap = st["cap"] = Capture(trace_path, warmup_steps=0, active_steps=profiled, config=config,
+                                      commit_on_error=False)  # its sidecar fields are added after the decode
             cap.__enter__()
         elif cap is not None and not cap.done:
             t0 = time.perf_counter()

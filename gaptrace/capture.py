@@ -106,11 +106,14 @@ def profiler_kwargs(with_stack: bool = True) -> dict[str, Any]:
 class Capture:
     """Context manager: skip ``warmup_steps``, discard one profiler warm-up step, record ``active_steps``.
 
-    Call :meth:`step` once at the end of every step. After the last active step the trace and the sidecar are
-    written (``path`` and :func:`sidecar_path` of it); later ``step()`` calls are no-ops. ``config`` (any
-    JSON-able dict) and ``extra`` (set by callers such as the runtime's capture: graphs, rounds) go into the sidecar.
-    ``time_ranges``: time every ``record_function`` block of the kept warm-up steps (module docstring); the runtime,
-    which times its own NVTX ranges, passes False.
+    Call :meth:`step` once at the end of every step. After the last active step the trace is exported to a
+    temporary file; when the ``with`` block exits it is renamed to ``path`` together with the sidecar
+    (:func:`sidecar_path` of it); later ``step()`` calls are no-ops. ``config`` (any JSON-able dict) and ``extra``
+    (set by callers such as the runtime's capture: graphs, rounds) go into the sidecar. ``time_ranges``: time every
+    ``record_function`` block of the kept warm-up steps (module docstring); the runtime, which times its own NVTX
+    ranges, passes False. ``commit_on_error``: an exception that ends the block after the last active step (a loop
+    stopped with Ctrl-C) still puts the complete capture in place; the runtime, which adds sidecar fields after
+    that step, passes False, and its refusals leave the outputs as they were.
 
     Both outputs are checked here, before any step (:func:`gaptrace.outputs.resolve_output`: a missing or
     unwritable directory, a directory/device/FIFO at the path, or one of ``inputs`` raises ValueError, one line);
@@ -120,7 +123,8 @@ class Capture:
 
     def __init__(self, path: str, warmup_steps: int = DEFAULT_WARMUP_STEPS, active_steps: int = 20,
                  config: dict | None = None,
-                 with_stack: bool = True, inputs: tuple[str, ...] = (), time_ranges: bool = True):
+                 with_stack: bool = True, inputs: tuple[str, ...] = (), time_ranges: bool = True,
+                 commit_on_error: bool = True):
         if warmup_steps < 0 or active_steps < 1:
             raise ValueError(f"warmup_steps must be >= 0 and active_steps >= 1 (got {warmup_steps}, {active_steps})")
         if os.path.basename(path).endswith(SIDECAR_SUFFIX):
@@ -142,6 +146,7 @@ class Capture:
         self.profiled_step_ms: list[float] = []
         self.done = False
         self._trace_tmp: str | None = None  # the exported trace, renamed to trace_out with the sidecar at the exit
+        self.commit_on_error = commit_on_error
         self._n = 0
         self._t_last: float | None = None
         self._prof = None
@@ -237,10 +242,12 @@ class Capture:
             prof, self._prof = self._prof, None
             if prof is not None:
                 prof.__exit__(*exc)
-            if exc[0] is None:
-                if not self.done:
-                    raise RuntimeError(f"capture ended after {self._n} steps, before the {self.warmup_steps} warm-up "
-                                       f"+ 1 + {self.active_steps} active steps it needs; nothing was written")
+            if exc[0] is None and not self.done:
+                raise RuntimeError(f"capture ended after {self._n} steps, before the {self.warmup_steps} warm-up "
+                                   f"+ 1 + {self.active_steps} active steps it needs; nothing was written")
+            # a loop stopped by an exception once every active step was recorded (a server loop ended with Ctrl-C)
+            # keeps its complete capture, unless the caller still had sidecar fields to add (commit_on_error False)
+            if self.done and (exc[0] is None or self.commit_on_error):
                 self._commit(self.sidecar())
         finally:
             # an exception in the block (a refusal, SIGTERM's SystemExit), or a failed commit: the exported trace is

@@ -165,8 +165,10 @@ def capture_decode(setup: DecodeSetup, texts: list[str], path: str, warmup_round
     check_queue(setup.rcfg.batch_size, len(texts), max_new_tokens, queue)
     # both outputs checked before the engine is built and the decode runs
     # the runtime times its own NVTX ranges per round (record_host_ranges), not record_function blocks per step
+    # commit_on_error False: the sidecar's runtime fields come after the profiled rounds; a refusal or a stop before
+    # they are in leaves the outputs as they were
     cap = Capture(path, warmup_steps=warmup_rounds, active_steps=rounds,
-                  inputs=tuple(inputs), time_ranges=False)
+                  inputs=tuple(inputs), time_ranges=False, commit_on_error=False)
     try:
         return _run_capture(cap, setup, texts, path, warmup_rounds, rounds, max_new_tokens, on_round,
                             shrink_at_round, queue, need)

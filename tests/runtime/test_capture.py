@@ -232,3 +232,21 @@ def test_a_trace_output_named_like_a_sidecar_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"cannot end with \.gaptrace\.json"):
         Capture(str(side))
     assert side.read_text() == '{"gaptrace_sidecar": 1}' and sorted(os.listdir(tmp_path)) == ["orig.gaptrace.json"]
+
+
+def test_a_loop_stopped_after_the_active_steps_keeps_its_capture(tmp_path):
+    """A loop ended by an exception once every active step was recorded (a server loop stopped with Ctrl-C) keeps its
+    trace and sidecar; one stopped before the last active step writes nothing. commit_on_error=False (the runtime's
+    capture, whose sidecar fields come later) writes nothing either way."""
+    def run(path, steps, **kw):
+        with pytest.raises(KeyboardInterrupt):
+            with Capture(str(path), warmup_steps=2, active_steps=2, **kw) as cap:
+                _loop(cap, steps)
+                raise KeyboardInterrupt
+
+    run(tmp_path / "done.json.gz", 2 + 1 + 2 + 3)
+    assert sorted(os.listdir(tmp_path)) == ["done.gaptrace.json", "done.json.gz"]
+    assert read_sidecar(str(tmp_path / "done.json.gz"))["profiled_step_ms"]
+    run(tmp_path / "early.json.gz", 3)
+    run(tmp_path / "kept.json.gz", 2 + 1 + 2 + 3, commit_on_error=False)
+    assert sorted(os.listdir(tmp_path)) == ["done.gaptrace.json", "done.json.gz"]
