@@ -26,9 +26,11 @@ says how many. Over the same steps every ``torch.profiler.record_function`` bloc
 
 Outputs are written to a temporary name in the target directory and renamed, so a crash leaves nothing half-written:
 the trace is exported to a temporary file at the last active step and renamed with its sidecar when the ``with``
-block exits, so an exception in the block (or SIGTERM, which the CLI turns into one) leaves both outputs as they
-were, never a new trace beside an old sidecar; anything the caller adds to ``extra`` inside the block goes into the
-sidecar;
+block exits, never a new trace beside an old sidecar. An exception in the block before the last active step leaves
+both outputs as they were; one after it still commits the complete capture (``commit_on_error``, the default; the
+runtime's capture turns it off, so its refusals and a SIGTERM, which the CLI turns into SystemExit, leave the outputs
+as they were). Without the CLI, SIGTERM kills the process with no clean-up: a trace already exported stays behind as
+a ``.tmp-*`` file. Anything the caller adds to ``extra`` inside the block goes into the sidecar;
 both outputs (trace and sidecar) pass :func:`gaptrace.outputs.resolve_output` when the :class:`Capture` is made, before
 any step runs. A write that fails (ENOSPC, ...) removes its temporaries and raises OSError naming the output.
 torch is imported here only; the analysis side of gaptrace never needs it.
@@ -158,6 +160,8 @@ class Capture:
         self.range_steps = 0  # warm-up steps whose record_function blocks were timed
 
     def __enter__(self) -> "Capture":
+        if self._entered:
+            raise RuntimeError("a Capture records one capture: make a new one for the next")
         self._entered = True
         if self._ranges is not None:
             self._ranges_installed = self._ranges.install()
@@ -170,8 +174,12 @@ class Capture:
         # The profiler is entered only after the warm-up steps: under an entered torch.profiler (its schedule's
         # wait phase) every step pays profile.step()'s Python, so the warm-up periods would not be unprofiled ones
         # (docs/DESIGN.md "Fitted to the capture's own unprofiled rounds").
+        import torch
         import torch.profiler as tp
 
+        if torch.autograd.profiler._is_profiler_enabled:
+            # nested profilers crash torch's trace export (a segfault with schedules): refuse up front
+            raise RuntimeError("another torch profiler is already running on this thread: a Capture needs its own")
         sched = tp.schedule(wait=0, warmup=1, active=self.active_steps, repeat=1)
         self._prof = tp.profile(schedule=sched, on_trace_ready=self._ready, **profiler_kwargs(self.with_stack))
         self._prof.__enter__()
@@ -248,10 +256,16 @@ class Capture:
             # a loop stopped by an exception once every active step was recorded (a server loop ended with Ctrl-C)
             # keeps its complete capture, unless the caller still had sidecar fields to add (commit_on_error False)
             if self.done and (exc[0] is None or self.commit_on_error):
-                self._commit(self.sidecar())
+                try:
+                    self._commit(self.sidecar())
+                except BaseException as e:
+                    if exc[0] is not None:  # the block's own exception stays the one shown, the failure attached
+                        raise e from exc[1]
+                    raise
         finally:
-            # an exception in the block (a refusal, SIGTERM's SystemExit), or a failed commit: the exported trace is
-            # dropped and the outputs keep what they held before
+            # an exception in the block before the last active step (or with commit_on_error False: a refusal,
+            # SIGTERM's SystemExit in the CLI), or a failed commit: the exported trace is dropped and the outputs
+            # keep what they held before
             discard(self._trace_tmp)
             self._trace_tmp = None
 
@@ -260,15 +274,18 @@ class Capture:
         renamed, trace first (the two renames are the only moment a stop could pair them wrongly). OSError with
         ``filename`` = the output that failed."""
         d = os.path.dirname(os.path.abspath(self.sidecar_out))
+        text = json.dumps(side, indent=1, sort_keys=True, default=str)  # a sidecar that is no JSON fails here
         tmp = None
         try:
             fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(json.dumps(side, indent=1, sort_keys=True, default=str))
+                f.write(text)
             set_output_mode(tmp, self.sidecar_out)
-        except OSError as e:
+        except BaseException as e:
             discard(tmp)
-            raise OSError(e.errno, e.strerror or str(e), sidecar_path(self.path)) from None
+            if isinstance(e, OSError):
+                raise OSError(e.errno, e.strerror or str(e), sidecar_path(self.path)) from None
+            raise
         try:
             os.replace(self._trace_tmp, self.trace_out)
             self._trace_tmp = None
@@ -278,5 +295,7 @@ class Capture:
         try:
             os.replace(tmp, self.sidecar_out)
         except OSError as e:
-            discard(tmp)
-            raise OSError(e.errno, e.strerror or str(e), sidecar_path(self.path)) from None
+            # the trace is in place: an earlier capture's sidecar beside it would describe another run, so it goes
+            discard(tmp, self.sidecar_out)
+            raise OSError(e.errno, f"{e.strerror or e}; the trace was written without its sidecar",
+                          sidecar_path(self.path)) from None

@@ -250,3 +250,45 @@ def test_a_loop_stopped_after_the_active_steps_keeps_its_capture(tmp_path):
     run(tmp_path / "early.json.gz", 3)
     run(tmp_path / "kept.json.gz", 2 + 1 + 2 + 3, commit_on_error=False)
     assert sorted(os.listdir(tmp_path)) == ["done.gaptrace.json", "done.json.gz"]
+
+
+def test_a_capture_fails_cleanly(tmp_path, monkeypatch):
+    """A Capture is used once; a second profiler on the thread is refused; a sidecar that is no JSON leaves no
+    temporary; a commit that fails after the block raised keeps the block's exception as the cause; a sidecar that
+    cannot be renamed after its trace was takes the earlier sidecar with it (no new trace beside an old sidecar)."""
+    def temporaries():
+        return [n for n in os.listdir(tmp_path) if n.startswith(".tmp-")]
+
+    cap = Capture(str(tmp_path / "a.json.gz"), warmup_steps=2, active_steps=2)
+    with cap:
+        _loop(cap, 5)
+    with pytest.raises(RuntimeError, match="one capture"):
+        cap.__enter__()
+    # nested: the inner capture starts its profiler under the outer one's
+    with pytest.raises(RuntimeError, match="another torch profiler"):
+        with Capture(str(tmp_path / "outer.json.gz"), warmup_steps=0, active_steps=3) as outer:
+            _loop(outer, 1)
+            with Capture(str(tmp_path / "inner.json.gz"), warmup_steps=0, active_steps=2):
+                pass
+    # no JSON: the block's error, nothing of this capture written, no temporary
+    with pytest.raises(TypeError):
+        with Capture(str(tmp_path / "b.json.gz"), warmup_steps=2, active_steps=2) as cap:
+            cap.extra[(1, 2)] = 1
+            _loop(cap, 5)
+    assert temporaries() == [] and sorted(os.listdir(tmp_path)) == ["a.gaptrace.json", "a.json.gz"]
+    # the commit fails after a Ctrl-C: the OSError is raised from the KeyboardInterrupt
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device")))
+    with pytest.raises(OSError) as ei:
+        with Capture(str(tmp_path / "c.json.gz"), warmup_steps=2, active_steps=2) as cap:
+            _loop(cap, 5)
+            raise KeyboardInterrupt
+    assert isinstance(ei.value.__cause__, KeyboardInterrupt) and temporaries() == []
+    # the trace renamed, the sidecar not: the earlier sidecar goes too, and the error says so
+    calls = []
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append(b), real(a, b) if len(calls) == 1 else
+                                                     (_ for _ in ()).throw(OSError(28, "No space left on device"))))
+    with pytest.raises(OSError, match="written without its sidecar"):
+        with Capture(str(tmp_path / "a.json.gz"), warmup_steps=2, active_steps=2) as cap:
+            _loop(cap, 5)
+    assert temporaries() == [] and sorted(os.listdir(tmp_path)) == ["a.json.gz"]
