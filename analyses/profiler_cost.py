@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
+from gaptrace.sidecar import Sidecar, as_sidecar, median_period_ms
 
 from gaptrace.trace import Trace
 
@@ -388,10 +388,8 @@ def measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
     if side.measured_round_ms is not None:
         return side.measured_round_ms * 1e3
     v = (side.raw or {}).get("unprofiled_step_ms")
-    if isinstance(v, list):
-        ok = [float(x) for x in v if usable_period_ms(x)]
-        return float(np.median(ok)) * 1e3 if ok else None
-    return None
+    ms = median_period_ms(v) if isinstance(v, list) else None
+    return ms * 1e3 if ms is not None else None
 
 
 BLOCKED_RANGE_WAIT_SHARE = 0.1  # a range whose blocking calls waited at most this share of its time is set too

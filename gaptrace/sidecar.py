@@ -31,7 +31,7 @@ import numpy as np
 __all__ = ["Sidecar", "SidecarGraph", "SidecarRange", "SIDECAR_SUFFIX", "sidecar_path", "read_sidecar", "read_sidecar_checked",
            "load_sidecar_checked", "sidecar_problem", "sidecar_field_problems", "positive_number", "usable_tau",
            "as_sidecar", "check_sidecar", "sidecar_window_problem", "sidecar_steps_problem",
-           "usable_period_ms"]
+           "usable_period_ms", "median_period_ms"]
 
 SIDECAR_SUFFIX = ".gaptrace.json"
 
@@ -191,7 +191,7 @@ def _round_period_us(obj: Mapping[str, Any]) -> float | None:
     ``unprofiled_same_rounds_ms``: their usable values), else the profiled steps' (``profiled_step_ms``, longer: a
     looser bound), None without any."""
     for key in ("unprofiled_round_ms", "unprofiled_step_ms", "unprofiled_same_rounds_ms", "profiled_step_ms"):
-        ms = _median_period_ms(obj.get(key))
+        ms = median_period_ms(obj.get(key))
         if ms is not None:
             return ms * 1e3
     return None
@@ -321,7 +321,7 @@ class Sidecar:
                        for g in (graphs if isinstance(graphs, list) else [])
                        if isinstance(g, dict) and positive_number(g.get("nodes"))
                        and positive_number(g.get("unprofiled_launch_us")))
-        unprof, same = (_median_period_ms(obj.get(k)) for k in ("unprofiled_round_ms", "unprofiled_same_rounds_ms"))
+        unprof, same = (median_period_ms(obj.get(k)) for k in ("unprofiled_round_ms", "unprofiled_same_rounds_ms"))
         window = obj.get("analysis_window")
         config = obj.get("config")
         ranges = obj.get("unprofiled_ranges") if _usable_range_rounds(obj) else None
@@ -348,7 +348,7 @@ class Sidecar:
                 if g.unprofiled_device_us is not None} or None
 
 
-def _median_period_ms(u: Any) -> float | None:
+def median_period_ms(u: Any) -> float | None:
     """A sidecar period field (a number or a list of them) as the median of its usable values
     (:func:`usable_period_ms`: the items :func:`sidecar_field_problems` does not name as skipped), ms; None without
     one."""
