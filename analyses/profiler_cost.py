@@ -54,8 +54,9 @@ class Calibration:
     ``python_frame_us`` (one recorded Python frame), ``runtime_call_us`` (one CUPTI-traced runtime call),
     ``device_op_us`` (extra device time per traced device op; optional in the file, 0 when absent);
     ``graph_node_us`` (host cost per CUDA graph node of a launch under the profiler, κ measured by
-    ``gaptrace calibrate``; optional, 0 when absent); ``source`` (the file), ``measured_on`` (what machine and
-    torch measured it)."""
+    ``gaptrace calibrate``; optional, 0 when absent); ``queue_gap_us`` (the device's unprofiled queued-launch gap
+    between two eager kernels, :func:`gaptrace.calibrate.queued_chain_us`; None when not measured: a file without
+    it, or one made without CUDA); ``source`` (the file), ``measured_on`` (what machine and torch measured it)."""
 
     aten_op_us: float
     python_frame_us: float
@@ -64,6 +65,7 @@ class Calibration:
     measured_on: str
     device_op_us: float = 0.0
     graph_node_us: float = 0.0
+    queue_gap_us: float | None = None
 
     def cost_of(self, cat: str) -> float:
         return float(getattr(self, COST_KEYS[cat])) if cat in COST_KEYS else 0.0
@@ -94,6 +96,11 @@ def load_calibration(path: str | None = None) -> Calibration:
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
             raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {d!r})")
         vals[k] = float(d)
+    q = obj.get("queue_gap_us") if obj.get("queue_gap_measured", True) else None
+    if q is not None:  # optional: measured with CUDA only
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q < 0:
+            raise ValueError(f"{p}: calibration field queue_gap_us must be a finite number >= 0 (got {q!r})")
+        vals["queue_gap_us"] = float(q)
     on = obj.get("measured_on")
     if not isinstance(on, str):
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"
@@ -397,7 +404,7 @@ BLOCKED_RANGE_WAIT_SHARE = 0.1  # a range whose blocking calls waited at most th
 
 def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict | None", work_us: np.ndarray,
                     cost_us: np.ndarray, window: tuple[float, float] | None = None,
-                    item_dur_us: np.ndarray | None = None
+                    item_dur_us: np.ndarray | None = None, item_gap_us: np.ndarray | None = None
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, dict[str, Any]]]:
     """The host work inside the NVTX ranges the capture timed unprofiled (sidecar ``unprofiled_ranges``), set to
     what was measured (DESIGN.md 5.2 "Measured ranges"). For a range R on the launching thread with measured mean
@@ -458,7 +465,7 @@ def measured_ranges(trace: Trace, model: ReplayModel, sidecar: "Sidecar | dict |
     waited_rep = waited_prof = None
     if item_dur_us is not None and found and model.blocking.any():
         from .replay import replay
-        rep = replay(model, work, cost, item_dur_us=item_dur_us)
+        rep = replay(model, work, cost, item_dur_us=item_dur_us, item_gap_us=item_gap_us)
         # the wait of each blocking call: its span beyond its own cost (the replay's, and the profiled trace's)
         waited_rep = np.where(model.blocking, np.maximum(rep.call_end_us - rep.call_start_us - cost, 0.0), 0.0)
         waited_prof = np.where(model.blocking, np.maximum(e - s - model.cost_us, 0.0), 0.0)
@@ -523,7 +530,9 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     """``work_us`` and ``cost_us`` ((K,) arrays for :func:`gaptrace.analyses.replay.replay`) and ``item_dur_us``
     ((I,): each item less ``device_op_us`` per op, or, for a graph replay whose size the sidecar timed unprofiled,
     min(its profiled span, the sidecar's ``unprofiled_device_us``): ``device_source`` says which) with the profiler's
-    host cost subtracted (module docstring), plus ``removed_us`` (a dict: the µs taken out per source over the whole
+    host cost subtracted (module docstring), ``item_gap_us`` ((I,): each item's queued-launch gap q_i: the model's,
+    except that an eager item the trace never showed queued takes the calibration's ``queue_gap_us`` when it has one;
+    ``queue_gap_source``: calibration | trace), plus ``removed_us`` (a dict: the µs taken out per source over the whole
     trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
     calibration | none) for each graph launch size. κ is fitted on ``trace`` when not given. ``scale`` multiplies every
     per-event cost of the calibration (host and device; not the sidecar's measured launch costs nor κ): the factor
@@ -602,12 +611,24 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
             warnings.append(long_replays)
         device_source = "sidecar" if len(idx) else device_source
     removed["device_ops"] = float((model.item_dur_us - item_dur).sum())
+    # queued-launch gaps: an eager item the trace never showed queued has no gap of its own; where a change lets it
+    # queue, it takes the calibration's measured unprofiled gap (the trace's median q of queued items is often only
+    # cuBLAS's split-K pairs, which overlap), else the trace's q
+    item_gap = model.item_gap_us
+    gap_source = "trace"
+    if calibration.queue_gap_us is not None and len(item_gap) and model.item_queued is not None:
+        eager = ~model.item_prior & (np.where(model.item_call >= 0,
+                                              model.graph_nodes[np.maximum(model.item_call, 0)], 0) == 0)
+        item_gap = np.where(eager & ~model.item_queued, calibration.queue_gap_us, item_gap)
+        gap_source = "calibration"
     # the ranges the capture timed without the profiler take their measured host time (measured_ranges)
     before = float(work.sum() + new_cost.sum())
     base_work = work
-    work, new_cost, ranges, applied = measured_ranges(trace, model, sidecar, work, new_cost, window, item_dur)
+    work, new_cost, ranges, applied = measured_ranges(trace, model, sidecar, work, new_cost, window, item_dur,
+                                                      item_gap)
     removed["measured_ranges"] = before - float(work.sum() + new_cost.sum())
-    return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "removed_us": removed, "kappa_us_per_node": kappa or None,
+    return {"work_us": work, "cost_us": new_cost, "item_dur_us": item_dur, "item_gap_us": item_gap,
+            "queue_gap_source": gap_source, "removed_us": removed, "kappa_us_per_node": kappa or None,
             "launch_source": {str(k): v for k, v in sorted(sources.items())}, "device_source": device_source,
             "measured_ranges": ranges, "measured_scale": (base_work, applied), "warnings": warnings}
 

@@ -13,7 +13,10 @@ What is replayed, for one device ``(rank, device)`` and the one host thread that
 - dependencies: item i of a stream ends at e_i = max(l_i, e_{i−1} + q_i) + d_i, with l_i the earliest start its
   launch allows (call start + λ_kind for kernels, copies and memsets; S + f·(E − S) for graph launches, f the
   median fraction of the cudaGraphLaunch call elapsed when a launch-bound first node started) and q_i the device's
-  queued-launch gap (median start − previous end of items that found their stream busy; 0 for graph launches).
+  queued-launch gap: an item the trace shows queued (its stream busy when its launch allowed it to start) keeps its
+  own start − previous end (≤ LAUNCH_BOUND_GAP_US), every other eager item the median q of the queued ones (0 for
+  graph launches; :func:`gaptrace.analyses.profiler_cost.unprofiled_inputs` gives the unqueued ones the
+  calibration's measured gap, when it has one).
   λ_kind is the median start − launch of the items that found their stream idle (calibrated on the trace itself);
 - blocking calls (CUDA "API synchronization behavior"): cudaStreamSynchronize / cudaDeviceSynchronize and the driver
   forms wait for every item launched before them, and so does a device memory free (cudaFree, cuMemFree: it
@@ -80,8 +83,9 @@ class ReplayModel:
     ``item_busy_us`` (Σ of its ops' durations), ``item_start_us`` / ``item_end_us`` (measured).
     Device ops, (n,) arrays: ``op_row`` (position in ``trace.device``), ``op_item``, ``op_offset_us`` (start minus
     its item's start), ``op_start_us`` (measured).
-    ``latency_us``: the calibrated λ by kind ("kernel", "memcpy", "memset"), "queue_gap" (q), "graph_fraction"
-    (f over all sizes) and "graph_fraction_by_nodes" ({N: f}).
+    ``latency_us``: the calibrated λ by kind ("kernel", "memcpy", "memset"), "queue_gap" (q), "queued_items" (how
+    many items q is the median of), "graph_fraction" (f over all sizes) and "graph_fraction_by_nodes" ({N: f}).
+    ``item_queued`` ((I,) bool): the items the trace shows queued (they keep their own measured gap).
     """
 
     trace_path: str
@@ -114,6 +118,7 @@ class ReplayModel:
     op_start_us: np.ndarray
     latency_us: dict[str, Any]
     warnings: list[str]
+    item_queued: np.ndarray | None = None
 
     @property
     def calls(self) -> int:
@@ -336,7 +341,13 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     allowed = np.where(after_end, cs + lat * (ce - cs), cs + lat)
     queued = ~item_graph & ~item_prior & (prev_end > allowed) & np.isfinite(prev_end)
     latency["queue_gap"] = max(0.0, _median(item_start[queued] - prev_end[queued], 0.0))
-    item_gap = np.where(item_graph | item_prior, 0.0, latency["queue_gap"])
+    latency["queued_items"] = int(queued.sum())  # how many items q is the median of
+    # an item the trace shows queued keeps its own measured gap (a pair launched together, cuBLAS's split-K GEMM and
+    # its reduce, overlaps: gap 0) up to LAUNCH_BOUND_GAP_US (longer: something else held it); every other eager
+    # item takes the median q
+    own_gap = np.maximum(item_start - np.where(queued, prev_end, item_start), 0.0)
+    item_gap = np.where(item_graph | item_prior, 0.0,
+                        np.where(queued & (own_gap <= LAUNCH_BOUND_GAP_US), own_gap, latency["queue_gap"]))
     # work launched before the trace keeps its measured start
     lat = np.where(item_prior, item_start, lat)
 
@@ -394,7 +405,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
         item_gap_us=item_gap, item_lat_us=lat, item_after_end=after_end, item_prior=item_prior, item_pos=item_pos,
         item_busy_us=np.bincount(op_item, weights=oend - ots, minlength=I) if I else np.zeros(0), item_start_us=item_start,
         item_end_us=item_end, op_row=op_rows, op_item=op_item, op_offset_us=op_offset, op_start_us=ots,
-        latency_us=latency, warnings=warnings)
+        latency_us=latency, warnings=warnings, item_queued=queued)
 
 
 def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -377,7 +377,7 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     def at(a: float) -> tuple[float, dict]:
         u = unprofiled_inputs(ctx.trace, ctx.model, ctx.calibration, ctx.sidecar, kappa_us_per_node=kappa, scale=a,
                               window=ctx.window)
-        r = replay(ctx.model, u["work_us"], u["cost_us"], item_dur_us=u["item_dur_us"])
+        r = replay(ctx.model, u["work_us"], u["cost_us"], item_dur_us=u["item_dur_us"], item_gap_us=u["item_gap_us"])
         return float(np.median(ctx.periods(r))), u
 
     memo: dict[float, float] = {}  # periods only: the inputs are K-long arrays, built again for the α returned
@@ -477,7 +477,7 @@ class Context:
                              "period to predict")
         self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar, window=self.window)
         self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                           item_dur_us=self.unprof["item_dur_us"])
+                           item_dur_us=self.unprof["item_dur_us"], item_gap_us=self.unprof["item_gap_us"])
         self.replayed = replay(self.model)
         self.unfitted_round_us = float(np.median(self.periods(self.base)))
         self.target_us = _measured_period_us(sidecar)
@@ -507,7 +507,7 @@ class Context:
                 return
             self.scale, self.unprof = scale, unprof
             self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                               item_dur_us=self.unprof["item_dur_us"])
+                               item_dur_us=self.unprof["item_dur_us"], item_gap_us=self.unprof["item_gap_us"])
             got = float(np.median(self.periods(self.base)))
             err = (got - self.target_us) / self.target_us
             # a fit is one that reproduces the measured round: the replayed round can jump with α (a wait that
@@ -549,7 +549,7 @@ class Context:
         w, c, wait, dropped = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                             changes, self.window, self.unprof.get("measured_scale"))
         dur = np.where(dropped, 0.0, self.unprof["item_dur_us"])
-        gap = np.where(dropped, 0.0, self.model.item_gap_us)
+        gap = np.where(dropped, 0.0, self.unprof["item_gap_us"])
         return replay(self.model, w, c, wait, item_dur_us=dur, item_gap_us=gap)
 
 

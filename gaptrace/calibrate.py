@@ -172,6 +172,65 @@ def device_node_us(torch, nodes: int = 1000, replays: int = 20) -> float | None:
     return max(0.0, (prof - plain) / (replays * nodes))
 
 
+QUEUE_SLEEP_CYCLES = 50_000_000  # torch.cuda._sleep: ~25 ms at ~2 GHz, longer than launching the chain takes
+
+
+def queued_chain_us(torch, kernels: int = 500, repeats: int = 5) -> dict[str, float] | None:
+    """A chain of ``kernels`` tiny eager kernels (``x.add_(1.0)`` on a one-element tensor) launched while the
+    stream is held by ``torch.cuda._sleep``, so every one of them is queued when the previous one ends, timed on the
+    device: per kernel µs from CUDA events without the profiler (``queued_kernel_unprofiled_us``, the minimum over
+    ``repeats``) and with it (``queued_kernel_profiled_us``), and, from the profiled run's kernel activities, the
+    median kernel duration (``queued_kernel_dur_us``) and the median start − previous end (``queued_gap_profiled_us``,
+    the queued-launch gap q a trace shows, docs/DESIGN.md "The replay model"). None without CUDA.
+
+    The replay's unprofiled queued-launch gap, for a trace whose own items never queued, is
+    ``queue_gap_us`` = max(0, unprofiled per kernel − (duration − ``device_op_us``)) (:func:`measure`): the gap
+    that makes a queued chain of such kernels, durations less the profiler's device cost per op, take what the
+    events measured without the profiler."""
+    if not torch.cuda.is_available():
+        return None
+    import torch.profiler as tp
+
+    x = torch.zeros(1, device="cuda")
+
+    def run() -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()  # SYNC (deliberate): the chain starts on a drained device
+        torch.cuda._sleep(QUEUE_SLEEP_CYCLES)
+        a.record()
+        for _ in range(kernels):
+            x.add_(1.0)
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3 / kernels
+
+    run()
+    plain = min(run() for _ in range(repeats))
+    tmp = tempfile.mkdtemp(prefix="gaptrace-calibrate-")
+    path = os.path.join(tmp, "queued.json.gz")
+    try:
+        with tp.profile(**profiler_kwargs(True)) as prof:
+            prof_us = run()
+        prof.export_chrome_trace(path)
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            ev = json.load(f).get("traceEvents", [])
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+        os.rmdir(tmp)
+    k = sorted(((float(e["ts"]), float(e.get("dur", 0.0))) for e in ev
+                if e.get("cat") == "kernel" and e.get("ph") == "X"), key=lambda t: t[0])
+    k = k[-kernels:]  # the chain: the last kernels (the sleep kernel and anything earlier come first)
+    if len(k) < 2:
+        return None
+    ts = np.array([t for t, _ in k])
+    dur = np.array([d for _, d in k])
+    gaps = ts[1:] - (ts[:-1] + dur[:-1])
+    return {"queued_kernel_unprofiled_us": float(plain), "queued_kernel_profiled_us": float(prof_us),
+            "queued_kernel_dur_us": float(np.median(dur)), "queued_gap_profiled_us": float(np.median(gaps)),
+            "queued_kernels": int(kernels)}
+
+
 def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     """Run the benchmarks (module docstring) and return the calibration dict."""
     import torch
@@ -210,12 +269,18 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     cost = dict(zip(cats, x))
     dev = device_node_us(torch)
     node = graph_node_host_us(torch, launch_graph)
+    chain = queued_chain_us(torch)
+    queue_gap = (max(0.0, chain["queued_kernel_unprofiled_us"] - (chain["queued_kernel_dur_us"] - float(dev or 0.0)))
+                 if chain else 0.0)
     return {
         "gaptrace_calibration": 1,
         "device_op_us": float(dev or 0.0),
         "device_op_measured": dev is not None,
         "graph_node_us": float(node or 0.0),
         "graph_node_measured": node is not None,
+        "queue_gap_us": queue_gap,
+        "queue_gap_measured": chain is not None,
+        "queued_chain": chain,
         "aten_op_us": float(cost.get("cpu_op", 0.0)),
         "python_frame_us": float(cost.get("python_function", 0.0)),
         "runtime_call_us": float(cost.get("cuda_runtime", 0.0)),
@@ -267,5 +332,5 @@ def calibrate(output: str, iterations: int) -> None:
         fail(f"{output}: cannot write the calibration ({e.strerror or e})")
     click.echo(f"aten op {res['aten_op_us']:.3f} µs, python frame {res['python_frame_us']:.3f} µs, runtime call "
                f"{res['runtime_call_us']:.3f} µs, device per graph node {res['device_op_us']:.3f} µs, host per graph node "
-               f"at launch {res['graph_node_us']:.3f} µs "
+               f"at launch {res['graph_node_us']:.3f} µs, queued-launch gap {res['queue_gap_us']:.3f} µs "
                f"({res['measured_on']}) -> {output}")

@@ -450,9 +450,16 @@ def _rounds(analysis: dict, sidecar: Sidecar | None, figures: dict) -> str:
         if sm.get("tau") is not None:
             line.append(f"τ {fmt_us(sm.get('tau'), 2)}, TPOT {fmt_ms(sm.get('tpotus'))} ms")
         if summary.get("unprofiled_round_us") is not None:
-            line.append(f"unprofiled Tround {fmt_ms(summary.get('unprofiled_round_us'))} ms: the profiler adds "
-                        f"{fmt_ms(summary.get('profiler_excess_us'))} ms per round, κ·ΣN explains "
-                        f"{fmt_ms(summary.get('kappa_explained_us'))} ms of it")
+            ex = summary.get("profiler_excess_us")
+            if isinstance(ex, (int, float)) and ex < 0:
+                # shorter under the profiler: no profiler cost can do that; the measured rounds are not like these
+                line.append(f"unprofiled Tround {fmt_ms(summary.get('unprofiled_round_us'))} ms: the profiled rounds "
+                            f"took {fmt_ms(-ex)} ms less, so the two sets of rounds differ (other positions, a "
+                            "one-off) and no profiler cost can be read from them")
+            else:
+                line.append(f"unprofiled Tround {fmt_ms(summary.get('unprofiled_round_us'))} ms: the profiler adds "
+                            f"{fmt_ms(ex)} ms per round, κ·ΣN explains "
+                            f"{fmt_ms(summary.get('kappa_explained_us'))} ms of it")
         out.append("<p>" + "; ".join(line) + ".</p>")
     figures["fig-rounds"] = charts.rounds_figure(norm)
     out.append('<div class="chart" id="fig-rounds"></div>')
@@ -485,8 +492,11 @@ def _sidecar_section(side: Sidecar | None, sidecar_path: str | None) -> str:
     if isinstance(prof, list) and isinstance(unprof, list) and prof and unprof:
         try:
             mp, mu = float(np.median(np.asarray(prof, float))), float(np.median(np.asarray(unprof, float)))
-            out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: the "
-                       f"profiler adds {h(f'{mp - mu:,.3f}')} ms per step ({h(fmt_pct((mp - mu) / mu))}).</p>"
+            what = (f"the profiler adds {h(f'{mp - mu:,.3f}')} ms per step ({h(fmt_pct((mp - mu) / mu))})"
+                    if mp >= mu else
+                    f"the profiled steps took {h(f'{mu - mp:,.3f}')} ms less, so the two sets of steps differ (other "
+                    "positions, a one-off) and no profiler cost can be read from them")
+            out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: {what}.</p>"
                        if mu > 0 else "")
         except (TypeError, ValueError, OverflowError):
             pass

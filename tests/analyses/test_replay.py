@@ -192,3 +192,48 @@ def test_counterfactual_predicts_the_clean_twin(fault, site, clean):
     assert err <= PAIR_BOUND.get(f"{fault}|{site}", 0.25) * target, (w["after_round_us"], target)
     # the max-plus replay is monotone: less host work never ends the rounds later (a median period may still move)
     assert sum(w["periods_after_us"]) <= sum(w["periods_before_us"]) + 1e-6
+
+
+def test_queued_items_keep_their_own_gap_and_the_rest_take_the_calibrations(tmp_path):
+    """An eager loop on an H100 whose only queued items are cuBLAS split-K pairs (the reduce overlaps the GEMM): those
+    keep their own measured gap (0 where they overlap), checked by hand against the device ops; every item the trace
+    never showed queued takes the calibration's measured unprofiled gap when it has one, and graphing away the host
+    of the forward then saves less than with no gap at all (each of its kernels now queues behind the previous)."""
+    tr = load_trace(os.path.join(ROOT, "h100_loops", "per_request_readback.planted.trace.json.gz"))
+    m = R.build_model(tr)
+    q = m.item_queued
+    assert q.sum() == m.latency_us["queued_items"] >= 40
+    d = tr.device.iloc[m.op_row]
+    first = np.flatnonzero(np.r_[True, m.op_item[1:] != m.op_item[:-1]])
+    start = d["ts_us"].to_numpy()[first]
+    end = d["end_us"].to_numpy()
+    # by hand: each queued item's start less the latest end of the earlier items on its stream
+    for i in np.flatnonzero(q)[:20]:
+        same = np.flatnonzero((m.item_stream == m.item_stream[i]) & (np.arange(len(q)) < i))
+        prev = max(end[m.op_item == j].max() for j in same)
+        own = max(start[i] - prev, 0.0)
+        want = own if own <= R.LAUNCH_BOUND_GAP_US else m.latency_us["queue_gap"]
+        assert m.item_gap_us[i] == pytest.approx(want, abs=1e-6)
+    assert (m.item_gap_us[q] == 0).mean() > 0.5  # the split-K reduces start before their GEMM ends
+    base = json.load(open(load_calibration(None).source))
+    with_gap = dict(base, queue_gap_us=1.5, queue_gap_measured=True)
+    p = tmp_path / "cal.json"
+    p.write_text(json.dumps(with_gap))
+    cal = load_calibration(str(p))
+    assert cal.queue_gap_us == 1.5
+    ctx = Context(tr, None, cal, fit=False)
+    eager = ~m.item_prior & (m.graph_nodes[np.maximum(m.item_call, 0)] == 0)
+    g = ctx.unprof["item_gap_us"]
+    assert ctx.unprof["queue_gap_source"] == "calibration"
+    assert np.all(g[eager & ~q] == 1.5) and np.array_equal(g[q], m.item_gap_us[q])
+    no_gap = dict(base, queue_gap_us=0.0)
+    p0 = tmp_path / "cal0.json"
+    p0.write_text(json.dumps(no_gap))
+    site = "benchmarks/loops/_common.py(153): logits"
+    a = _whatif(tr, [Change(site)], context=Context(tr, None, load_calibration(str(p0)), fit=False)).to_dict()
+    b = _whatif(tr, [Change(site)], context=ctx).to_dict()
+    assert b["after_round_us"] > a["after_round_us"] + 20  # ~40 kernels a round, each 1.5 µs more when queued
+    for bad in (-1, float("nan"), True):
+        p.write_text(json.dumps(dict(base, queue_gap_us=bad)))
+        with pytest.raises(ValueError, match="queue_gap_us"):
+            load_calibration(str(p))

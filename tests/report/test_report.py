@@ -364,3 +364,17 @@ def test_report_needs_no_torch(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_profiled_steps_shorter_than_unprofiled_are_no_profiler_cost(tmp_path):
+    """Profiled steps shorter than the unprofiled ones (other positions, a one-off in the reference) are named as
+    such: never "the profiler adds −X ms"."""
+    trace = tmp_path / "probe.json.gz"
+    shutil.copy(PROBE, trace)
+    side = {"unprofiled_step_ms": [3.0, 3.2, 3.1], "profiled_step_ms": [1.0, 1.2, 1.1]}
+    (tmp_path / "probe.gaptrace.json").write_text(json.dumps(side))
+    out = tmp_path / "r.html"
+    write_report(str(trace), str(out))
+    text = out.read_text(encoding="utf-8")
+    assert "the profiled steps took 2.000 ms less" in text
+    assert "the profiler adds -" not in text and "the profiler adds −" not in text
