@@ -38,9 +38,9 @@ from gaptrace.trace import Trace
 from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _intersect, _merge
 
-__all__ = ["Calibration", "load_calibration", "name_codes", "profiler_frames", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
+__all__ = ["Calibration", "load_calibration", "shipped_calibration_path", "name_codes", "profiler_frames", "DEFAULT_CALIBRATION", "unprofiled_inputs", "sidecar_launch_us", "sidecar_device_us",
            "thread_wait_cost", "THREAD_WAIT_PREFIX", "gil_held_in_waits", "lock_waits_in", "GIL_RELEASING_PREFIX", "measured_period_us",
-           "measured_period_source",
+           "measured_period_source", "measured_period",
            "COST_KEYS"]
 
 DEFAULT_CALIBRATION = os.path.join(os.path.dirname(__file__), "data", "calibration_default.json")
@@ -72,6 +72,27 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def shipped_calibration_path(device_name: str | None) -> str:
+    """The shipped calibration for a trace whose GPU is ``device_name`` (:meth:`gaptrace.trace.Trace.device_name`):
+    the file of ``data/calibration_*.json`` whose ``device`` is that name, else :data:`DEFAULT_CALIBRATION` (the
+    H200 host's). The profiler's device cost per op and the queued-launch gap are the GPU's (0.22 µs per op on an
+    H100, 0.76 on the H200: docs/DESIGN.md 5.2); the host costs are the capture host's CPU, which no trace names."""
+    if device_name:
+        d = os.path.dirname(DEFAULT_CALIBRATION)
+        for name in sorted(os.listdir(d)):
+            if not (name.startswith("calibration_") and name.endswith(".json")):
+                continue
+            p = os.path.join(d, name)
+            try:
+                with open(p, encoding="utf-8") as f:
+                    dev = json.load(f).get("device")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if dev == device_name:
+                return p
+    return DEFAULT_CALIBRATION
 
 
 def load_calibration(path: str | None = None) -> Calibration:
@@ -370,33 +391,32 @@ def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
     return (i >= 0) & (t < ue[np.maximum(i, 0)])
 
 
-def measured_period_source(sidecar: "Sidecar | dict | None") -> str | None:
-    """Which rounds :func:`measured_period_us` measured: "profiled_positions" (the sidecar's
-    ``unprofiled_same_rounds_ms``), "warmup_rounds" (``unprofiled_round_ms``), "warmup_steps"
-    (``unprofiled_step_ms``), or None without one. Two figures of different sources are of different rounds."""
+def measured_period(sidecar: "Sidecar | dict | None") -> tuple[float | None, str | None]:
+    """The capture's own measured unprofiled period, µs, and which rounds it measured, in this order of preference
+    (DESIGN.md 5.3): the profiled rounds' positions decoded unprofiled (the sidecar's ``unprofiled_same_rounds_ms``:
+    "profiled_positions"), the warm-up rounds (``unprofiled_round_ms``: "warmup_rounds"), the warm-up steps of
+    :class:`gaptrace.capture.Capture` (``unprofiled_step_ms``: "warmup_steps"); each the median of its usable values.
+    (None, None) without one. Two figures of different sources are of different rounds."""
     side = as_sidecar(sidecar)
     if side is None:
-        return None
+        return None, None
     if side.same_rounds_ms is not None:
-        return "profiled_positions"
+        return side.same_rounds_ms * 1e3, "profiled_positions"
     if side.unprofiled_round_ms is not None:
-        return "warmup_rounds"
-    return "warmup_steps" if measured_period_us(side) is not None else None
+        return side.unprofiled_round_ms * 1e3, "warmup_rounds"
+    v = (side.raw or {}).get("unprofiled_step_ms")
+    ms = median_period_ms(v) if isinstance(v, list) else None
+    return (ms * 1e3, "warmup_steps") if ms is not None else (None, None)
+
+
+def measured_period_source(sidecar: "Sidecar | dict | None") -> str | None:
+    """Which rounds :func:`measured_period_us` measured (:func:`measured_period`'s source), or None."""
+    return measured_period(sidecar)[1]
 
 
 def measured_period_us(sidecar: "Sidecar | dict | None") -> float | None:
-    """The capture's own measured unprofiled period, µs: the sidecar's :attr:`~gaptrace.sidecar.Sidecar.measured_round_ms`
-    (the profiled rounds' positions decoded unprofiled, else the warm-up rounds' ``unprofiled_round_ms``; medians),
-    else the median of the usable ``unprofiled_step_ms`` (:class:`gaptrace.capture.Capture`'s unprofiled steps);
-    None without one. DESIGN.md 5.3."""
-    side = as_sidecar(sidecar)
-    if side is None:
-        return None
-    if side.measured_round_ms is not None:
-        return side.measured_round_ms * 1e3
-    v = (side.raw or {}).get("unprofiled_step_ms")
-    ms = median_period_ms(v) if isinstance(v, list) else None
-    return ms * 1e3 if ms is not None else None
+    """The capture's own measured unprofiled period, µs (:func:`measured_period`'s value), or None."""
+    return measured_period(sidecar)[0]
 
 
 BLOCKED_RANGE_WAIT_SHARE = 0.1  # a range whose blocking calls waited at most this share of its time is set too

@@ -36,7 +36,7 @@ from gaptrace.trace import Trace, TraceError
 
 from .allocator import FREE_CALLS
 from .findings import ms_text
-from .profiler_cost import Calibration, load_calibration, measured_period_source
+from .profiler_cost import Calibration, load_calibration, shipped_calibration_path, measured_period_source
 from .syncs import api_base_name
 from .whatif import (BODY_START_SHARE, Change, Context, device_items_launched, loop_body, other_thread_intervals,
                      site_intervals, whatif)
@@ -54,10 +54,19 @@ FOLD_SHARE = 0.01
 ENCLOSING_SHARE = BODY_START_SHARE  # one figure for "the loop body" in whatif and here
 
 
-def resolve_calibration(calibration: Calibration | str | None) -> Calibration:
-    """A :class:`.profiler_cost.Calibration` as given, else the one in the file (None: the shipped default);
-    ValueError (one line) for a file that cannot be used (:func:`.profiler_cost.load_calibration`)."""
-    return calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+def resolve_calibration(calibration: Calibration | str | None, trace: Trace | None = None,
+                        device: int | None = None) -> Calibration | None:
+    """A :class:`.profiler_cost.Calibration` as given, else the one in the file; None: the shipped calibration of
+    ``trace``'s GPU (:func:`.profiler_cost.shipped_calibration_path`, on ``device``, default the trace's first
+    device), or None without a trace (the replay context picks it once the trace is read). ValueError (one line) for
+    a file that cannot be used (:func:`.profiler_cost.load_calibration`)."""
+    if isinstance(calibration, Calibration):
+        return calibration
+    if calibration is not None:
+        return load_calibration(calibration)
+    if trace is None:
+        return None
+    return load_calibration(shipped_calibration_path(trace.device_name(device if device is not None else 0)))
 
 
 def build_context(trace: Trace, sidecar: Any, calibration: Calibration | str | None, device: Any,
@@ -66,7 +75,7 @@ def build_context(trace: Trace, sidecar: Any, calibration: Calibration | str | N
     or (None, the one-line reason) when the model cannot be built (no rounds on the launching thread, ...).
     ``calibration``: a :class:`.profiler_cost.Calibration`, a file path or None (the shipped default); a bad file
     raises ValueError (one line)."""
-    cal = resolve_calibration(calibration)
+    cal = resolve_calibration(calibration)  # None: the context picks the shipped one of the trace's GPU
     try:
         return Context(trace, sidecar, cal, device=device, round_name=round_name), None
     except TraceError as e:
@@ -88,7 +97,7 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
     "unmatched": the round jumps across them with the scale, the closest is kept | "none"; DESIGN.md 5.3), profiler_cost_scale (that scale α), unfitted_round_us (the prediction with the
     calibration alone: the figure whose error DESIGN.md "Error figures" states)}; the round fields None without
     ``ctx``."""
-    cal = resolve_calibration(calibration) if ctx is None else ctx.calibration
+    cal = resolve_calibration(calibration, trace) if ctx is None else ctx.calibration
     from .whatif import _measured_period_us
 
     meas_us = _measured_period_us(sidecar)

@@ -32,7 +32,7 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import (Calibration, _starts_inside, gil_held_in_waits, load_calibration, lock_waits_in,
-                           measured_period_us, name_codes, site_share, unprofiled_inputs)
+                           measured_period_us, name_codes, shipped_calibration_path, site_share, unprofiled_inputs)
 from .steps import find_steps, is_launch_call
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
@@ -431,8 +431,10 @@ class Context:
                  device: int | tuple[int, int] | None = None, round_name: str = "round", fit: bool = True):
         self.trace = trace
         self.sidecar = sidecar
-        self.calibration = calibration or load_calibration(None)
         self.model = build_model(trace, device)
+        # none given: the shipped calibration measured on this trace's GPU model, else the H200 host's default
+        self.calibration = calibration or load_calibration(
+            shipped_calibration_path(trace.device_name(self.model.key[1])))
         self.starts = round_starts(trace, self.model, round_name)
         self.step_rule = "round"
         self.step_name = round_name

@@ -268,12 +268,27 @@ def judge(pair: dict, pred: dict) -> dict:
             "in_range": lo <= ps <= hi, "sign_ok": includes0 or (ps > 0) == (ms > 0)}
 
 
+def _cal_line(cal) -> str:
+    """The table's calibration line: the file's costs, or (None) each shipped one a trace's GPU selects."""
+    from gaptrace.analyses.profiler_cost import DEFAULT_CALIBRATION, load_calibration, shipped_calibration_path
+
+    if cal is not None:
+        return (f"Calibration: {os.path.relpath(cal.source, ROOT)} ({cal.measured_on}): aten {cal.aten_op_us:.2f} µs, "
+                f"python frame {cal.python_frame_us:.2f} µs, runtime-call cost {cal.runtime_call_us:.2f} µs, device "
+                f"op {cal.device_op_us:.2f} µs, queued-launch gap "
+                + (f"{cal.queue_gap_us:.2f} µs" if cal.queue_gap_us is not None else "not measured (the trace's)"))
+    parts = []
+    for path in dict.fromkeys((shipped_calibration_path("NVIDIA H100 80GB HBM3"), DEFAULT_CALIBRATION)):
+        c = load_calibration(path)
+        parts.append(_cal_line(c).replace("Calibration: ", ""))
+    return "Calibration: the shipped one of each trace's GPU model (an H100 trace: the first; any other: the second): " \
+        + "; ".join(parts)
+
+
 def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
     fmt = lambda v: "/".join(f"{x:.3f}" for x in v)
     pct = lambda v: "/".join(f"{x:+.1%}" for x in v)
-    out = [f"Calibration: {os.path.relpath(cal.source, ROOT)} ({cal.measured_on}): aten {cal.aten_op_us:.2f} µs, python frame "
-           f"{cal.python_frame_us:.2f} µs, runtime-call cost {cal.runtime_call_us:.2f} µs, device op "
-           f"{cal.device_op_us:.2f} µs", "",
+    out = [_cal_line(cal), "",
            "| pair | removed | steps | measured period ms | same-process ms | predicted ms | error % (vs same process) "
            "| measured saving ms [range] | predicted saving ms (scale α) | error | unfitted saving ms "
            "| with its device work ms (error) | device work a round ms: with cause / its eager work removed / fixed twin "
@@ -332,10 +347,11 @@ def range_table(calibration) -> str:
     from gaptrace import load_trace
     from gaptrace.analyses.whatif import Context
     from gaptrace.sidecar import read_sidecar_checked
-    rows, errs = [], []
+    rows, errs, used = [], [], set()
     for t in sorted(glob.glob(os.path.join(REPEAT_DIR, "*.json.gz"))):
         side, _ = read_sidecar_checked(t)
         ctx = Context(load_trace(t), side, calibration, fit=False)
+        used.add(os.path.relpath(ctx.calibration.source, ROOT))
         for name, r in sorted(ctx.unprof["measured_ranges"].items()):
             if not r["applied"] or name in ("round",):
                 continue
@@ -344,7 +360,7 @@ def range_table(calibration) -> str:
             rows.append(f"| {os.path.basename(t)[:-8]} | `{name}` | {m:,.0f} | {e:,.0f} | {(e - m) / m:+.0%} |")
     big = [r for r, x in zip(rows, errs) if abs(x) > 0.25]
     return "\n".join([f"Per-range host time, measured unprofiled against the calibration alone "
-                       f"({os.path.relpath(calibration.source, ROOT)}), on the repeat captures:", "",
+                       f"({', '.join(sorted(used))}), on the repeat captures:", "",
                        "| capture | range | measured µs a round | calibration estimate µs | error |",
                        "| --- | --- | --- | --- | --- |"] + rows
                       + ["", f"Median |error| {np.median(np.abs(errs)):.0%} over {len(errs)} ranges; "
@@ -364,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--h100-loops-dir", default=H100_LOOPS_DIR, help="the H100 loop set (default: the shipped one)")
     a = ap.parse_args(argv)
     measured_ranges = not a.no_measured_ranges
-    cals = [load_calibration(c) for c in (a.calibration or [None, CPU_CAL])]
+    # None: each trace's shipped calibration (the one measured on its GPU model: profiler_cost.shipped_calibration_path)
+    cals = [load_calibration(c) if c else None for c in (a.calibration or [None, CPU_CAL])]
     pairs = (runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
              + loop_pairs(a.h100_loops_dir, " (H100)") + loop_pairs(NOCUDNN_DIR, " (H100, no cuDNN attention)")
              + first_finding_pairs() + loop_pairs(HIDDEN_SYNCS_DIR, " (H100, hidden syncs)") + allocator_pairs()

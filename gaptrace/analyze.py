@@ -261,7 +261,7 @@ def _single_path(paths: tuple[str, ...]) -> str:
               help="Order of the text's frame table: by self idle (where the host itself was) or inclusive idle.")
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the findings' predicted savings "
-                   "(default: the shipped one).")
+                   "(default: the shipped one measured on the trace's GPU model, else the H200 one).")
 @click.option("--merged", is_flag=True,
               help="Read a directory of rank files as one multi-rank trace in this process (no fleet, no Dask).")
 @click.option("--dask-scheduler", default=None, metavar="ADDRESS",

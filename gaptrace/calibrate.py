@@ -231,6 +231,38 @@ def queued_chain_us(torch, kernels: int = 500, repeats: int = 5) -> dict[str, fl
             "queued_kernels": int(kernels)}
 
 
+GRAPH_SIZES = (10, 1000)
+
+
+def graph_plain_us(torch, sizes: tuple[int, int] = GRAPH_SIZES, replays: int = 30) -> dict[str, float] | None:
+    """CUDA graphs of tiny kernels (:func:`node_graph`) of two sizes, without the profiler: the host µs of one
+    ``g.replay()`` (:func:`launch_host_us`) and the device µs of one replay (CUDA events around ``replays`` replays
+    on a drained device, each replay queued behind the previous). Returns the affine fits over the two sizes:
+    ``graph_launch_t0_us`` + ``graph_launch_node_us``·N (host) and ``graph_device_node_us`` (device µs per node: a
+    tiny kernel's duration plus the gap between two graph nodes), with the raw figures. None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    host, dev = {}, {}
+    for n in sizes:
+        g = node_graph(torch, n)
+        launch_host_us(torch, g, 3)
+        host[n] = launch_host_us(torch, g, replays)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()  # SYNC (deliberate): the replays start on a drained device
+        a.record()
+        for _ in range(replays):
+            g.replay()
+        b.record()
+        b.synchronize()
+        dev[n] = a.elapsed_time(b) * 1e3 / replays
+    lo, hi = sizes
+    k_host = max(0.0, (host[hi] - host[lo]) / (hi - lo))
+    return {"graph_launch_t0_us": max(0.0, host[lo] - k_host * lo), "graph_launch_node_us": k_host,
+            "graph_device_node_us": max(0.0, (dev[hi] - dev[lo]) / (hi - lo)),
+            "graph_host_us_by_nodes": {str(n): host[n] for n in sizes},
+            "graph_device_us_by_nodes": {str(n): dev[n] for n in sizes}}
+
+
 def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     """Run the benchmarks (module docstring) and return the calibration dict."""
     import torch
@@ -270,6 +302,7 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     dev = device_node_us(torch)
     node = graph_node_host_us(torch, launch_graph)
     chain = queued_chain_us(torch)
+    plain_graph = graph_plain_us(torch)
     queue_gap = (max(0.0, chain["queued_kernel_unprofiled_us"] - (chain["queued_kernel_dur_us"] - float(dev or 0.0)))
                  if chain else 0.0)
     return {
@@ -281,6 +314,7 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
         "queue_gap_us": queue_gap,
         "queue_gap_measured": chain is not None,
         "queued_chain": chain,
+        "graph_plain": plain_graph,
         "aten_op_us": float(cost.get("cpu_op", 0.0)),
         "python_frame_us": float(cost.get("python_function", 0.0)),
         "runtime_call_us": float(cost.get("cuda_runtime", 0.0)),

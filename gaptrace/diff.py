@@ -125,7 +125,7 @@ def _diff_fleets(trace_a: str, trace_b: str, fa, fb, window, round_name, as_json
                    "'delta_blocked_us > 0'. Repeatable; a gate on a metric the traces lack trips.")
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the predicted unprofiled rounds "
-                   "(default: the shipped one).")
+                   "(default: the shipped one measured on the trace's GPU model, else the H200 one).")
 @click.option("--dask-scheduler", default=None, metavar="ADDRESS",
               help="Two fleets: run the per-rank tasks on this existing Dask cluster (default: a LocalCluster).")
 @click.option("--workers", type=click.IntRange(0, 1024), default=None, metavar="N",

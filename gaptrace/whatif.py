@@ -93,7 +93,8 @@ def _scale_line(d: dict) -> str:
 @click.option("--speedup", "speedups", multiple=True, metavar="SITE=FACTOR",
               help="Make a host frame or NVTX range FACTOR times faster; repeatable.")
 @click.option("--calibration", default=None, metavar="FILE",
-              help="Per-event profiler costs from `gaptrace calibrate` (default: the shipped one).")
+              help="Per-event profiler costs from `gaptrace calibrate` (default: the shipped one measured on the "
+                   "trace's GPU model, else the H200 one).")
 @click.option("--round-name", "--rounds", default="round", show_default=True,
               help="The NVTX range of one verify round (or loop step); without two of them on the launching "
                    "thread, the loop's steps as `steps` finds them (ProfilerStep#N, a repeating range).")
@@ -120,7 +121,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
         changes = ([Change(r) for r in removes] + [Change(r, with_device=True) for r in removes_all]
                    + [parse_speedup(s) for s in speedups])
         check_changes(changes)
-        cal = load_calibration(calibration)
+        cal = load_calibration(calibration) if calibration else None  # None: the shipped one of the trace's GPU
         tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         # the same checks and warning line as analyze: a sidecar of another capture is ignored, unusable fields
         # are named (one warning line on stderr; with --json in the JSON's warnings too)

@@ -64,7 +64,7 @@ def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None
               help="Annotation that marks one verify round (also matches NAME_<n>).")
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the predicted savings "
-                   "(default: the shipped one).")
+                   "(default: the shipped one measured on the trace's GPU model, else the H200 one).")
 @click.option("--annotated", "annotated", type=click.Path(dir_okay=False), default=None, metavar="OUT",
               help="Also write TRACE with the findings as a gaptrace track for Perfetto UI (as `gaptrace annotate`; "
                    "over the report's window).")

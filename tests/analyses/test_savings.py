@@ -119,7 +119,9 @@ def test_whatif_block_over_the_loop_steps_without_rounds(sync):
     wi = res["whatif"]
     assert len(res["verdict"]["steps"]) == 1
     assert wi["profiled_round_us"] is None and wi["predicted_unprofiled_round_us"] is None
-    assert wi["calibration"]["source"].endswith("calibration_default.json")
+    # no replay context: still the calibration of the trace's GPU (an H100), as the context would have picked
+    assert one.device_name(0) == "NVIDIA H100 80GB HBM3"
+    assert wi["calibration"]["source"].endswith("calibration_h100.json")
     assert all(f["saving_us"] is None for f in res["findings"])
     assert any("fewer than two" in w for w in res["warnings"])
 

@@ -245,3 +245,20 @@ def test_a_site_on_another_thread_shortens_the_waits_on_it():
     # a thread that is nowhere: one line
     with pytest.raises(TraceError, match="on any thread"):
         W.whatif(tr, [W.Change("no_such_frame_anywhere")], context=ctx)
+
+
+def test_the_shipped_calibration_follows_the_traces_gpu(tmp_path):
+    """No calibration given: an H100 trace gets the shipped H100 calibration (its device cost per op and queued-launch
+    gap are that GPU's), an H200 trace and a GPU with no shipped calibration the H200 default; a file given is used
+    as it is."""
+    from gaptrace.analyses.profiler_cost import shipped_calibration_path
+    h100 = load_trace(os.path.join(ROOT, "h100_loops", "graph_readback.planted.trace.json.gz"))
+    h200 = load_trace(os.path.join(ROOT, "h200_loops", "graph_readback.planted.trace.json.gz"))
+    Context = W.Context
+    assert Context(h100).calibration.source.endswith("calibration_h100.json")
+    assert Context(h100).calibration.queue_gap_us == pytest.approx(1.132, abs=0.001)
+    assert Context(h200).calibration.source == os.path.abspath(DEFAULT_CALIBRATION)
+    assert shipped_calibration_path("NVIDIA B200") == DEFAULT_CALIBRATION
+    assert shipped_calibration_path(None) == DEFAULT_CALIBRATION
+    given = load_calibration(DEFAULT_CALIBRATION)
+    assert Context(h100, calibration=given).calibration is given
