@@ -555,8 +555,9 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     ``queue_gap_source``: calibration | trace), plus ``removed_us`` (a dict: the µs taken out per source over the whole
     trace: events per category, graph launches) and ``kappa_us_per_node`` / ``launch_source`` (sidecar | kappa |
     calibration | none) for each graph launch size. κ is fitted on ``trace`` when not given. ``scale`` multiplies every
-    per-event cost of the calibration (host and device; not the sidecar's measured launch costs nor κ): the factor
-    fitted to the capture's own unprofiled rounds (:func:`gaptrace.analyses.whatif.fit_profiler_scale`)."""
+    per-event host cost of the calibration (not ``device_op_us``, a device figure the calibration measures directly,
+    nor the sidecar's measured launch costs, nor κ): the factor fitted to the capture's own unprofiled rounds
+    (:func:`gaptrace.analyses.whatif.fit_profiler_scale`)."""
     s, e = model.call_start_us, model.call_end_us
     K = model.calls
     b = _event_bins(trace, model)
@@ -617,7 +618,7 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     # longer than the profiled one: the profiler only adds)
     warnings: list[str] = []
     n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
-    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us * scale, 0.0)
+    item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us, 0.0)
     dev_by_size = sidecar_device_us(sidecar)
     device_source = "calibration"
     if dev_by_size and len(model.item_call):
