@@ -58,6 +58,10 @@ FIRST = [
 ]
 
 
+# loop -> the (kind, cause) that is the same cause as its expected first finding, found another way
+SAME_CAUSE = {"graph_readback": {("blocking_sync", "aten::item")}}
+
+
 @pytest.mark.parametrize("loop,verdict,kind,cause", FIRST)
 def test_loop_verdict_and_first_cause(loop, verdict, kind, cause):
     r, ev = analysed(LOOPS.format(loop))
@@ -69,10 +73,18 @@ def test_loop_verdict_and_first_cause(loop, verdict, kind, cause):
     assert r["verdict"]["overall"]["verdict"] == verdict
     assert r["headline"][0].startswith("verdict over 6 steps of 'ProfilerStep#N'")
     first = r["findings"][0]
-    assert (first["kind"], first["cause"]) == (kind, cause)
+    if (first["kind"], first["cause"]) in SAME_CAUSE.get(loop, ()):
+        # the same read-back found twice, as the blocking call and as the range around it: one saving (one replay
+        # removes either), so the tie may rank either first; the range is then the second finding
+        twin = r["findings"][1]
+        assert (twin["kind"], twin["cause"]) == (kind, cause)
+        assert twin["saving_us"] == pytest.approx(first["saving_us"], rel=1e-9)
+        first = twin
+    else:
+        assert (first["kind"], first["cause"]) == (kind, cause)
     assert first["saving_us"] > 0 and first["fix"]
     # the cause that buys most is the headline's second line, its fix the third
-    assert r["headline"][1].startswith("removing ") and r["headline"][2] == f"fix: {first['fix']}"
+    assert r["headline"][1].startswith("removing ") and r["headline"][2] == f"fix: {r['findings'][0]['fix']}"
     # every finding with a saving comes before those without, and by saving (within 1% of the round: idle share)
     saved = [f for f in r["findings"] if f["saving_us"] is not None]
     assert r["findings"][:len(saved)] == saved
@@ -174,14 +186,19 @@ def test_train_step_planted_read_is_a_small_blocking_sync():
 def test_hf_generate_sets_its_unlike_warmup_aside():
     """The capture's unprofiled warm-up steps (the generate call's first 30: 4.1 ms) are a faster regime than the
     profiled steps after them (43.8 ms: cuDNN attention builds a graph for every new key length; h100_loops/MANIFEST.md):
-    no profiler cost scale up to 8 reaches them, so they are set aside and the calibration is used as it is (α 1), and
-    the headline and the warnings say so. The first cause is the attention's host work (the measured fix, cuDNN left
+    no profiler cost scale fits them (set aside, or a replayed step that jumps across them), and the headline and the
+    warnings say so. The first cause is the attention's host work (the measured fix, cuDNN left
     out, saves 31.1 ms a step: tests/analyses/test_whatif_pairs.py), the planted logits processor second: a range
     with 4% of the idle, a finding by what removing it saves (0.79 ms predicted, 1.09 ms measured)."""
     r, ev = analysed("h100_loops/hf_generate.planted.trace")
-    assert "was set aside" in r["headline"][1] and "from the calibration alone" in r["headline"][1]
-    assert any("set aside" in w for w in r["warnings"])
-    assert r["whatif"]["profiler_cost_fit"] == "set_aside" and r["whatif"]["profiler_cost_scale"] == 1.0
+    # with the H100 calibration (the trace's GPU) a scale inside the bounds brackets the measured step, but the
+    # replayed step jumps across it: no fit either ("unmatched", the closest scale kept), and the headline says the
+    # savings are rough; with the H200 one no scale reached it ("set aside")
+    fit = r["whatif"]["profiler_cost_fit"]
+    assert fit in ("set_aside", "unmatched") and not r["whatif"]["fitted_to_unprofiled"]
+    said = "was set aside" if fit == "set_aside" else "could not be fitted to it"
+    assert said in r["headline"][1]
+    assert any(("set aside" if fit == "set_aside" else "no profiler cost scale reproduces") in w for w in r["warnings"])
     assert r["findings"][0]["cause"].startswith("transformers/")
     planted = r["findings"][1]
     assert (planted["kind"], planted["cause"]) == ("host_range", "planted_logits_processor")

@@ -30,9 +30,9 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces")
 # pair -> (|period error| bound vs the same process's measured period, per with-cause capture; |saving error| µs)
 RUNTIME = {
     "lengths-copy, bench bs 8": ("lengths_copy", (0.04,), 30),
-    "dd-gather, bench bs 8": ("dd_gather", (0.065,), 35),
-    "eager-commit-glue, bench bs 8": ("eager_commit_glue", (0.05,), 1075),
-    "sync vs overlap, bench bs 8": (("device_lengths_to_host", "rect_packed"), (0.07,), 45),
+    "dd-gather, bench bs 8": ("dd_gather", (0.065,), 60),
+    "eager-commit-glue, bench bs 8": ("eager_commit_glue", (0.055,), 1075),
+    "sync vs overlap, bench bs 8": (("device_lengths_to_host", "rect_packed"), (0.07,), 60),
     "eager-commit-glue, tiny bs 1": ("eager_commit_glue", (0.80, 0.68), 310),
     "cpu-tree-build, tiny tree bs 8": ("cpu_tree_build", (0.065,), 560),
 }
@@ -40,12 +40,13 @@ RUNTIME = {
 # those measured ranges, docs/DESIGN.md 5.2)
 RUNTIME_REPEAT = {
     "lengths-copy, bench bs 8": ("lengths_copy", (0.03,), 15),
-    "dd-gather, bench bs 8": ("dd_gather", (0.045,), 35),
-    "eager-commit-glue, bench bs 8": ("eager_commit_glue", (0.035,), 1110),
-    "sync vs overlap, bench bs 8": (("device_lengths_to_host", "rect_packed"), (0.11,), 20),
+    "dd-gather, bench bs 8": ("dd_gather", (0.045,), 55),
+    "eager-commit-glue, bench bs 8": ("eager_commit_glue", (0.04,), 1110),
+    "sync vs overlap, bench bs 8": (("device_lengths_to_host", "rect_packed"), (0.11,), 40),
     "eager-commit-glue, tiny bs 1": ("eager_commit_glue", (0.035, 0.015), 185),
     "cpu-tree-build, tiny tree bs 8": ("cpu_tree_build", (0.02,), 550),
 }
+SET_ASIDE = {("h200_pairs_repeat", "eager-commit-glue, bench bs 8")}
 SETS = {"h200_pairs": RUNTIME, "h200_pairs_repeat": RUNTIME_REPEAT}  # folder under fixtures/traces -> bounds
 # loop -> (|period error| bound, vs the capture's sidecar unprofiled_step_ms, else the mK processes; |saving error| µs
 # vs the fresh processes' saving; |saving error| µs vs the paired saving, both variants in the capture's own process)
@@ -55,30 +56,33 @@ LOOPS = {
     "helper_thread": (0.06, 140, 65),
     "hf_generate": None,  # measured figures only: its trace is not shipped (the pair's range includes 0; the H100 one stays)
     "host_detokenize": (0.33, 510, 185),
-    "launch_bound": (0.26, 2150, 3650),
+    "launch_bound": (0.26, 2350, 3850),
     "pageable_htod": (0.62, 690, 495),
     "per_request_readback": (0.05, 180, 35),
     "train_step_logging": (0.05, 15, 90),
 }
 # the H100 set (same meaning): two fresh processes a variant, and the captures' sidecars hold the loops' record_function
-# ranges timed unprofiled (gaptrace.capture.Capture), which the replay gives their measured host time
+# ranges timed unprofiled (gaptrace.capture.Capture), which the replay gives their measured host time. These traces
+# take the shipped H100 calibration (the one of their GPU model), whose host costs are below the H200 host's: the
+# calibration-alone period errors grew with it (per_request_readback 0.13 -> 0.42, host_detokenize 0.15 -> 0.39) while
+# the savings, fitted to the capture's own steps, kept or improved (launch_bound 510 -> 160 µs)
 LOOPS_H100 = {
-    "graph_readback": (0.06, 50, 50),
-    "helper_thread": (0.17, 20, 20),
-    "hf_generate": (8.8, 300, 130),
-    "host_detokenize": (0.15, 25, 20),
-    "launch_bound": (0.01, 510, 430),
-    "pageable_htod": (0.05, 135, 505),
-    "per_request_readback": (0.13, 10, 15),
-    "train_step_logging": (0.68, 30, 115),
+    "graph_readback": (0.09, 50, 50),
+    "helper_thread": (0.36, 20, 20),
+    "hf_generate": (9.1, 380, 210),
+    "host_detokenize": (0.39, 25, 20),
+    "launch_bound": (0.015, 160, 240),
+    "pageable_htod": (0.05, 165, 535),
+    "per_request_readback": (0.42, 10, 15),
+    "train_step_logging": (0.89, 30, 120),
 }
 # hf_generate with cuDNN left out of the attention backends (size key cudnn_sdp 0): a stationary step (the default
 # backend rebuilds a cuDNN graph per key length, MANIFEST.md), three fresh processes a variant
-LOOPS_H100_NOCUDNN = {"hf_generate": (0.09, 70, 10)}
+LOOPS_H100_NOCUDNN = {"hf_generate": (0.39, 70, 10)}
 # two loops of hidden syncs on an H100 (four fresh processes a variant, a host that varies between them): the planted
 # range alone misses empty_cache's cost (its cudaMalloc calls sit in the next step's forward; the allocator-churn
 # finding, below, holds both); mask_index's fresh-process range includes 0, its paired saving does not
-LOOPS_H100_HIDDEN = {"empty_cache": (0.45, 190, 210), "mask_index": (0.85, 125, 30)}
+LOOPS_H100_HIDDEN = {"empty_cache": (0.52, 190, 210), "mask_index": (1.0, 85, 70)}
 LOOP_SETS = {"h200_loops": LOOPS, "h100_loops": LOOPS_H100, "h100_hf_nocudnn": LOOPS_H100_NOCUDNN,
              "h100_hidden_syncs": LOOPS_H100_HIDDEN}  # folder under fixtures/traces -> bounds
 
@@ -182,8 +186,14 @@ def test_runtime_pair_prediction(pairs_set, pair):
         meas_us = _sidecar_median_ms(t, "unprofiled_round_ms") * 1e3
         assert w["unprofiled_round_us"] == pytest.approx(meas_us)
         assert abs(w["unfitted_round_us"] - meas_us) / meas_us <= bound, (w["unfitted_round_us"], meas_us)
-        # the fitted scale reproduces the capture's own unprofiled round
-        assert w["fitted_to_unprofiled"] and abs(w["before_round_us"] - meas_us) / meas_us < 0.005
+        # the fitted scale reproduces the capture's own unprofiled round, but where the round is device-bound beyond
+        # it: the repeat glue capture replays 4.93 ms with no host cost at all against 4.76 measured (the profiler's
+        # device cost of its ~1,400 eager ops a round is more than the calibration's 0.76 µs each, and the scale α
+        # moves host costs only), so its measured round is set aside (DESIGN.md 5.3)
+        if (pairs_set, pair) in SET_ASIDE:
+            assert w["profiler_cost_fit"] == "set_aside" and w["profiler_cost_scale"] == 1.0
+        else:
+            assert w["fitted_to_unprofiled"] and abs(w["before_round_us"] - meas_us) / meas_us < 0.005
         savings.append(w["saving_us"])
         ranked.append(max(w["saving_us"], _predict_with_device(t, site)))
     pred_us = float(np.mean(savings))
@@ -300,8 +310,8 @@ FORWARD = "benchmarks/loops/_common.py(153): logits"
 # (loop set, loop) -> (|predicted − measured| bound µs, every eager process slower than every graphed one); where the
 # host's speed varies between processes (mask_index's host: 0.48-0.70 ms graphed, 0.61-1.05 eager) the processes
 # overlap, and the interleaved slots say which is faster instead: the eager one in at least 12 of 14
-FORWARD_GRAPH = {("h100_loops", "helper_thread"): (30, True), ("h100_loops", "per_request_readback"): (105, True),
-                 ("h100_loops", "host_detokenize"): (50, True), ("h100_hidden_syncs", "mask_index"): (115, False)}
+FORWARD_GRAPH = {("h100_loops", "helper_thread"): (100, True), ("h100_loops", "per_request_readback"): (35, True),
+                 ("h100_loops", "host_detokenize"): (10, True), ("h100_hidden_syncs", "mask_index"): (70, False)}
 
 
 @pytest.mark.parametrize("loops_set,loop", sorted(FORWARD_GRAPH))
@@ -323,8 +333,10 @@ def test_graphing_the_eager_forward_against_its_prediction(loops_set, loop):
         slower = sum(a > b for a, b in zip(per[0], per[1]))
         assert len(per[0]) == 14 and slower >= 12, (slower, len(per[0]))
     w = _predict(os.path.join(ROOT, loops_set, f"{loop}.planted.trace.json.gz"), FORWARD, "step")
-    assert w["saving_us"] > meas_us > 0  # over-predicted on all four (DESIGN.md 5.6)
-    assert w["saving_us"] - meas_us <= bound_us, (w["saving_us"], meas_us)
+    # before the replay gave a kernel that starts to queue the device's measured gap and kept the device cost per
+    # kernel out of the fitted scale, all four were over-predicted, by 27-115 µs (DESIGN.md 5.6)
+    assert meas_us > 0 and w["saving_us"] > 0
+    assert abs(w["saving_us"] - meas_us) <= bound_us, (w["saving_us"], meas_us)
 
 
 # the first finding of the H100 hf_generate capture (the attention's host work: cuDNN attention building a graph per
@@ -347,8 +359,10 @@ def test_first_finding_of_hf_generate_against_its_measured_fix():
     meas_us = (float(np.median(on_ms)) - float(np.median(off_ms))) * 1e3
     assert 30_000 < meas_us < 32_000  # 35.0 against 3.9 ms a step
     w = _predict(os.path.join(ROOT, "h100_loops", "hf_generate.planted.trace.json.gz"), SDPA, "step")
-    assert w["profiler_cost_fit"] == "set_aside" and w["profiler_cost_scale"] == 1.0
-    assert abs(w["saving_us"] - meas_us) <= 0.35 * meas_us  # within the goal: +11% today
+    # its warm-up steps (4.1 ms) are unlike the profiled ones (cuDNN builds a graph per new key length): no fit; with
+    # the H100 calibration α reaches the measured step but the replay jumps across it ("unmatched", α kept)
+    assert w["profiler_cost_fit"] in ("set_aside", "unmatched") and not w["fitted_to_unprofiled"]
+    assert abs(w["saving_us"] - meas_us) <= 0.35 * meas_us  # within the goal: +10% today
     assert abs(w["saving_us"] - meas_us) <= 3_700, (w["saving_us"], meas_us)
     # and the planted cause, second, saves far less: the order the measurements give
     p = _predict(os.path.join(ROOT, "h100_loops", "hf_generate.planted.trace.json.gz"), None, "step")
@@ -366,7 +380,8 @@ def test_first_finding_of_empty_cache_against_its_measured_fix():
     s = run_analysis(load_trace(t), sidecar=read_sidecar_checked(t)[0])
     first = s["findings"][0]
     assert first["kind"] == "allocator_churn" and first["causes"] == ["cudaMalloc", "cudaFree"]
-    assert s["whatif"]["profiler_cost_fit"] == "fitted"
+    # with the H100 calibration the capture's warm-up steps are out of α's reach: set aside, the calibration as it is
+    assert s["whatif"]["profiler_cost_fit"] == "set_aside"
     p = _json(os.path.join(d, "empty_cache.pairs.json"))
     for meas_ms in (p["saving_ms"], p["paired"]["saving_ms"]):
         assert abs(first["saving_us"] - meas_ms * 1e3) <= 0.35 * meas_ms * 1e3, (first["saving_us"], meas_ms)

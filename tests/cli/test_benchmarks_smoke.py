@@ -201,3 +201,20 @@ def test_bench_replay_cost_row(tmp_path):
     # the cells are rounded to 0.01 s: the share recomputed from them agrees to about a percent on sub-second rows
     assert float(cells[5].rstrip("%")) == pytest.approx(100 * replay_s / (load_s + analysis_s), abs=2.0)
     assert not list(tmp_path.iterdir())  # the replicated trace is deleted after its row
+
+
+def test_graph_forward_device_cpu_smoke(tmp_path):
+    """On the CPU the probe times the eager forward's host only (no graphs, no device figures) and writes its
+    table and JSON; an unknown loop is one line, exit 2."""
+    pytest.importorskip("torch")
+    import json
+    out = run("benchmarks/probes/graph_forward_device.py", "--device", "cpu", "--loops", "per_request_readback",
+              "--calls", "2", "--out", str(tmp_path))
+    assert "eager queued device µs" in out
+    data = json.loads((tmp_path / "graph_forward_device.json").read_text())
+    (row,) = data["loops"]
+    assert row["loop"] == "per_request_readback" and row["eager_host_us"] > 0
+    assert "graphed_host_us" not in row and "eager_queued_device_us" not in row
+    r = subprocess.run([sys.executable, "benchmarks/probes/graph_forward_device.py", "--device", "cpu", "--loops",
+                        "nope"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown loop 'nope'" in r.stderr
