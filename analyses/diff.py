@@ -19,7 +19,8 @@ Input: two dicts from :func:`gaptrace.analyses.summary.run_analysis`. Output (:f
   of each analysis) and the change it predicts, beside the measured one where both captures' sidecars hold an
   unprofiled round (``measured_unprofiled_round_us``): {predicted_a_us, predicted_b_us, predicted_delta_us,
   predicted_rel, measured_a_us, measured_b_us, measured_delta_us, measured_rel, measured_source_a, measured_source_b (the
-  rounds each measured: figures of different rounds are not compared, measured_delta_us None), statement}; None when neither
+  rounds each measured: figures of different rounds are not compared, measured_delta_us None), calibration_a,
+  calibration_b (the calibration file each side's prediction used), statement}; None when neither
   analysis has a prediction;
 - ``warnings``: [str]; says when A and B were analysed over different windows (one over its capture sidecar's
   analysis_window, the other over its whole trace or another annotation): their metrics then describe different
@@ -36,8 +37,9 @@ Parsed, never ``eval``-ed.
 """
 from __future__ import annotations
 
-import operator
 import math
+import operator
+import os
 import re
 from typing import Any
 
@@ -197,7 +199,10 @@ def _whatif_diff(a: dict, b: dict) -> dict[str, Any] | None:
     out = {"predicted_a_us": pa, "predicted_b_us": pb, "predicted_delta_us": pred["delta"],
            "predicted_rel": pred["rel"], "measured_a_us": ma, "measured_b_us": mb,
            "measured_delta_us": meas["delta"], "measured_rel": meas["rel"], "measured_source_a": src_a,
-           "measured_source_b": src_b}
+           "measured_source_b": src_b,
+           # each side's calibration: without --calibration, the shipped one of its trace's GPU (they may differ)
+           "calibration_a": (wa.get("calibration") or {}).get("source"),
+           "calibration_b": (wb.get("calibration") or {}).get("source")}
     if pred["delta"] is None:
         text = "the replay model predicts only one side's unprofiled round (the other has no rounds)"
     else:
@@ -211,6 +216,11 @@ def _whatif_diff(a: dict, b: dict) -> dict[str, Any] | None:
                      "not compared")
         else:
             text += "; no measured unprofiled round in both sidecars to check it against"
+    ca, cb = out["calibration_a"], out["calibration_b"]
+    if ca or cb:
+        text += (f"; calibration {os.path.basename(ca or '?')}" if ca == cb else
+                 f"; calibrations A {os.path.basename(ca or '?')}, B {os.path.basename(cb or '?')} (other GPU "
+                 "models: the predictions use different profiler costs)")
     out["statement"] = text
     return out
 

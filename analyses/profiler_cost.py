@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -95,33 +96,64 @@ def shipped_calibration_path(device_name: str | None) -> str:
     return DEFAULT_CALIBRATION
 
 
+CALIBRATION_MAX_BYTES = 1 << 20  # a calibration file is a few kB
+QUEUE_GAP_MAX_US = 1000.0  # a queued-launch gap is a µs or two; beyond a millisecond it is no gap
+
+
+def _cost(v: Any, hi: float = math.inf) -> bool:
+    """A JSON number (not a boolean), finite, in [0, hi]; a Python int too large for a float is none."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v) and 0 <= v <= hi
+    except OverflowError:
+        return False
+
+
 def load_calibration(path: str | None = None) -> Calibration:
     """The calibration in ``path`` (a ``gaptrace calibrate`` JSON), or the shipped default when None.
-    ValueError, one line naming the file, when it cannot be read or a cost is missing, negative or not finite."""
+    ValueError, one line naming the file, when it is not a regular file (a FIFO would block the read), is over 1 MiB,
+    cannot be read or parsed, or a cost is missing, negative or not finite; ``queue_gap_us`` over 1 ms or a
+    ``queue_gap_measured`` that is not true or false is refused too."""
     p = path or DEFAULT_CALIBRATION
     try:
+        st = os.stat(p)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{p}: the calibration is not a regular file")
+        if st.st_size > CALIBRATION_MAX_BYTES:
+            raise ValueError(f"{p}: the calibration is {st.st_size:,} bytes, over the {CALIBRATION_MAX_BYTES:,} a "
+                             "calibration file can be")
         with open(p, encoding="utf-8") as f:
             obj = json.load(f)
+    except RecursionError:
+        raise ValueError(f"{p}: cannot read the calibration: JSON nested too deep") from None
     except (OSError, ValueError) as e:
+        if isinstance(e, ValueError) and str(e).startswith(f"{p}: the calibration"):
+            raise
         raise ValueError(f"{p}: cannot read the calibration: {getattr(e, 'strerror', None) or e}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{p}: the calibration is not a JSON object")
     vals = {}
     for k in ("aten_op_us", "python_frame_us", "runtime_call_us"):
         v = obj.get(k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {v!r})")
+        if not _cost(v):
+            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {str(v)[:40]!r})")
         vals[k] = float(v)
     for k in ("device_op_us", "graph_node_us"):  # optional: older files have neither
         d = obj.get(k, 0.0)
-        if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
-            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {d!r})")
+        if not _cost(d):
+            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {str(d)[:40]!r})")
         vals[k] = float(d)
-    q = obj.get("queue_gap_us") if obj.get("queue_gap_measured", True) else None
+    measured = obj.get("queue_gap_measured", True)
+    if not isinstance(measured, bool):
+        raise ValueError(f"{p}: calibration field queue_gap_measured must be true or false (got {str(measured)[:40]!r})")
+    q = obj.get("queue_gap_us")
     if q is not None:  # optional: measured with CUDA only
-        if isinstance(q, bool) or not isinstance(q, (int, float)) or not math.isfinite(q) or q < 0:
-            raise ValueError(f"{p}: calibration field queue_gap_us must be a finite number >= 0 (got {q!r})")
-        vals["queue_gap_us"] = float(q)
+        if not _cost(q, QUEUE_GAP_MAX_US):
+            raise ValueError(f"{p}: calibration field queue_gap_us must be a number from 0 to {QUEUE_GAP_MAX_US:g} µs "
+                             f"(got {str(q)[:40]!r})")
+        if measured:
+            vals["queue_gap_us"] = float(q)
     on = obj.get("measured_on")
     if not isinstance(on, str):
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"

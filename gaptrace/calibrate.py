@@ -356,12 +356,15 @@ def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
 def calibrate(output: str, iterations: int) -> None:
     """Measure the profiler's host cost per recorded ATen op, Python frame and runtime call on this machine
     (``gaptrace whatif --calibration FILE`` reads it)."""
-    d = os.path.dirname(os.path.abspath(output))
-    if not os.path.isdir(d):
-        fail(f"{output}: directory {d} does not exist")
+    from gaptrace.outputs import resolve_output
+
+    try:  # a missing directory, a device, FIFO or directory at the path: refused before the benchmarks run
+        real = resolve_output(output)
+    except ValueError as e:
+        fail(str(e))
     res = measure(iterations)
     try:
-        write_json_atomic(output, res)
+        write_json_atomic(real, res)
     except OSError as e:
         fail(f"{output}: cannot write the calibration ({e.strerror or e})")
     click.echo(f"aten op {res['aten_op_us']:.3f} µs, python frame {res['python_frame_us']:.3f} µs, runtime call "

@@ -226,15 +226,18 @@ class Trace:
         return bool((self.host["cat"] == "python_function").any())
 
     def device_name(self, device: int) -> str:
-        """The GPU's product name from ``deviceProperties`` ("GPU 0" when absent or malformed)."""
+        """The GPU's product name from ``deviceProperties`` ("GPU 0" when absent or malformed), at most
+        DEVICE_NAME_MAX characters (a longer one cut, marked "…")."""
         props_list = self.metadata.get("deviceProperties")
         for props in props_list if isinstance(props_list, list) else []:
             if isinstance(props, dict) and props.get("id") == device and props.get("name"):
-                return clean_text(str(props["name"]))
+                name = clean_text(str(props["name"])[:DEVICE_NAME_MAX + 1])
+                return name if len(name) <= DEVICE_NAME_MAX else name[:DEVICE_NAME_MAX] + "…"
         return f"GPU {device}"
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+DEVICE_NAME_MAX = 200  # a product name is ~30 characters; an untrusted trace's can be megabytes
 
 
 def clean_text(s: str) -> str:

@@ -110,7 +110,7 @@ def measure(loop: str, device, calls: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--loops", default=",".join(LOOPS), help=f"comma list of {', '.join(LOOPS)}")
     ap.add_argument("--calls", type=int, default=20, help="forwards per timed run")
@@ -118,6 +118,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     loops = [x for x in a.loops.split(",") if x]
     bad = [x for x in loops if x not in LOOPS]
+    if not loops:
+        ap.error("--loops: name at least one loop")
     if bad:
         ap.error(f"unknown loop {bad[0]!r} (known: {', '.join(LOOPS)})")
     if a.calls < 1:

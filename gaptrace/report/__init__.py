@@ -17,6 +17,7 @@ Every string from the trace or the sidecar is escaped (see :mod:`gaptrace.report
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 from typing import Any
 
@@ -492,12 +493,13 @@ def _sidecar_section(side: Sidecar | None, sidecar_path: str | None) -> str:
     if isinstance(prof, list) and isinstance(unprof, list) and prof and unprof:
         try:
             mp, mu = float(np.median(np.asarray(prof, float))), float(np.median(np.asarray(unprof, float)))
+            if not (math.isfinite(mp) and math.isfinite(mu) and mp > 0 and mu > 0):
+                raise ValueError("no usable median step")  # zero, NaN or infinite steps: no sentence
             what = (f"the profiler adds {h(f'{mp - mu:,.3f}')} ms per step ({h(fmt_pct((mp - mu) / mu))})"
                     if mp >= mu else
                     f"the profiled steps took {h(f'{mu - mp:,.3f}')} ms less, so the two sets of steps differ (other "
                     "positions, a one-off) and no profiler cost can be read from them")
-            out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: {what}.</p>"
-                       if mu > 0 else "")
+            out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: {what}.</p>")
         except (TypeError, ValueError, OverflowError):
             pass
     config = sidecar.get("config")

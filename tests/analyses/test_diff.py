@@ -263,3 +263,22 @@ def test_diff_does_not_compare_measured_rounds_of_different_kinds(tmp_path):
     assert "the sidecars measured different rounds (A: profiled_positions, B: warmup_rounds), not compared" in d["statement"]
     d = json.loads(_cli("diff", src + ".json.gz", src + ".json.gz", "--json").stdout)["whatif"]
     assert d["measured_delta_us"] == 0.0 and d["measured_source_a"] == d["measured_source_b"] == "profiled_positions"
+
+
+def test_diff_names_each_sides_calibration():
+    """Without --calibration each side takes the shipped calibration of its trace's GPU: an H100 capture against an
+    H200 one uses two, and the diff's whatif says which, in its JSON and in its statement."""
+    import os
+    from gaptrace.analyses.diff import diff_analyses
+    from gaptrace.analyses.summary import run_analysis
+    from gaptrace.loader import load_trace
+    from gaptrace.sidecar import read_sidecar_checked
+    root = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces")
+    res = []
+    for s in ("h100_loops", "h200_loops"):
+        t = os.path.join(root, s, "per_request_readback.planted.trace.json.gz")
+        res.append(run_analysis(load_trace(t), sidecar=read_sidecar_checked(t)[0]))
+    w = diff_analyses(*res)["whatif"]
+    assert os.path.basename(w["calibration_a"]) == "calibration_h100.json"
+    assert os.path.basename(w["calibration_b"]) == "calibration_default.json"
+    assert "calibrations A calibration_h100.json, B calibration_default.json" in w["statement"]

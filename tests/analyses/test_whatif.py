@@ -262,3 +262,39 @@ def test_the_shipped_calibration_follows_the_traces_gpu(tmp_path):
     assert shipped_calibration_path(None) == DEFAULT_CALIBRATION
     given = load_calibration(DEFAULT_CALIBRATION)
     assert Context(h100, calibration=given).calibration is given
+
+
+def test_hostile_calibration_files_are_one_line_each(tmp_path):
+    """A FIFO is refused without reading it (the read would block), as are an oversized file, deep nesting, an
+    integer no float holds, a queued-launch gap over 1 ms and a non-boolean queue_gap_measured: each a ValueError
+    naming the file; a queue gap flagged as not measured is not used."""
+    base = json.load(open(DEFAULT_CALIBRATION))
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        load_calibration(str(fifo))
+    cases = {"big.json": json.dumps(dict(base, pad="x" * (1 << 20))),
+             "deep.json": "[" * 100_000 + "]" * 100_000,
+             "hugeint.json": json.dumps(base)[:-1] + ', "queue_gap_us": 1' + "0" * 400 + "}",
+             "hugeaten.json": json.dumps(dict(base, aten_op_us=0))[:-1].replace('"aten_op_us": 0', '"aten_op_us": 1' + "0" * 400) + "}",
+             "gap.json": json.dumps(dict(base, queue_gap_us=1e300)),
+             "flag.json": json.dumps(dict(base, queue_gap_us=1.0, queue_gap_measured="false"))}
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(ValueError) as e:
+            load_calibration(str(p))
+        assert str(e.value).startswith(str(p)) and "\n" not in str(e.value), name
+    p = tmp_path / "off.json"
+    p.write_text(json.dumps(dict(base, queue_gap_us=1.0, queue_gap_measured=False)))
+    assert load_calibration(str(p)).queue_gap_us is None
+
+
+def test_a_huge_gpu_name_is_cut():
+    """deviceProperties' name comes from the trace (untrusted): at most 200 characters reach the outputs."""
+    from gaptrace.trace import DEVICE_NAME_MAX
+    tr = load_trace(os.path.join(ROOT, "h100_loops", "graph_readback.planted.trace.json.gz"))
+    props = tr.metadata["deviceProperties"]
+    props[0] = dict(props[0], name="N" * 200_000)
+    name = tr.device_name(props[0]["id"])
+    assert len(name) == DEVICE_NAME_MAX + 1 and name.endswith("…")

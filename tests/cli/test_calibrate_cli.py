@@ -39,9 +39,25 @@ def test_calibrate_writes_a_usable_calibration(tmp_path):
     assert c.measured_on == d["measured_on"] and c.source == str(out)
     # no CUDA here: the graph launch's per-node cost is not measured, 0, and said so
     assert d["graph_node_measured"] is False and d["graph_node_us"] == 0.0 and c.graph_node_us == 0.0
+    # nor the queued-launch gap: not measured, and the replay keeps the trace's own
+    assert d["queue_gap_measured"] is False and d["queued_chain"] is None and c.queue_gap_us is None
 
 
 def test_calibrate_bad_output_dir(tmp_path):
     r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", str(tmp_path / "no" / "c.json")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_refuses_a_fifo_or_a_directory_as_its_output(tmp_path):
+    """The output is checked before the benchmarks run: a FIFO (or a device) at the path is never replaced by a
+    regular file (the rename of the temporary file would do that), a directory neither; one line, exit 2."""
+    import os
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    for out in (fifo, tmp_path):
+        r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", str(out), "--iterations", "100"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    import stat
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)

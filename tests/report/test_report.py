@@ -378,3 +378,18 @@ def test_profiled_steps_shorter_than_unprofiled_are_no_profiler_cost(tmp_path):
     text = out.read_text(encoding="utf-8")
     assert "the profiled steps took 2.000 ms less" in text
     assert "the profiler adds -" not in text and "the profiler adds −" not in text
+
+
+@pytest.mark.parametrize("unprof,prof", [([0.0] * 5, [1.0, 1.2]), ([1.0, 1.1], [float("nan")] * 3),
+                                         ([1.0], [0.0, 0.0])])
+def test_unusable_median_steps_give_no_profiler_sentence(tmp_path, unprof, prof):
+    """A sidecar whose median step is 0 or NaN (hand-edited, untrusted) gets no "profiler adds" sentence and no
+    traceback: the report is written."""
+    trace = tmp_path / "probe.json.gz"
+    shutil.copy(PROBE, trace)
+    (tmp_path / "probe.gaptrace.json").write_text(json.dumps({"unprofiled_step_ms": unprof,
+                                                               "profiled_step_ms": prof}))
+    out = tmp_path / "r.html"
+    write_report(str(trace), str(out))
+    text = out.read_text(encoding="utf-8")
+    assert "Median step:" not in text and "nan ms" not in text
