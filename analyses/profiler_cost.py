@@ -97,6 +97,7 @@ def shipped_calibration_path(device_name: str | None) -> str:
 
 
 CALIBRATION_MAX_BYTES = 1 << 20  # a calibration file is a few kB
+MEASURED_ON_MAX = 200
 QUEUE_GAP_MAX_US = 1000.0  # a queued-launch gap is a µs or two; beyond a millisecond it is no gap
 
 
@@ -157,6 +158,8 @@ def load_calibration(path: str | None = None) -> Calibration:
     on = obj.get("measured_on")
     if not isinstance(on, str):
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"
+    if len(on) > MEASURED_ON_MAX:  # a file's text reaches every output: a machine's description is short
+        on = on[:MEASURED_ON_MAX] + "…"
     return Calibration(**vals, source=os.path.abspath(p), measured_on=on)
 
 

@@ -364,7 +364,10 @@ def calibrate(output: str, iterations: int) -> None:
         fail(str(e))
     res = measure(iterations)
     try:
+        real = resolve_output(output)  # again: the path may have changed during the benchmarks
         write_json_atomic(real, res)
+    except ValueError as e:
+        fail(str(e))
     except OSError as e:
         fail(f"{output}: cannot write the calibration ({e.strerror or e})")
     click.echo(f"aten op {res['aten_op_us']:.3f} µs, python frame {res['python_frame_us']:.3f} µs, runtime call "

@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=20, help="forwards per timed run")
     ap.add_argument("--out", default=None, help="write JSON + markdown here")
     a = ap.parse_args(argv)
-    loops = [x for x in a.loops.split(",") if x]
+    loops = [x.strip() for x in a.loops.split(",") if x.strip()]
     bad = [x for x in loops if x not in LOOPS]
     if not loops:
         ap.error("--loops: name at least one loop")

@@ -28,7 +28,7 @@ from gaptrace.analyses.gaps import event_idle
 from gaptrace.analyses.launch_fit import launch_points
 from gaptrace.analyses.occupancy import busy_fraction_bins, resolve_device
 from gaptrace.outputs import write_text_atomic
-from gaptrace.sidecar import Sidecar, as_sidecar
+from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
 from gaptrace.trace import Trace, TraceError
 
 from . import charts
@@ -479,7 +479,11 @@ def _summary(v: Any) -> Any:
             a = np.asarray(v, dtype=float)
         except OverflowError:  # an integer no float holds (untrusted sidecar): shown as it is
             return v
-        return f"{len(a)} values: median {np.median(a):,.3f}, min {a.min():,.3f}, max {a.max():,.3f}"
+        ok = a[np.isfinite(a)]
+        left = f" ({len(a) - len(ok)} not finite, left out)" if len(ok) < len(a) else ""
+        if not len(ok):
+            return f"{len(a)} values, none finite"
+        return f"{len(a)} values: median {np.median(ok):,.3f}, min {ok.min():,.3f}, max {ok.max():,.3f}{left}"
     return v
 
 
@@ -489,8 +493,10 @@ def _sidecar_section(side: Sidecar | None, sidecar_path: str | None) -> str:
     if not sidecar:
         return ""
     out = [f'<h2 id="capture">Capture</h2><p class="how">From the capture sidecar {h(sidecar_path or "")}.</p>']
-    prof, unprof = sidecar.get("profiled_step_ms"), sidecar.get("unprofiled_step_ms")
-    if isinstance(prof, list) and isinstance(unprof, list) and prof and unprof:
+    # the periods the sidecar reader accepts (gaptrace.sidecar.usable_period_ms), as analyze and whatif use them
+    prof, unprof = ([v for v in x if usable_period_ms(v)] if isinstance(x, list) else []
+                    for x in (sidecar.get("profiled_step_ms"), sidecar.get("unprofiled_step_ms")))
+    if prof and unprof:
         try:
             mp, mu = float(np.median(np.asarray(prof, float))), float(np.median(np.asarray(unprof, float)))
             if not (math.isfinite(mp) and math.isfinite(mu) and mp > 0 and mu > 0):

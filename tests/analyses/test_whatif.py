@@ -288,6 +288,8 @@ def test_hostile_calibration_files_are_one_line_each(tmp_path):
     p = tmp_path / "off.json"
     p.write_text(json.dumps(dict(base, queue_gap_us=1.0, queue_gap_measured=False)))
     assert load_calibration(str(p)).queue_gap_us is None
+    p.write_text(json.dumps(dict(base, measured_on="</script>" + "m" * 300_000)))
+    assert len(load_calibration(str(p)).measured_on) == 201  # what every output prints of it
 
 
 def test_a_huge_gpu_name_is_cut():

@@ -381,10 +381,12 @@ def test_profiled_steps_shorter_than_unprofiled_are_no_profiler_cost(tmp_path):
 
 
 @pytest.mark.parametrize("unprof,prof", [([0.0] * 5, [1.0, 1.2]), ([1.0, 1.1], [float("nan")] * 3),
-                                         ([1.0], [0.0, 0.0])])
+                                         ([1.0], [0.0, 0.0]), ([1e-300] * 5, [1.0]), ([True] * 3, [1.0]),
+                                         (["0.6"], [1.0]), ([[0.6]], [1.0])])
 def test_unusable_median_steps_give_no_profiler_sentence(tmp_path, unprof, prof):
-    """A sidecar whose median step is 0 or NaN (hand-edited, untrusted) gets no "profiler adds" sentence and no
-    traceback: the report is written."""
+    """A sidecar whose steps are not periods the sidecar reader accepts (0, NaN, 1e-300, booleans, strings, lists:
+    analyze and whatif skip them) gets no "profiler adds" sentence, no "nan" in its Capture table and no traceback:
+    the report is written."""
     trace = tmp_path / "probe.json.gz"
     shutil.copy(PROBE, trace)
     (tmp_path / "probe.gaptrace.json").write_text(json.dumps({"unprofiled_step_ms": unprof,
@@ -392,4 +394,6 @@ def test_unusable_median_steps_give_no_profiler_sentence(tmp_path, unprof, prof)
     out = tmp_path / "r.html"
     write_report(str(trace), str(out))
     text = out.read_text(encoding="utf-8")
-    assert "Median step:" not in text and "nan ms" not in text
+    cap = text[text.index('<h2 id="capture">'):]
+    cap = cap[:cap.find("<h2", 5) if "<h2" in cap[5:] else len(cap)]
+    assert "Median step:" not in cap and "nan" not in cap.lower()
