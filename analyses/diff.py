@@ -210,7 +210,7 @@ def _whatif_diff(a: dict, b: dict) -> dict[str, Any] | None:
                 f"({pa / 1000:.3f} -> {pb / 1000:.3f} ms)")
         if meas["delta"] is not None:
             text += (f"; the sidecars measured {meas['delta'] / 1000:+.3f} ms ({ma / 1000:.3f} -> {mb / 1000:.3f} ms), "
-                     f"a prediction error of {(pred['delta'] - meas['delta']) / 1000:+.3f} ms")
+                     f"a prediction error of {round((pred['delta'] - meas['delta']) / 1000, 3) + 0.0:+.3f} ms")
         elif unlike:
             text += (f"; the sidecars measured different rounds (A: {src_a or 'unknown'}, B: {src_b or 'unknown'}), "
                      "not compared")

@@ -124,6 +124,8 @@ def main(argv=None) -> int:
         ap.error(f"unknown loop {bad[0]!r} (known: {', '.join(LOOPS)})")
     if a.calls < 1:
         ap.error("--calls must be >= 1")
+    if a.out and os.path.exists(a.out) and not os.path.isdir(a.out):  # before the measurement, not after it
+        ap.error(f"--out {a.out}: not a directory")
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():

@@ -282,3 +282,5 @@ def test_diff_names_each_sides_calibration():
     assert os.path.basename(w["calibration_a"]) == "calibration_h100.json"
     assert os.path.basename(w["calibration_b"]) == "calibration_default.json"
     assert "calibrations A calibration_h100.json, B calibration_default.json" in w["statement"]
+    # each trace's predicted round is fitted to its own measured one: the error is 0, printed without a sign flip
+    assert "a prediction error of +0.000 ms" in w["statement"]

@@ -218,3 +218,8 @@ def test_graph_forward_device_cpu_smoke(tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/probes/graph_forward_device.py", "--device", "cpu", "--loops",
                         "nope"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown loop 'nope'" in r.stderr
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    r = subprocess.run([sys.executable, "benchmarks/probes/graph_forward_device.py", "--device", "cpu", "--out",
+                        str(plain)], capture_output=True, text=True)
+    assert r.returncode == 2 and "not a directory" in r.stderr and plain.read_text() == "x"
