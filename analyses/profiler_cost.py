@@ -23,6 +23,7 @@ names the one used.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -75,25 +76,32 @@ class Calibration:
         return dataclasses.asdict(self)
 
 
+@functools.lru_cache(maxsize=None)
+def _shipped_by_device() -> dict[str, str]:
+    """{GPU name: path} of the shipped ``data/calibration_*.json`` files (read once a process; the first file of a
+    name, in sorted order, wins)."""
+    d = os.path.dirname(DEFAULT_CALIBRATION)
+    out: dict[str, str] = {}
+    for name in sorted(os.listdir(d)):
+        if not (name.startswith("calibration_") and name.endswith(".json")):
+            continue
+        p = os.path.join(d, name)
+        try:
+            with open(p, encoding="utf-8") as f:
+                dev = json.load(f).get("device")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(dev, str):
+            out.setdefault(dev, p)
+    return out
+
+
 def shipped_calibration_path(device_name: str | None) -> str:
     """The shipped calibration for a trace whose GPU is ``device_name`` (:meth:`gaptrace.trace.Trace.device_name`):
     the file of ``data/calibration_*.json`` whose ``device`` is that name, else :data:`DEFAULT_CALIBRATION` (the
     H200 host's). The profiler's device cost per op and the queued-launch gap are the GPU's (0.22 µs per op on an
     H100, 0.76 on the H200: docs/DESIGN.md 5.2); the host costs are the capture host's CPU, which no trace names."""
-    if device_name:
-        d = os.path.dirname(DEFAULT_CALIBRATION)
-        for name in sorted(os.listdir(d)):
-            if not (name.startswith("calibration_") and name.endswith(".json")):
-                continue
-            p = os.path.join(d, name)
-            try:
-                with open(p, encoding="utf-8") as f:
-                    dev = json.load(f).get("device")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if dev == device_name:
-                return p
-    return DEFAULT_CALIBRATION
+    return _shipped_by_device().get(device_name, DEFAULT_CALIBRATION) if device_name else DEFAULT_CALIBRATION
 
 
 CALIBRATION_MAX_BYTES = 1 << 20  # a calibration file is a few kB
@@ -119,18 +127,19 @@ def load_calibration(path: str | None = None) -> Calibration:
     p = path or DEFAULT_CALIBRATION
     try:
         st = os.stat(p)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"{p}: the calibration is not a regular file")
-        if st.st_size > CALIBRATION_MAX_BYTES:
-            raise ValueError(f"{p}: the calibration is {st.st_size:,} bytes, over the {CALIBRATION_MAX_BYTES:,} a "
-                             "calibration file can be")
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read the calibration: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{p}: the calibration is not a regular file")
+    if st.st_size > CALIBRATION_MAX_BYTES:
+        raise ValueError(f"{p}: the calibration is {st.st_size:,} bytes, over the {CALIBRATION_MAX_BYTES:,} a "
+                         "calibration file can be")
+    try:
         with open(p, encoding="utf-8") as f:
             obj = json.load(f)
     except RecursionError:
         raise ValueError(f"{p}: cannot read the calibration: JSON nested too deep") from None
     except (OSError, ValueError) as e:
-        if isinstance(e, ValueError) and str(e).startswith(f"{p}: the calibration"):
-            raise
         raise ValueError(f"{p}: cannot read the calibration: {getattr(e, 'strerror', None) or e}") from None
     if not isinstance(obj, dict):
         raise ValueError(f"{p}: the calibration is not a JSON object")
@@ -653,11 +662,11 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     # longer than the profiled one: the profiler only adds)
     warnings: list[str] = []
     n_ops = np.bincount(model.op_item, minlength=len(model.item_call)).astype(np.float64)
+    item_nodes = np.where(model.item_call >= 0, model.graph_nodes[np.maximum(model.item_call, 0)], 0)  # 0: eager
     item_dur = np.maximum(model.item_dur_us - n_ops * calibration.device_op_us, 0.0)
     dev_by_size = sidecar_device_us(sidecar)
     device_source = "calibration"
     if dev_by_size and len(model.item_call):
-        item_nodes = np.where(model.item_call >= 0, model.graph_nodes[np.maximum(model.item_call, 0)], 0)
         item_graph = (item_nodes > 0) & ~model.item_prior
         timed = np.array([dev_by_size.get(int(n), np.nan) for n in item_nodes[item_graph]], dtype=np.float64)
         ok = np.isfinite(timed)
@@ -673,8 +682,7 @@ def unprofiled_inputs(trace: Trace, model: ReplayModel, calibration: Calibration
     item_gap = model.item_gap_us
     gap_source = "trace"
     if calibration.queue_gap_us is not None and len(item_gap) and model.item_queued is not None:
-        eager = ~model.item_prior & (np.where(model.item_call >= 0,
-                                              model.graph_nodes[np.maximum(model.item_call, 0)], 0) == 0)
+        eager = ~model.item_prior & (item_nodes == 0)
         item_gap = np.where(eager & ~model.item_queued, calibration.queue_gap_us, item_gap)
         gap_source = "calibration"
     # the ranges the capture timed without the profiler take their measured host time (measured_ranges)

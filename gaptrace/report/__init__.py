@@ -17,7 +17,6 @@ Every string from the trace or the sidecar is escaped (see :mod:`gaptrace.report
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 from typing import Any
 
@@ -28,7 +27,7 @@ from gaptrace.analyses.gaps import event_idle
 from gaptrace.analyses.launch_fit import launch_points
 from gaptrace.analyses.occupancy import busy_fraction_bins, resolve_device
 from gaptrace.outputs import write_text_atomic
-from gaptrace.sidecar import Sidecar, as_sidecar, usable_period_ms
+from gaptrace.sidecar import Sidecar, as_sidecar, median_period_ms
 from gaptrace.trace import Trace, TraceError
 
 from . import charts
@@ -493,21 +492,16 @@ def _sidecar_section(side: Sidecar | None, sidecar_path: str | None) -> str:
     if not sidecar:
         return ""
     out = [f'<h2 id="capture">Capture</h2><p class="how">From the capture sidecar {h(sidecar_path or "")}.</p>']
-    # the periods the sidecar reader accepts (gaptrace.sidecar.usable_period_ms), as analyze and whatif use them
-    prof, unprof = ([v for v in x if usable_period_ms(v)] if isinstance(x, list) else []
-                    for x in (sidecar.get("profiled_step_ms"), sidecar.get("unprofiled_step_ms")))
-    if prof and unprof:
-        try:
-            mp, mu = float(np.median(np.asarray(prof, float))), float(np.median(np.asarray(unprof, float)))
-            if not (math.isfinite(mp) and math.isfinite(mu) and mp > 0 and mu > 0):
-                raise ValueError("no usable median step")  # zero, NaN or infinite steps: no sentence
-            what = (f"the profiler adds {h(f'{mp - mu:,.3f}')} ms per step ({h(fmt_pct((mp - mu) / mu))})"
-                    if mp >= mu else
-                    f"the profiled steps took {h(f'{mu - mp:,.3f}')} ms less, so the two sets of steps differ (other "
-                    "positions, a one-off) and no profiler cost can be read from them")
-            out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: {what}.</p>")
-        except (TypeError, ValueError, OverflowError):
-            pass
+    # the medians of the periods the sidecar reader accepts (gaptrace.sidecar.median_period_ms), as analyze and
+    # whatif use them
+    mp, mu = (median_period_ms(x) if isinstance(x, list) else None
+              for x in (sidecar.get("profiled_step_ms"), sidecar.get("unprofiled_step_ms")))
+    if mp is not None and mu is not None:  # usable periods: finite, at least PERIOD_MIN_MS
+        what = (f"the profiler adds {h(f'{mp - mu:,.3f}')} ms per step ({h(fmt_pct((mp - mu) / mu))})"
+                if mp >= mu else
+                f"the profiled steps took {h(f'{mu - mp:,.3f}')} ms less, so the two sets of steps differ (other "
+                "positions, a one-off) and no profiler cost can be read from them")
+        out.append(f"<p>Median step: {h(f'{mp:,.3f}')} ms profiled, {h(f'{mu:,.3f}')} ms unprofiled: {what}.</p>")
     config = sidecar.get("config")
     if isinstance(config, dict) and config:
         out.append("<p><b>config</b></p>" + kv_table(sorted(config.items())))
