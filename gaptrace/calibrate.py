@@ -2,12 +2,13 @@
 
 Small benchmarks run with and without ``torch.profiler`` (the settings of ``gaptrace capture``:
 :func:`gaptrace.capture.profiler_kwargs`): a chain of Python calls (python_function events), a loop of tiny ATen
-ops (cpu_op events, with their Python frames) and, with CUDA, a loop of tiny kernel launches (cuda_runtime events)
-and a CUDA graph of tiny kernels timed on the device (``device_op_us``: the extra device time per graph node under
-the profiler).
+ops (cpu_op events, with their Python frames), with CUDA a loop of tiny kernel launches (cuda_runtime events), and
+two model benchmarks (an eager ``nn.Module`` forward and a sampling step with its host read-back, on the GPU when
+there is one: :func:`_benchmarks`); and a CUDA graph of tiny kernels timed on the device (``device_op_us``: the
+extra device time per graph node under the profiler).
 For benchmark b, Δt_b = t_profiled − t_plain = Σ_c n_{b,c} · cost_c, n_{b,c} the events of category c its trace
-holds; the costs are the non-negative least-squares solution (docs/DESIGN.md "The replay model", "The profiler
-taken out"). Writes JSON (``aten_op_us``, ``python_frame_us``, ``runtime_call_us``, torch version, CPU model,
+holds; the costs are the non-negative least-squares solution in relative terms (:func:`fit_costs`; docs/DESIGN.md
+"The replay model", "The profiler taken out"). Writes JSON (``aten_op_us``, ``python_frame_us``, ``runtime_call_us``, torch version, CPU model,
 device, the per-benchmark counts and times) atomically; with CUDA also ``graph_node_us``, the profiler's host
 cost per CUDA graph node at launch (:func:`graph_node_host_us`: κ measured directly, the fallback where a trace's
 own launch fit has a single graph size); without CUDA ``runtime_call_us`` and ``graph_node_us`` are 0 and
@@ -30,6 +31,7 @@ from gaptrace.capture import profiler_kwargs, write_json_atomic
 from gaptrace.cli import fail
 
 CATS = ("python_function", "cpu_op", "cuda_runtime")
+MICRO_BENCHMARKS = ("python_chain", "aten_ops", "cuda_launch")
 
 
 def _cpu_model() -> str:
@@ -43,7 +45,17 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+MODEL_ITERATIONS_DIVISOR = 100  # a model benchmark's iteration costs ~100 micro-benchmark iterations
+
+
 def _benchmarks(torch, n: int) -> dict[str, Callable[[], None]]:
+    """The benchmarks, by name: three micro-benchmarks of ``n`` iterations (a chain of Python calls, tiny ATen ops,
+    with CUDA tiny kernel launches) and two model benchmarks of ``n // MODEL_ITERATIONS_DIVISOR`` iterations, on the
+    GPU when there is one: an eager forward of eight ``nn.Linear`` + ``nn.LayerNorm`` + ``nn.GELU`` blocks (module
+    calls, nested ATen ops, one launch each) and a sampling step (softmax, top-k, ``.tolist()`` and a Python list
+    comprehension over the result, the host read-back of a decode loop). The micro-benchmarks alone measure a
+    recorded event hot in the caches: a model's events cost the profiler 1.4–2 times as much
+    (docs/DESIGN.md "The profiler taken out")."""
     def leaf(x):
         return x + 1
 
@@ -63,15 +75,41 @@ def _benchmarks(torch, n: int) -> dict[str, Callable[[], None]]:
             torch.add(a, b)
 
     out = {"python_chain": python_chain, "aten_ops": aten_ops}
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if cuda:
         g = torch.ones(4, device="cuda")
 
         def cuda_launch() -> None:
             for _ in range(n):
                 g.add_(1.0)
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # SYNC (deliberate): the timing covers the launches' device work
 
         out["cuda_launch"] = cuda_launch
+    dev = torch.device("cuda" if cuda else "cpu")
+    m = max(10, n // MODEL_ITERATIONS_DIVISOR)
+    nn = torch.nn
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    mlp = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.LayerNorm(32), nn.GELU()) for _ in range(8)])
+    mlp = mlp.to(dev).eval()
+    x = torch.randn(2, 32, generator=gen).to(dev)
+    logits = torch.randn(4, 1000, generator=gen).to(dev)
+
+    def module_forward() -> None:
+        with torch.no_grad():
+            for _ in range(m):
+                mlp(x)
+        if cuda:
+            torch.cuda.synchronize()  # SYNC (deliberate): the timing covers the forwards' device work
+
+    def sampling() -> None:
+        for _ in range(m):
+            p = torch.softmax(logits / 0.7, dim=-1)
+            _, idx = torch.topk(p, 20)
+            picked = idx[:, 0].tolist()  # SYNC (deliberate): a decode loop's read-back, as it costs unprofiled
+            sum(t % 7 for t in picked)
+
+    out["module_forward"] = module_forward
+    out["sampling"] = sampling
     return out
 
 
@@ -263,8 +301,10 @@ def graph_plain_us(torch, sizes: tuple[int, int] = GRAPH_SIZES, replays: int = 3
             "graph_device_us_by_nodes": {str(n): dev[n] for n in sizes}}
 
 
-def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
-    """Run the benchmarks (module docstring) and return the calibration dict."""
+def measure(n: int = 20000, repeats: int = 5) -> dict[str, Any]:
+    """Run the benchmarks (module docstring) and return the calibration dict. Each benchmark runs ``repeats`` times
+    without and with the profiler, alternating (a slow spell of the host then lengthens both), and keeps the
+    minimum of each: noise only adds time."""
     import torch
     import torch.profiler as tp
 
@@ -276,9 +316,9 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
     try:
         for name, fn in benches.items():
             fn()  # warm-up
-            plain = min(_timed(fn) for _ in range(repeats))
-            prof_t, counts = [], None
+            plain_t, prof_t, counts = [], [], None
             for r in range(repeats):
+                plain_t.append(_timed(fn))
                 with tp.profile(**profiler_kwargs(True)) as prof:
                     t = _timed(fn)
                 prof_t.append(t)
@@ -287,17 +327,15 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
                     prof.export_chrome_trace(path)
                     counts = _count(path)
                     os.remove(path)
-            rows.append({"benchmark": name, "iterations": n, "plain_s": plain, "profiled_s": min(prof_t),
+            iters = n if name in MICRO_BENCHMARKS else max(10, n // MODEL_ITERATIONS_DIVISOR)
+            rows.append({"benchmark": name, "iterations": iters, "plain_s": min(plain_t), "profiled_s": min(prof_t),
                          "events": counts})
     finally:
         try:
             os.rmdir(tmp)
         except OSError:
             pass
-    cats = [c for c in CATS if any(r["events"][c] for r in rows)]
-    A = np.array([[r["events"][c] for c in cats] for r in rows], dtype=np.float64)
-    y = np.array([(r["profiled_s"] - r["plain_s"]) * 1e6 for r in rows])
-    x = _nnls(A, y)
+    cats, x = fit_costs(rows)
     cost = dict(zip(cats, x))
     dev = device_node_us(torch)
     node = graph_node_host_us(torch, launch_graph)
@@ -327,6 +365,21 @@ def measure(n: int = 20000, repeats: int = 3) -> dict[str, Any]:
         "profiler_settings": "gaptrace.capture.profiler_kwargs(with_stack=True)",
         "benchmarks": rows,
     }
+
+
+def fit_costs(rows: list[dict[str, Any]]) -> tuple[list[str], np.ndarray]:
+    """The per-event costs (µs) of the categories some benchmark records, from the benchmark rows :func:`measure`
+    writes (``events``: counts by category in one run; ``plain_s`` / ``profiled_s``: the run's time, s): the
+    non-negative least-squares solution of Δt_b = Σ_c n_{b,c}·cost_c in relative terms, each row divided by its
+    Δt_b, so that a model benchmark of a few thousand events and a micro-benchmark of tens of
+    thousands weigh alike; a benchmark with Δt_b <= 0 (noise larger than the profiler's cost) is left out
+    (docs/DESIGN.md "The profiler taken out"). Returns (categories, costs)."""
+    cats = [c for c in CATS if any(r["events"][c] for r in rows)]
+    A = np.array([[r["events"][c] for c in cats] for r in rows], dtype=np.float64).reshape(len(rows), len(cats))
+    y = np.array([(r["profiled_s"] - r["plain_s"]) * 1e6 for r in rows], dtype=np.float64)
+    keep = y > 0  # a benchmark the profiler did not slow down is noise larger than its cost: no information
+    w = 1.0 / y[keep]
+    return cats, _nnls(A[keep] * w[:, None], y[keep] * w)
 
 
 def _timed(fn: Callable[[], None]) -> float:

@@ -223,3 +223,24 @@ def test_graph_forward_device_cpu_smoke(tmp_path):
     r = subprocess.run([sys.executable, "benchmarks/probes/graph_forward_device.py", "--device", "cpu", "--out",
                         str(plain)], capture_output=True, text=True)
     assert r.returncode == 2 and "not a directory" in r.stderr and plain.read_text() == "x"
+
+
+def test_bench_calibration_cpu_smoke(tmp_path):
+    """Two loop variants on CPU: the table's predicted Δ is Σ events a step × the calibration's cost of their
+    category, recomputed here from the raw rows it writes."""
+    import json
+
+    from gaptrace.analyses.profiler_cost import load_calibration
+
+    cal = "analyses/data/calibration_cpu_epyc.json"
+    out = run("benchmarks/bench_calibration.py", "--device", "cpu", "--calibration", cal, "--loops",
+              "per_request_readback", "--steps", "3", "--blocks", "1", "--out", str(tmp_path / "c"))
+    assert "| per_request_readback | planted |" in out and "| per_request_readback | fixed |" in out
+    rows = json.loads((tmp_path / "c.json").read_text())["rows"]
+    c = load_calibration(cal)
+    for r in rows:
+        e = r["events_per_step"]
+        want = (c.aten_op_us * (e.get("cpu_op", 0) + e.get("user_annotation", 0))
+                + c.python_frame_us * e.get("python_function", 0))
+        assert e.get("user_annotation") == 2.0  # the step range and the planted site's range, once a step
+        assert f"| {r['loop']} | {r['variant']} | {r['plain_us']:.1f} | {r['delta_us']:.1f} | {want:.1f} |" in out

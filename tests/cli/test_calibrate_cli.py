@@ -1,5 +1,5 @@
-"""`gaptrace calibrate`: the per-event profiler costs it writes are the non-negative least-squares solution of its
-own benchmarks' timings and event counts (checked here from the JSON it writes)."""
+"""`gaptrace calibrate`: the per-event profiler costs it writes are the non-negative least-squares solution, in
+relative terms, of its own benchmarks' timings and event counts (checked here from the JSON it writes)."""
 from __future__ import annotations
 
 import json
@@ -12,13 +12,38 @@ import pytest
 pytest.importorskip("torch")
 
 from gaptrace.analyses.profiler_cost import load_calibration  # noqa: E402
-from gaptrace.calibrate import _nnls  # noqa: E402
+from gaptrace.calibrate import _nnls, fit_costs  # noqa: E402
 
 
 def test_nnls_by_hand():
     A = np.array([[3.0, 0.0], [1.0, 1.0]])
     np.testing.assert_allclose(_nnls(A, np.array([3.0, 3.0])), [1.0, 2.0])
     np.testing.assert_allclose(_nnls(A, np.array([3.0, 0.0])), [0.9, 0.0], atol=1e-12)  # b would be negative
+
+
+def _row(name, events, plain_us, profiled_us):
+    return {"benchmark": name, "events": events, "plain_s": plain_us * 1e-6, "profiled_s": profiled_us * 1e-6}
+
+
+def test_fit_costs_weighs_each_benchmark_by_its_own_delta():
+    """Rows divided by their Δt: a model benchmark (Δ 300 µs) and micro-benchmarks (Δ 20,000 µs) weigh alike; a row
+    the profiler did not slow down (Δ <= 0) is left out."""
+    rows = [_row("python_chain", {"python_function": 60000, "cpu_op": 0, "cuda_runtime": 0}, 0.0, 12000.0),  # 0.2
+            _row("aten_ops", {"python_function": 20000, "cpu_op": 20000, "cuda_runtime": 0}, 0.0, 24000.0),   # 1.0
+            _row("model", {"python_function": 250, "cpu_op": 100, "cuda_runtime": 0}, 1000.0, 1300.0),
+            _row("noise", {"python_function": 250, "cpu_op": 100, "cuda_runtime": 0}, 1000.0, 900.0)]
+    cats, x = fit_costs(rows)
+    assert cats == ["python_function", "cpu_op"]
+    # by hand: minimise Σ_b ((A_b·x − y_b) / y_b)² over the first three rows (none comes out negative)
+    A = np.array([[60000.0, 0.0], [20000.0, 20000.0], [250.0, 100.0]])
+    y = np.array([12000.0, 24000.0, 300.0])
+    ref, *_ = np.linalg.lstsq(A / y[:, None], np.ones(3), rcond=None)
+    np.testing.assert_allclose(x, ref, rtol=1e-9)
+    # the model row pulls the ATen cost above the micro-benchmarks' own 1.0 (their exact solution: 0.2, 1.0)
+    assert x[1] > 1.0
+    # unweighted, the micro-benchmarks' 10^4-event rows would decide alone
+    x_abs, *_ = np.linalg.lstsq(A, y, rcond=None)
+    assert abs(x_abs[1] - 1.0) < abs(x[1] - 1.0)
 
 
 def test_calibrate_writes_a_usable_calibration(tmp_path):
@@ -31,10 +56,17 @@ def test_calibrate_writes_a_usable_calibration(tmp_path):
     cats = ["python_function", "cpu_op"] + (["cuda_runtime"] if d["runtime_call_measured"] else [])
     A = np.array([[b["events"][c] for c in cats] for b in rows], dtype=float)
     y = np.array([(b["profiled_s"] - b["plain_s"]) * 1e6 for b in rows])
-    x = _nnls(A, y)
+    keep = y > 0
+    x = _nnls(A[keep] / y[keep][:, None], np.ones(int(keep.sum())))
     assert d["python_frame_us"] == pytest.approx(x[0]) and d["aten_op_us"] == pytest.approx(x[1])
     assert rows[0]["events"]["python_function"] >= 2 * 2000  # the Python chain: 3 frames an iteration
     assert rows[1]["events"]["cpu_op"] >= 2000               # one aten::add an iteration
+    by = {b["benchmark"]: b for b in rows}
+    # the model benchmarks: 2000 // 100 iterations of an eight-block nn.Module forward (Linear, LayerNorm, GELU:
+    # nested ATen ops under module calls) and of a sampling step
+    assert by["module_forward"]["iterations"] == 20 and by["sampling"]["iterations"] == 20
+    assert by["module_forward"]["events"]["cpu_op"] >= 20 * 8 * 3
+    assert by["module_forward"]["events"]["python_function"] >= 20 * 8 * 3
     c = load_calibration(str(out))
     assert c.measured_on == d["measured_on"] and c.source == str(out)
     # no CUDA here: the graph launch's per-node cost is not measured, 0, and said so
