@@ -65,6 +65,16 @@ def _clean(obj):
     return obj
 
 
+def out_dir_arg(path: str) -> str:
+    """argparse ``type=`` of a results directory option: refused up front (before the benchmark runs) when the path
+    exists and is not a directory; created later by :func:`write_results` when missing."""
+    import argparse
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{path}: exists and is not a directory")
+    return path
+
+
 def write_results(out_dir: str, name: str, data: dict, markdown: str) -> tuple[str, str]:
     """Write ``out_dir/name.json`` (``data``, NaN -> null) and ``out_dir/name.md``; returns both paths."""
     j, m = os.path.join(out_dir, name + ".json"), os.path.join(out_dir, name + ".md")

@@ -75,12 +75,13 @@ def measure_one(loop: str, variant: str, device: str, steps: int, blocks: int) -
             ev = json.load(f).get("traceEvents", [])
     finally:
         os.remove(path)
-    counts: dict[str, float] = {}
+    counts: dict[str, int] = {}
     for e in ev:
         if e.get("ph") == "X" and isinstance(e.get("cat"), str):
-            counts[e["cat"]] = counts.get(e["cat"], 0.0) + 1.0 / steps
+            counts[e["cat"]] = counts.get(e["cat"], 0) + 1
     return {"loop": loop, "variant": variant, "device": device, "steps": steps, "blocks": blocks,
-            "plain_us": plain, "profiled_us": prof, "delta_us": prof - plain, "events_per_step": counts}
+            "plain_us": plain, "profiled_us": prof, "delta_us": prof - plain,
+            "events_per_step": {c: n / steps for c, n in counts.items()}}
 
 
 def predicted_us(events: dict[str, float], cal) -> float:

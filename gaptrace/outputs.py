@@ -35,6 +35,12 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
         st = os.stat(real)
     except FileNotFoundError:
         st = None
+    if st is None:
+        # a /proc/<pid>/fd link to a pipe or socket resolves to no path ("pipe:[N]") but stats as what it points to
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
         raise ValueError(f"{path}: the output path is {kind}; give a file name")

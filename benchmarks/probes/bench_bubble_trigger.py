@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes, then benchmarks/ (_results, bench_runtime)
 
 from _gpu import add_rms_norm_chain, name_list, timed_replay_us  # noqa: E402
-from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+from _results import fmt, machine, md_table, out_dir_arg, print_and_write  # noqa: E402
 
 STAGES = ("none", "eager", "graph", "replays", "events", "gemm", "gemm-big", "profiler", "fresh", "fresh-upload",
           "tiny-graph", "stream", "memcpy", "graphedcall", "free")
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
                     ", ".join(STAGES))
     ap.add_argument("--batches", type=int, default=5, help="timed batches after each stage")
     ap.add_argument("--replays", type=int, default=10, help="replays per batch")
-    ap.add_argument("--out", default=None, help="write bubble_trigger.json/.md here")
+    ap.add_argument("--out", default=None, type=out_dir_arg, help="write bubble_trigger.json/.md here")
     args = ap.parse_args(argv)
     stages = name_list(ap, args.stages, STAGES, "stage")
     if args.device == "cpu":

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes, then benchmarks/ (_results, bench_runtime)
 
 from _gpu import add_rms_norm_chain, timed_replay_us  # noqa: E402
-from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+from _results import fmt, machine, md_table, out_dir_arg, print_and_write  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
                          "torch's capture stream, time them, put the process past the step (three new streams "
                          "with work: bench_bubble_trigger) and time them again: what the step costs the runtime's "
                          "own graphs")
-    ap.add_argument("--out", default=None, help="write graph_alone.json/.md here")
+    ap.add_argument("--out", default=None, type=out_dir_arg, help="write graph_alone.json/.md here")
     args = ap.parse_args(argv)
     import torch
 

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes, then benchmarks/ (_results, bench_runtime)
 
-from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+from _results import fmt, machine, md_table, out_dir_arg, print_and_write  # noqa: E402
 
 PHASE_RANGES = ("plan", "draft", "tree", "verify", "commit")  # the engine's NVTX range around each graph's replay
 
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timed-rounds", type=int, default=30)
     ap.add_argument("--profiled-rounds", type=int, default=8)
     ap.add_argument("--work", default=None, help="where the capture goes (default: a temporary directory)")
-    ap.add_argument("--out", default=None, help="write graph_span.json/.md here")
+    ap.add_argument("--out", default=None, type=out_dir_arg, help="write graph_span.json/.md here")
     args = ap.parse_args(argv)
     res = run(args)
     return print_and_write(args.out, "graph_span", res, markdown(res))

@@ -36,7 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes, then benchmarks/ (_results, bench_runtime)
 
 from _gpu import name_list, timed_replay_us  # noqa: E402
-from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+from _results import fmt, machine, md_table, out_dir_arg, print_and_write  # noqa: E402
 
 KINDS = ("triton-step", "triton-step-1cta", "torch-add", "add_rms_norm", "add_rms_norm-96", "gemm+add_rms_norm",
          "gemm32MB+add_rms_norm")
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
                     "runtime holds weights, KV pools and states: does a large footprint widen the gap?)")
     ap.add_argument("--carveout", type=int, default=None, help="Triton kernels' preferred shared-memory carveout, "
                     "percent (default: unset)")
-    ap.add_argument("--out", default=None, help="write node_gap.json/.md here")
+    ap.add_argument("--out", default=None, type=out_dir_arg, help="write node_gap.json/.md here")
     args = ap.parse_args(argv)
     kinds = name_list(ap, args.kinds, KINDS, "kind")
     if args.device == "cpu":

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]  # the probes, then benchmarks/ (_results, bench_runtime)
 
 from _gpu import timed_replay_us  # noqa: E402
-from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+from _results import fmt, machine, md_table, out_dir_arg, print_and_write  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
                     help="distinct compiled Triton kernels the chain cycles through (a constexpr salt; the runtime's "
                          "round runs ~20 different kernels): does a cold kernel widen the gap before it?")
     ap.add_argument("--replays", type=int, default=50)
-    ap.add_argument("--out", default=None, help="write pdl_chain.json/.md here")
+    ap.add_argument("--out", default=None, type=out_dir_arg, help="write pdl_chain.json/.md here")
     args = ap.parse_args(argv)
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported

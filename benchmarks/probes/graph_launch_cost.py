@@ -17,6 +17,8 @@ import argparse
 import json
 import os
 
+from benchmarks._results import out_dir_arg
+
 KINDS = ("add_", "matmul", "softmax", "layer_norm", "index_select", "mix")
 
 
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", default="200,1000", help="graph sizes, comma-separated")
     ap.add_argument("--replays", type=int, default=30)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, type=out_dir_arg)
     a = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in a.nodes.split(",") if x]

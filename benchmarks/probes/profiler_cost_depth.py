@@ -18,6 +18,8 @@ import os
 import tempfile
 import time
 
+from benchmarks._results import out_dir_arg
+
 
 def _nest(depth: int, fn):
     if depth <= 0:
@@ -96,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--depths", default="2,20,60")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, type=out_dir_arg)
     a = ap.parse_args(argv)
     depths = [int(x) for x in a.depths.split(",")]
     if a.ops < 1 or a.repeats < 1 or min(depths) < 0:

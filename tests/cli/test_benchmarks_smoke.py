@@ -244,3 +244,22 @@ def test_bench_calibration_cpu_smoke(tmp_path):
                 + c.python_frame_us * e.get("python_function", 0))
         assert e.get("user_annotation") == 2.0  # the step range and the planted site's range, once a step
         assert f"| {r['loop']} | {r['variant']} | {r['plain_us']:.1f} | {r['delta_us']:.1f} | {want:.1f} |" in out
+
+
+@pytest.mark.parametrize("probe", [
+    ["benchmarks/probes/bench_bubble_trigger.py", "--device", "cpu"],
+    ["benchmarks/probes/bench_graph_alone.py", "--device", "cpu"],
+    ["benchmarks/probes/bench_graph_span.py", "--device", "cpu"],
+    ["benchmarks/probes/bench_node_gap.py", "--device", "cpu"],
+    ["benchmarks/probes/bench_pdl_chain.py", "--device", "cpu"],
+    ["-m", "benchmarks.probes.graph_launch_cost"],
+    ["-m", "benchmarks.probes.profiler_cost_depth", "--device", "cpu"],
+])
+def test_probes_refuse_a_plain_file_as_their_results_directory(tmp_path, probe):
+    """--out names a directory: an existing plain file there is refused before the probe measures anything (exit 2,
+    the file untouched), not with a traceback after the run."""
+    f = tmp_path / "results"
+    f.write_text("keep")
+    r = subprocess.run([sys.executable, *probe, "--out", str(f)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "exists and is not a directory" in r.stderr and "Traceback" not in r.stderr
+    assert f.read_text() == "keep"

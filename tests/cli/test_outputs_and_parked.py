@@ -30,6 +30,21 @@ def test_resolve_output(tmp_path):
         resolve_output(str(tmp_path / "link.html"), (str(tmp_path / "real.html"),))
 
 
+def test_resolve_output_refuses_a_proc_fd_link_to_a_pipe():
+    """/proc/self/fd/N of a pipe resolves to no path ("pipe:[N]"): it is still refused up front, before a long
+    benchmark or capture runs, not when the rename fails."""
+    r, w = os.pipe()
+    try:
+        link = f"/proc/self/fd/{w}"
+        if not os.path.exists(link):
+            pytest.skip("no /proc/self/fd here")
+        with pytest.raises(ValueError, match="not a regular file"):
+            resolve_output(link)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_report_refuses_to_overwrite_its_input(tmp_path):
     t = tmp_path / "t.json.gz"
     shutil.copy(SMALL, t)
