@@ -420,6 +420,9 @@ def scale_for_period(period_at: Callable[[float], float], target_us: float) -> f
 
 SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # where a bracket is looked for when α = 8 does not reach the target
 FIT_TOLERANCE = 0.01  # a fitted α reproduces the measured unprofiled round to within this share
+# an unfitted α whose replayed round misses the measured one by more than this share (the period goal) is no fit
+# beside a jump but a round out of reach: set aside (DESIGN.md 5.3)
+UNMATCHED_MAX = 0.10
 
 
 class Context:
@@ -507,6 +510,7 @@ class Context:
                                     "calibration as it is): its rounds are not like the profiled ones (a step that "
                                     "changes after the warm-up?); set aside, the calibration used as it is")
                 return
+            unfitted_inputs, unfitted_base = self.unprof, self.base
             self.scale, self.unprof = scale, unprof
             self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
                                item_dur_us=self.unprof["item_dur_us"], item_gap_us=self.unprof["item_gap_us"])
@@ -515,6 +519,17 @@ class Context:
             # a fit is one that reproduces the measured round: the replayed round can jump with α (a wait that
             # appears), and bisection then ends beside the jump, inside the bounds but off the target
             self.fitted = abs(err) <= FIT_TOLERANCE
+            if not self.fitted and abs(err) > UNMATCHED_MAX:
+                # the closest α still misses by more than the period goal: no jump beside the target but a measured
+                # round out of reach (bisection ran to near a bound), set aside like one at the bound, α = 1
+                self.scale, self.unprof, self.base = 1.0, unfitted_inputs, unfitted_base
+                self.set_aside = True
+                self.fit_warning = (f"the sidecar's measured unprofiled round ({self.target_us / 1e3:.3f} ms) is "
+                                    f"out of reach: the closest profiler cost scale, {scale:.3g}, predicts "
+                                    f"{got / 1e3:.3f} ms ({err:+.1%}); its rounds are not like the profiled ones (a "
+                                    "step that changes after the warm-up?); set aside, the calibration used as it "
+                                    "is")
+                return
             if not self.fitted:
                 self.fit_warning = (f"no profiler cost scale reproduces the measured unprofiled round "
                                     f"({self.target_us / 1e3:.3f} ms) within {FIT_TOLERANCE:.0%}: the closest, "

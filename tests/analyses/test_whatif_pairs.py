@@ -359,9 +359,9 @@ def test_first_finding_of_hf_generate_against_its_measured_fix():
     meas_us = (float(np.median(on_ms)) - float(np.median(off_ms))) * 1e3
     assert 30_000 < meas_us < 32_000  # 35.0 against 3.9 ms a step
     w = _predict(os.path.join(ROOT, "h100_loops", "hf_generate.planted.trace.json.gz"), SDPA, "step")
-    # its warm-up steps (4.1 ms) are unlike the profiled ones (cuDNN builds a graph per new key length): no fit; with
-    # the H100 calibration α reaches the measured step but the replay jumps across it ("unmatched", α kept)
-    assert w["profiler_cost_fit"] in ("set_aside", "unmatched") and not w["fitted_to_unprofiled"]
+    # its warm-up steps (4.1 ms) are unlike the profiled ones (cuDNN builds a graph per new key length): out of the
+    # fit's reach (the closest α still +777%), set aside
+    assert w["profiler_cost_fit"] == "set_aside" and not w["fitted_to_unprofiled"]
     assert abs(w["saving_us"] - meas_us) <= 0.35 * meas_us  # within the goal: +10% today
     assert abs(w["saving_us"] - meas_us) <= 3_700, (w["saving_us"], meas_us)
     # and the planted cause, second, saves far less: the order the measurements give
