@@ -32,7 +32,8 @@ from gaptrace.sidecar import Sidecar, as_sidecar
 from gaptrace.trace import Trace, TraceError
 
 from .profiler_cost import (Calibration, _starts_inside, gil_held_in_waits, load_calibration, lock_waits_in,
-                           measured_period_us, name_codes, shipped_calibration_path, site_share, unprofiled_inputs)
+                           measured_period_source, measured_period_us, name_codes, shipped_calibration_path, site_share,
+                           unprofiled_inputs)
 from .steps import find_steps, is_launch_call
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
@@ -637,6 +638,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "after_mean_round_us": float(np.mean(p_after)),
         "one_off_saving_us": one_off,
         "unprofiled_round_us": unp,
+        "measured_source": measured_period_source(ctx.sidecar) if unp else None,
         "unprofiled_error": (med_b - unp) / unp if unp else None,
         "profiler_cost_scale": ctx.scale,
         "fitted_to_unprofiled": ctx.fitted,

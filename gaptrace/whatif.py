@@ -14,6 +14,11 @@ from gaptrace.trace import TraceError
 __all__ = ["whatif", "render_whatif"]
 
 
+# which rounds the sidecar measured unprofiled (analyses.profiler_cost.measured_period), in the prediction's line
+_SOURCE_TEXT = {"profiled_positions": " at the profiled rounds' positions", "warmup_rounds": " in the warm-up rounds",
+                "after_steps": " in the steps after the profiled ones", "warmup_steps": " in the warm-up steps"}
+
+
 def _us(v) -> str:
     return "-" if v is None else f"{v / 1e3:,.2f} ms"
 
@@ -50,7 +55,8 @@ def render_whatif(d: dict) -> str:
              f"  profiled round (measured, median)  {_us(d['profiled_round_us'])}",
              f"  replayed unchanged                 {_us(d['replayed_round_us'])} (error {d['replay_error']:.1%})",
              f"  predicted unprofiled round         {_us(d['before_round_us'])}"
-             + (f" (measured unprofiled {_us(d['unprofiled_round_us'])}, error {d['unprofiled_error']:+.1%})"
+             + (f" (measured unprofiled{_SOURCE_TEXT.get(d.get('measured_source'), '')} "
+                f"{_us(d['unprofiled_round_us'])}, error {d['unprofiled_error']:+.1%})"
                 if d.get("unprofiled_round_us") else ""),
              _scale_line(d),
              f"  after the change                   {_us(d['after_round_us'])}: saves {d['saving_us']:,.0f} µs a round"

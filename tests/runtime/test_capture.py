@@ -292,3 +292,42 @@ def test_a_capture_fails_cleanly(tmp_path, monkeypatch):
         with Capture(str(tmp_path / "a.json.gz"), warmup_steps=2, active_steps=2) as cap:
             _loop(cap, 5)
     assert temporaries() == [] and sorted(os.listdir(tmp_path)) == ["a.json.gz"]
+
+
+def test_capture_times_steps_after_the_profiled_ones(tmp_path, monkeypatch):
+    """A loop whose step changes after its warm-up (1 ms, then 6 ms from step 6 on): the warm-up periods are of the
+    first regime, the ``after_steps`` periods timed once the profiler has stopped are of the profiled one, and
+    they are what the replay's measured period uses (source "after_steps"). The profiler stops at the export (the
+    trace holds only the active steps' ranges) and the export's own time is in no period."""
+    import gaptrace.capture as capture_mod
+    from gaptrace.analyses.profiler_cost import MIN_AFTER_STEPS, measured_period
+
+    real_export = capture_mod._export_trace_tmp
+
+    def slow_export(prof, out):
+        _spin(0.3)  # an export that takes 300 ms: no after-step period may hold it
+        return real_export(prof, out)
+
+    monkeypatch.setattr(capture_mod, "_export_trace_tmp", slow_export)
+    path = str(tmp_path / "drift.json.gz")
+    warmup, active, after = 5, 3, MIN_AFTER_STEPS
+    with Capture(path, warmup_steps=warmup, active_steps=active, after_steps=after, time_ranges=False) as cap:
+        for i in range(warmup + 1 + active + after + 4):  # four more steps than it times
+            with torch.profiler.record_function("round"):
+                _spin(0.001 if i < 6 else 0.006)
+            cap.step()
+    side = read_sidecar(path)
+    assert side["unprofiled_after_steps"] == after == len(side["unprofiled_after_step_ms"])
+    import statistics
+
+    # 1 ms steps (a loaded machine stretches some), then 6 ms steps, never the 300 ms export
+    assert min(side["unprofiled_step_ms"]) > 0.9 and statistics.median(side["unprofiled_step_ms"]) < 4.0
+    assert all(5.9 < v < 200.0 for v in side["unprofiled_after_step_ms"]), side["unprofiled_after_step_ms"]
+    trace = load_trace_reference(path)
+    assert (trace.host["name"] == "round").sum() == active
+    us, source = measured_period(side)
+    assert source == "after_steps" and us == pytest.approx(1e3 * statistics.median(side["unprofiled_after_step_ms"]))
+    # fewer usable after-steps than MIN_AFTER_STEPS: the warm-up steps are the reference
+    short = dict(side, unprofiled_after_step_ms=side["unprofiled_after_step_ms"][:MIN_AFTER_STEPS - 1])
+    assert measured_period(short)[1] == "warmup_steps"
+    assert measured_period(short)[0] < 4e3
