@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gaptrace.sidecar import Sidecar, as_sidecar, median_period_ms, usable_period_ms
+from gaptrace.sidecar import Sidecar, as_sidecar, median_period_ms
 
 from gaptrace.trace import Trace
 
@@ -435,17 +435,12 @@ def _starts_inside(us: np.ndarray, ue: np.ndarray, t: np.ndarray) -> np.ndarray:
     return (i >= 0) & (t < ue[np.maximum(i, 0)])
 
 
-MIN_AFTER_STEPS = 10  # after-steps a Capture timed that make a reference (fewer: the warm-up steps are used)
-
-
 def measured_period(sidecar: "Sidecar | dict | None") -> tuple[float | None, str | None]:
     """The capture's own measured unprofiled period, µs, and which rounds it measured, in this order of preference
     (DESIGN.md 5.3): the profiled rounds' positions decoded unprofiled (the sidecar's ``unprofiled_same_rounds_ms``:
-    "profiled_positions"), the warm-up rounds (``unprofiled_round_ms``: "warmup_rounds"), the steps
-    :class:`gaptrace.capture.Capture` timed right after the profiled ones (``unprofiled_after_step_ms``, at least
-    :data:`MIN_AFTER_STEPS` usable: "after_steps"), its warm-up steps (``unprofiled_step_ms``: "warmup_steps"); each
-    the median of its usable values. (None, None) without one. Two figures of different sources are of different
-    rounds."""
+    "profiled_positions"), the warm-up rounds (``unprofiled_round_ms``: "warmup_rounds"), the warm-up steps of
+    :class:`gaptrace.capture.Capture` (``unprofiled_step_ms``: "warmup_steps"); each the median of its usable values.
+    (None, None) without one. Two figures of different sources are of different rounds."""
     side = as_sidecar(sidecar)
     if side is None:
         return None, None
@@ -453,11 +448,7 @@ def measured_period(sidecar: "Sidecar | dict | None") -> tuple[float | None, str
         return side.same_rounds_ms * 1e3, "profiled_positions"
     if side.unprofiled_round_ms is not None:
         return side.unprofiled_round_ms * 1e3, "warmup_rounds"
-    raw = side.raw or {}
-    after = raw.get("unprofiled_after_step_ms")
-    if isinstance(after, list) and sum(map(usable_period_ms, after)) >= MIN_AFTER_STEPS:
-        return median_period_ms(after) * 1e3, "after_steps"
-    v = raw.get("unprofiled_step_ms")
+    v = (side.raw or {}).get("unprofiled_step_ms")
     ms = median_period_ms(v) if isinstance(v, list) else None
     return (ms * 1e3, "warmup_steps") if ms is not None else (None, None)
 

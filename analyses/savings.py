@@ -87,8 +87,8 @@ def whatif_block(trace: Trace, ctx: Context | None, calibration: Calibration | s
     """The ``whatif`` object of ``analyze --json``: {profiled_round_us (median measured period of the rounds),
     predicted_unprofiled_round_us (median replayed period with the profiler's cost taken out),
     replayed_round_us, measured_unprofiled_round_us (:func:`.profiler_cost.measured_period_us`: the median of the
-    sidecar's ``unprofiled_same_rounds_ms``, else ``unprofiled_round_ms``, else ``unprofiled_after_step_ms``, else
-    ``unprofiled_step_ms`` (a :class:`gaptrace.capture.Capture` sidecar), × 1000, or None), measured_source (which of them:
+    sidecar's ``unprofiled_same_rounds_ms``, else ``unprofiled_round_ms``, else ``unprofiled_step_ms`` (a
+    :class:`gaptrace.capture.Capture` sidecar), × 1000, or None), measured_source (which of them:
     :func:`.profiler_cost.measured_period_source`),
     rounds, calibration (source, measured_on and the per-event costs), fitted_to_unprofiled (whether the profiler's
     per-event costs were scaled to reproduce the sidecar's measured unprofiled rounds: then the prediction matches
@@ -414,9 +414,9 @@ def saving_headline(found: list[dict], block: dict) -> str | None:
     meas = block.get("measured_unprofiled_round_us")
     if meas is not None and block.get("profiler_cost_fit") == "set_aside":
         # the measured rounds are unlike the profiled ones: the calibration alone predicts; say both
-        where = {"profiled_positions": "its rounds at the profiled positions, unprofiled, are not like the profiled ones",
-                 "after_steps": "its steps after the profiled ones, unprofiled, are not like the profiled ones"}.get(
-                     str(block.get("measured_source")), "its warm-up rounds are not like the profiled ones")
+        where = ("its rounds at the profiled positions, unprofiled, are not like the profiled ones"
+                 if block.get("measured_source") == "profiled_positions" else
+                 "its warm-up rounds are not like the profiled ones")
         round_text = (f"the predicted unprofiled round, {ms_text(pred)} from the calibration alone; the capture's "
                       f"measured {ms_text(meas)} is out of the model's reach ({where}) and was set aside")
     elif meas is not None and block.get("profiler_cost_fit") == "unmatched":

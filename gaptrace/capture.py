@@ -18,10 +18,7 @@ which includes whatever ran before the loop) so the profiler's own cost can be m
 ``warmup_steps`` (:data:`DEFAULT_WARMUP_STEPS`, 31) gives :data:`MIN_UNPROFILED_STEPS` (30) of them, the reference
 block the replay model fits the profiler's cost to (docs/DESIGN.md "The replay model" "Fitted to the capture's own unprofiled
 rounds"); fewer (an explicit small ``warmup_steps``) are kept as they are, and the sidecar's ``unprofiled_steps``
-says how many. Where the loop runs on after the profiled steps, the profiler is stopped and the next
-``after_steps`` periods (:data:`DEFAULT_AFTER_STEPS`, 30) are timed too (``unprofiled_after_step_ms``): the reference
-next to the profiled steps, which the replay prefers to the warm-up's (a step that changes after the warm-up: a
-longer context, a kernel choice made per new shape; docs/DESIGN.md 5.3). Over the warm-up steps every ``torch.profiler.record_function`` block is timed on the host clock
+says how many. Over the same steps every ``torch.profiler.record_function`` block is timed on the host clock
 (:class:`gaptrace.rangetimes.RecordFunctionTimes`; ``time_ranges=False`` turns it off): the sidecar's
 ``unprofiled_ranges`` (per range name: mean µs per occurrence, occurrences per step) and ``unprofiled_range_rounds``
 (the steps timed), which the replay gives those ranges instead of the calibration's estimate (docs/DESIGN.md 5.2
@@ -56,12 +53,10 @@ from gaptrace.sidecar import (SIDECAR_SUFFIX, load_sidecar_checked, positive_num
                               read_sidecar, read_sidecar_checked, sidecar_field_problems, sidecar_path,
                               sidecar_problem, usable_tau)
 
-__all__ = ["Capture", "profiler_kwargs", "write_json_atomic", "MIN_UNPROFILED_STEPS", "DEFAULT_WARMUP_STEPS",
-           "DEFAULT_AFTER_STEPS"]
+__all__ = ["Capture", "profiler_kwargs", "write_json_atomic", "MIN_UNPROFILED_STEPS", "DEFAULT_WARMUP_STEPS"]
 
 MIN_UNPROFILED_STEPS = 30  # unprofiled step periods a capture keeps by default: the reference for the replay model
 DEFAULT_WARMUP_STEPS = MIN_UNPROFILED_STEPS + 1  # the first warm-up step's period includes the set-up: not kept
-DEFAULT_AFTER_STEPS = 30  # unprofiled step periods timed after the profiled ones, when the loop runs on
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -114,10 +109,8 @@ class Capture:
     """Context manager: skip ``warmup_steps``, discard one profiler warm-up step, record ``active_steps``.
 
     Call :meth:`step` once at the end of every step. After the last active step the trace is exported to a
-    temporary file and the profiler stopped; when the ``with`` block exits it is renamed to ``path`` together with
-    the sidecar (:func:`sidecar_path` of it). The next ``after_steps`` step periods, where the loop runs on, are
-    timed unprofiled (``unprofiled_after_step_ms``: the reference next to the profiled steps, for a loop whose
-    step changes after its warm-up); later ``step()`` calls are no-ops. ``config`` (any JSON-able dict) and ``extra``
+    temporary file; when the ``with`` block exits it is renamed to ``path`` together with the sidecar
+    (:func:`sidecar_path` of it); later ``step()`` calls are no-ops. ``config`` (any JSON-able dict) and ``extra``
     (set by callers such as the runtime's capture: graphs, rounds) go into the sidecar. ``time_ranges``: time every
     ``record_function`` block of the kept warm-up steps (module docstring); the runtime, which times its own NVTX
     ranges, passes False. ``commit_on_error``: an exception that ends the block after the last active step (a loop
@@ -133,10 +126,9 @@ class Capture:
     def __init__(self, path: str, warmup_steps: int = DEFAULT_WARMUP_STEPS, active_steps: int = 20,
                  config: dict | None = None,
                  with_stack: bool = True, inputs: tuple[str, ...] = (), time_ranges: bool = True,
-                 commit_on_error: bool = True, after_steps: int = DEFAULT_AFTER_STEPS):
-        if warmup_steps < 0 or active_steps < 1 or after_steps < 0:
-            raise ValueError(f"warmup_steps and after_steps must be >= 0 and active_steps >= 1 (got {warmup_steps}, "
-                             f"{after_steps}, {active_steps})")
+                 commit_on_error: bool = True):
+        if warmup_steps < 0 or active_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 0 and active_steps >= 1 (got {warmup_steps}, {active_steps})")
         if os.path.basename(path).endswith(SIDECAR_SUFFIX):
             # a trace named like a sidecar would overwrite another capture's sidecar, and its own would be X.gaptrace.gaptrace.json
             raise ValueError(f"{path}: a trace output cannot end with {SIDECAR_SUFFIX}, the name of a capture "
@@ -154,8 +146,6 @@ class Capture:
         self.with_stack = with_stack
         self.unprofiled_step_ms: list[float] = []
         self.profiled_step_ms: list[float] = []
-        self.after_steps = after_steps
-        self.unprofiled_after_step_ms: list[float] = []
         self.done = False
         self._trace_tmp: str | None = None  # the exported trace, renamed to trace_out with the sidecar at the exit
         self.commit_on_error = commit_on_error
@@ -195,17 +185,10 @@ class Capture:
         self._prof.__enter__()
 
     def step(self) -> None:
-        """Mark the end of one step (advances the profiler schedule; records the step's wall time). After the last
-        active step the profiler is stopped, and the next ``after_steps`` periods are timed unprofiled
-        (``unprofiled_after_step_ms``); later calls are no-ops."""
-        if not self._entered or self._exited:
+        """Mark the end of one step (advances the profiler schedule; records the step's wall time)."""
+        if self.done or not self._entered or self._exited:
             return
         now = time.perf_counter()
-        if self.done:
-            if len(self.unprofiled_after_step_ms) < self.after_steps and self._t_last is not None:
-                self.unprofiled_after_step_ms.append((now - self._t_last) * 1e3)
-                self._t_last = now
-            return
         dt_ms = (now - self._t_last) * 1e3 if self._t_last is not None else float("nan")
         if self._n < self.warmup_steps:
             if self._n > 0:  # the first step includes whatever ran before the loop
@@ -221,12 +204,6 @@ class Capture:
         self._n += 1
         if self._prof is not None:
             self._prof.step()
-            if self.done:
-                # the trace is exported: the profiler stops here, so that the steps after it run unprofiled (an
-                # entered profiler past its schedule still costs every step), and their clock starts after the export
-                prof, self._prof = self._prof, None
-                prof.__exit__(None, None, None)
-                self._t_last = time.perf_counter()
         elif self._n == self.warmup_steps:
             if self._ranges is not None:
                 self._ranges.uninstall()  # no wrapper under the profiler
@@ -234,8 +211,8 @@ class Capture:
             self._t_last = time.perf_counter()  # the profiler's own start is no step's time
 
     def _ready(self, prof: Any) -> None:
-        # torch also calls this when the profiler stops early (context exit): write only a complete capture, once
-        if self.done or self._n < self.warmup_steps + 1 + self.active_steps or self._failed:
+        # torch also calls this when the profiler stops early (context exit): write only a complete capture
+        if self._n < self.warmup_steps + 1 + self.active_steps or self._failed:
             return
         try:
             self._trace_tmp = _export_trace_tmp(prof, self.trace_out)
@@ -257,8 +234,6 @@ class Capture:
             "unprofiled_step_ms": self.unprofiled_step_ms,
             "unprofiled_steps": len(self.unprofiled_step_ms),
             "profiled_step_ms": self.profiled_step_ms,
-            "unprofiled_after_step_ms": self.unprofiled_after_step_ms,
-            "unprofiled_after_steps": len(self.unprofiled_after_step_ms),
             **({"unprofiled_ranges": self._ranges.summary(self.range_steps),
                 "unprofiled_range_rounds": self.range_steps} if self._ranges_installed else {}),
             "torch": torch.__version__,

@@ -122,7 +122,7 @@ def sidecar_field_problems(obj: dict) -> list[str]:
     if v is not None and (isinstance(v, bool) or v not in SIDECAR_VERSIONS):
         out.append(f"gaptrace_sidecar ({json.dumps(v)[:20]}: not a version this gaptrace writes, "
                    f"{', '.join(map(str, SIDECAR_VERSIONS))}; its fields read as version {SIDECAR_VERSIONS[-1]}'s)")
-    for key in ("unprofiled_round_ms", "unprofiled_step_ms", "unprofiled_same_rounds_ms", "unprofiled_after_step_ms"):
+    for key in ("unprofiled_round_ms", "unprofiled_step_ms", "unprofiled_same_rounds_ms"):
         u = obj.get(key)
         if u is None:
             continue

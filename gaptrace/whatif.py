@@ -16,7 +16,7 @@ __all__ = ["whatif", "render_whatif"]
 
 # which rounds the sidecar measured unprofiled (analyses.profiler_cost.measured_period), in the prediction's line
 _SOURCE_TEXT = {"profiled_positions": " at the profiled rounds' positions", "warmup_rounds": " in the warm-up rounds",
-                "after_steps": " in the steps after the profiled ones", "warmup_steps": " in the warm-up steps"}
+                "warmup_steps": " in the warm-up steps"}
 
 
 def _us(v) -> str:

@@ -115,12 +115,11 @@ def paired(loops: dict, blocks: int, steps: int) -> dict:
             "median_ms": {v: statistics.median(x) for v, x in out.items()}}
 
 
-def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict, after: int = 0) -> dict:
-    """Write the gzipped trace (and, through gaptrace's Capture, its sidecar); returns what was written. ``after``:
-    steps run (and timed by the Capture, unprofiled) after the profiled ones."""
+def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict) -> dict:
+    """Write the gzipped trace (and, through gaptrace's Capture, its sidecar); returns what was written."""
     kw, source = profiler_kwargs()
     out = {"trace": os.path.basename(trace_path), "profiler_kwargs_from": source, "warmup": warmup,
-           "active": active, "after": after}
+           "active": active}
     if hasattr(mod, "run_profiled"):
         d = os.path.dirname(os.path.abspath(trace_path))
         fd, raw = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
@@ -138,8 +137,7 @@ def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict, 
     elif source == "gaptrace.capture":
         from gaptrace.capture import Capture
 
-        with Capture(trace_path, warmup_steps=warmup, active_steps=active, config=config,
-                     after_steps=after) as cap:
+        with Capture(trace_path, warmup_steps=warmup, active_steps=active, config=config) as cap:
             first = [True]
 
             def tick():
@@ -148,7 +146,7 @@ def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict, 
                 else:
                     cap.step()
 
-            loop.run(warmup + 1 + active + after, tick)
+            loop.run(warmup + 1 + active, tick)
         out["sidecar"] = os.path.basename(cap.sidecar_out)
     else:
         import torch
@@ -202,8 +200,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--steps", type=int, default=300, help="measured steps (measure)")
     ap.add_argument("--active", type=int, default=8, help="profiled steps (capture)")
-    ap.add_argument("--after", type=int, default=30,
-                    help="capture: unprofiled steps timed after the profiled ones (the sidecar's reference next to them)")
     ap.add_argument("--out", required=True, help="the measurement JSON (measure) or the .json.gz trace (capture)")
     ap.add_argument("--info", help="capture: also write what was captured to this JSON file")
     ap.add_argument("--paired-blocks", type=int, default=0,
@@ -220,8 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         size = size_override(pick(device, mod.CUDA_SIZE, mod.CPU_SIZE), a.size)
     except ValueError as e:
         ap.error(str(e))
-    if a.warmup < 1 or a.steps < 3 or a.active < 1 or a.after < 0:
-        ap.error("--warmup must be >= 1, --steps >= 3, --active >= 1, --after >= 0")
+    if a.warmup < 1 or a.steps < 3 or a.active < 1:
+        ap.error("--warmup must be >= 1, --steps >= 3, --active >= 1")
     if a.paired_blocks < 0 or a.paired_steps < 3 or (a.paired_blocks and (a.mode != "capture" or not a.paired_out)):
         ap.error("--paired-blocks >= 0 needs capture mode and --paired-out; --paired-steps >= 3")
     if a.mode == "capture" and not a.out.endswith(".json.gz"):
@@ -256,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                 loop.run(a.warmup, lambda: None)  # the captured variant warm again after its twin ran
                 loop.sync()
             res = {**head, **capture(mod, loop, a.out, a.warmup, a.active,
-                                     {"loop": a.loop, "variant": a.variant, "device": a.device}, a.after)}
+                                     {"loop": a.loop, "variant": a.variant, "device": a.device})}
             if a.info:
                 _write_json(a.info, res)
     finally:

@@ -83,3 +83,22 @@ def test_the_replay_predicts_the_same_position_round():
     assert abs(err) < 0.01, err  # +0.6% today (2286 against 2272 µs)
     # against the warm-up rounds it would read +12%: outside the 10% goal
     assert (ctx.unfitted_round_us - warm_us) / warm_us > 0.10
+
+
+def test_whatif_names_the_rounds_it_measured():
+    """``measured_source`` in whatif's data and its text: the profiled rounds' positions where the sidecar has them,
+    the warm-up rounds without them (the same sidecar, that field left out)."""
+    from gaptrace.analyses.whatif import whatif
+    from gaptrace.whatif import render_whatif
+
+    p = os.path.join(D, "tiny_overlap_bs1_B12_clean_a.json.gz")
+    side = read_sidecar_checked(p)[0]
+    tr = load_trace(p)
+    w = whatif(tr, sidecar=side)
+    assert w.data["measured_source"] == "profiled_positions"
+    assert "measured unprofiled at the profiled rounds' positions" in render_whatif(w.data)
+    warm = {k: v for k, v in side.items() if k != "unprofiled_same_rounds_ms"}
+    w2 = whatif(tr, sidecar=warm)
+    assert w2.data["measured_source"] == "warmup_rounds"
+    assert w2.data["unprofiled_round_us"] == pytest.approx(statistics.median(side["unprofiled_round_ms"]) * 1e3)
+    assert whatif(tr).data["measured_source"] is None
