@@ -306,6 +306,18 @@ def measure(n: int = 20000, repeats: int = 5) -> dict[str, Any]:
     without and with the profiler, alternating (a slow spell of the host then lengthens both), and keeps the
     minimum of each: noise only adds time."""
     import torch
+
+    # one intra-op thread: the model benchmarks' CPU ops otherwise spin a thread pool that a loaded host makes the
+    # noisiest part of every timing (a decode loop's host work is the launch path, not CPU kernels)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _measure(torch, n, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(torch, n: int, repeats: int) -> dict[str, Any]:
     import torch.profiler as tp
 
     benches = _benchmarks(torch, n)
@@ -337,6 +349,8 @@ def measure(n: int = 20000, repeats: int = 5) -> dict[str, Any]:
             pass
     cats, x = fit_costs(rows)
     cost = dict(zip(cats, x))
+    for r in rows:  # the fit's own figure for each benchmark, beside the measured Δt (how well one set of costs fits)
+        r["fitted_delta_s"] = sum(r["events"][c] * cost.get(c, 0.0) for c in CATS) * 1e-6
     dev = device_node_us(torch)
     node = graph_node_host_us(torch, launch_graph)
     chain = queued_chain_us(torch)
@@ -357,6 +371,7 @@ def measure(n: int = 20000, repeats: int = 5) -> dict[str, Any]:
         "python_frame_us": float(cost.get("python_function", 0.0)),
         "runtime_call_us": float(cost.get("cuda_runtime", 0.0)),
         "runtime_call_measured": "cuda_runtime" in cost,
+        "fit": "per-event non-negative least squares over the benchmarks whose delta is positive (calibrate.fit_costs)",
         "torch": torch.__version__,
         "cpu": _cpu_model(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
@@ -370,16 +385,18 @@ def measure(n: int = 20000, repeats: int = 5) -> dict[str, Any]:
 def fit_costs(rows: list[dict[str, Any]]) -> tuple[list[str], np.ndarray]:
     """The per-event costs (µs) of the categories some benchmark records, from the benchmark rows :func:`measure`
     writes (``events``: counts by category in one run; ``plain_s`` / ``profiled_s``: the run's time, s): the
-    non-negative least-squares solution of Δt_b = Σ_c n_{b,c}·cost_c in relative terms, each row divided by its
-    Δt_b, so that a model benchmark of a few thousand events and a micro-benchmark of tens of
-    thousands weigh alike; a benchmark with Δt_b <= 0 (noise larger than the profiler's cost) is left out
-    (docs/DESIGN.md "The profiler taken out"). Returns (categories, costs)."""
-    cats = [c for c in CATS if any(r["events"][c] for r in rows)]
-    A = np.array([[r["events"][c] for c in cats] for r in rows], dtype=np.float64).reshape(len(rows), len(cats))
+    non-negative least-squares solution of Δt_b = Σ_c n_{b,c}·cost_c per recorded event, each row divided by its
+    event count Σ_c n_{b,c} (so that a model benchmark of a few thousand events and a micro-benchmark of tens of
+    thousands weigh alike, and a row's weight does not depend on its own noisy Δt_b); a benchmark with Δt_b <= 0
+    (noise larger than the profiler's cost) is left out (docs/DESIGN.md "The profiler taken out"). Returns
+    (categories, costs); the categories only left-out rows record get no cost (absent)."""
     y = np.array([(r["profiled_s"] - r["plain_s"]) * 1e6 for r in rows], dtype=np.float64)
     keep = y > 0  # a benchmark the profiler did not slow down is noise larger than its cost: no information
-    w = 1.0 / y[keep]
-    return cats, _nnls(A[keep] * w[:, None], y[keep] * w)
+    used = [r for r, k in zip(rows, keep) if k]
+    cats = [c for c in CATS if any(r["events"][c] for r in used)]
+    A = np.array([[r["events"][c] for c in cats] for r in used], dtype=np.float64).reshape(len(used), len(cats))
+    n = np.maximum(A.sum(axis=1), 1.0)
+    return cats, _nnls(A / n[:, None], y[keep] / n)
 
 
 def _timed(fn: Callable[[], None]) -> float:

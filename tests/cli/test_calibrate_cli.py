@@ -25,25 +25,33 @@ def _row(name, events, plain_us, profiled_us):
     return {"benchmark": name, "events": events, "plain_s": plain_us * 1e-6, "profiled_s": profiled_us * 1e-6}
 
 
-def test_fit_costs_weighs_each_benchmark_by_its_own_delta():
-    """Rows divided by their Δt: a model benchmark (Δ 300 µs) and micro-benchmarks (Δ 20,000 µs) weigh alike; a row
-    the profiler did not slow down (Δ <= 0) is left out."""
+def test_fit_costs_weighs_each_benchmark_per_recorded_event():
+    """Rows divided by their event count: a model benchmark (350 events) and micro-benchmarks (40,000-60,000 events)
+    weigh alike, and a row whose Δ is small noise gets no more weight than any other; a row the profiler did not
+    slow down (Δ <= 0) is left out, and a category only it records gets no cost."""
     rows = [_row("python_chain", {"python_function": 60000, "cpu_op": 0, "cuda_runtime": 0}, 0.0, 12000.0),  # 0.2
             _row("aten_ops", {"python_function": 20000, "cpu_op": 20000, "cuda_runtime": 0}, 0.0, 24000.0),   # 1.0
             _row("model", {"python_function": 250, "cpu_op": 100, "cuda_runtime": 0}, 1000.0, 1300.0),
-            _row("noise", {"python_function": 250, "cpu_op": 100, "cuda_runtime": 0}, 1000.0, 900.0)]
+            _row("noise", {"python_function": 250, "cpu_op": 100, "cuda_runtime": 50}, 1000.0, 900.0)]
     cats, x = fit_costs(rows)
-    assert cats == ["python_function", "cpu_op"]
-    # by hand: minimise Σ_b ((A_b·x − y_b) / y_b)² over the first three rows (none comes out negative)
+    assert cats == ["python_function", "cpu_op"]  # cuda_runtime only in the left-out row
+    # by hand: minimise Σ_b ((A_b·x − y_b) / n_b)² over the first three rows, n_b their event counts
     A = np.array([[60000.0, 0.0], [20000.0, 20000.0], [250.0, 100.0]])
     y = np.array([12000.0, 24000.0, 300.0])
-    ref, *_ = np.linalg.lstsq(A / y[:, None], np.ones(3), rcond=None)
+    n = A.sum(axis=1)
+    ref, *_ = np.linalg.lstsq(A / n[:, None], y / n, rcond=None)
+    assert (ref >= 0).all()
     np.testing.assert_allclose(x, ref, rtol=1e-9)
     # the model row pulls the ATen cost above the micro-benchmarks' own 1.0 (their exact solution: 0.2, 1.0)
     assert x[1] > 1.0
     # unweighted, the micro-benchmarks' 10^4-event rows would decide alone
     x_abs, *_ = np.linalg.lstsq(A, y, rcond=None)
     assert abs(x_abs[1] - 1.0) < abs(x[1] - 1.0)
+    # a model row whose Δ is 1 µs of noise pulls like any row, no more: neither cost collapses (weighted by 1/Δ it
+    # decided the fit alone, both costs near 0)
+    rows[2] = _row("model", {"python_function": 250, "cpu_op": 100, "cuda_runtime": 0}, 1000.0, 1001.0)
+    _, x_noise = fit_costs(rows)
+    assert x_noise[0] > 0.2 / 3 and x_noise[1] > 1.0 / 3, x_noise
 
 
 def test_calibrate_writes_a_usable_calibration(tmp_path):
@@ -57,7 +65,10 @@ def test_calibrate_writes_a_usable_calibration(tmp_path):
     A = np.array([[b["events"][c] for c in cats] for b in rows], dtype=float)
     y = np.array([(b["profiled_s"] - b["plain_s"]) * 1e6 for b in rows])
     keep = y > 0
-    x = _nnls(A[keep] / y[keep][:, None], np.ones(int(keep.sum())))
+    n = A[keep].sum(axis=1)
+    x = _nnls(A[keep] / n[:, None], y[keep] / n)
+    for b in rows:  # each row carries the fit's own figure beside its measured Δ
+        assert b["fitted_delta_s"] == pytest.approx(sum(b["events"][c] * v for c, v in zip(cats, x)) * 1e-6)
     assert d["python_frame_us"] == pytest.approx(x[0]) and d["aten_op_us"] == pytest.approx(x[1])
     assert rows[0]["events"]["python_function"] >= 2 * 2000  # the Python chain: 3 frames an iteration
     assert rows[1]["events"]["cpu_op"] >= 2000               # one aten::add an iteration
