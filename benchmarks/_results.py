@@ -72,6 +72,11 @@ def out_dir_arg(path: str) -> str:
 
     if os.path.exists(path) and not os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{path}: exists and is not a directory")
+    up = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(up):  # the first ancestor that exists must be a directory too (not file/sub)
+        up = os.path.dirname(up)
+    if not os.path.isdir(up):
+        raise argparse.ArgumentTypeError(f"{path}: {up} is not a directory")
     return path
 
 

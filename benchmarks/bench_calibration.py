@@ -33,10 +33,11 @@ sys.path.insert(0, ROOT)
 SKIP = ("train_step_logging", "hf_generate")
 
 
-def loop_names() -> list[str]:
+def loop_names(skip: tuple[str, ...] = SKIP) -> list[str]:
+    """The loop modules of ``benchmarks/loops`` (not its driver), less ``skip``."""
     d = os.path.join(ROOT, "benchmarks", "loops")
     return sorted(f[:-3] for f in os.listdir(d)
-                  if f.endswith(".py") and not f.startswith("_") and f[:-3] not in SKIP and f != "run_pairs.py")
+                  if f.endswith(".py") and not f.startswith("_") and f[:-3] not in skip and f != "run_pairs.py")
 
 
 def measure_one(loop: str, variant: str, device: str, steps: int, blocks: int) -> dict:
@@ -104,7 +105,35 @@ def main() -> int:
         print(json.dumps(measure_one(a.one[0], a.one[1], a.device, a.steps, a.blocks)))
         return 0
     from gaptrace.analyses.profiler_cost import load_calibration, shipped_calibration_path
+    from gaptrace.outputs import resolve_output
 
+    # every argument checked before anything is measured: one line, exit 2
+    if a.steps < 1 or a.blocks < 1:
+        ap.error(f"--steps and --blocks must be >= 1 (got {a.steps}, {a.blocks})")
+    loops = a.loops.split(",") if a.loops else loop_names()
+    unknown = [x for x in loops if x not in loop_names(())]
+    if unknown or not loops:
+        ap.error(f"--loops: unknown loop {', '.join(unknown) or '(none given)'}; the loops: "
+                 + ", ".join(loop_names(())))
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: no CUDA device is visible to torch")
+    if a.out is not None:
+        if not a.out or a.out.endswith(os.sep) or not os.path.basename(a.out):
+            ap.error(f"--out {a.out!r}: give a path prefix (PATH.md and PATH.json are written)")
+        try:
+            for ext in (".md", ".json"):
+                resolve_output(a.out + ext)
+        except ValueError as e:
+            ap.error(f"--out: {e}")
+    cals = []
+    for p in a.calibration or []:
+        try:
+            cals.append(load_calibration(p))
+        except (OSError, ValueError) as e:
+            ap.error(f"--calibration {p}: {e}")
     cal_paths = a.calibration
     if not cal_paths:
         import torch
@@ -116,8 +145,8 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", fresh], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cal_paths = [shipped, fresh]
-    cals = [load_calibration(p) for p in cal_paths]
-    loops = a.loops.split(",") if a.loops else loop_names()
+    if not cals:
+        cals = [load_calibration(p) for p in cal_paths]
     rows = []
     for loop in loops:
         for variant in ("planted", "fixed"):
@@ -135,19 +164,26 @@ def main() -> int:
     ratios: list[list[float]] = [[] for _ in cals]
     for r in rows:
         cells = [r["loop"], r["variant"], f"{r['plain_us']:.1f}", f"{r['delta_us']:.1f}"]
+        r["predicted_delta_us"] = []
         for i, c in enumerate(cals):
             p = predicted_us(r["events_per_step"], c)
             q = r["delta_us"] / p if p > 0 else float("nan")
-            ratios[i].append(q)
+            if r["delta_us"] > 0:  # a step the profiler did not slow down: noise larger than its cost, no ratio
+                ratios[i].append(q)
+            r["predicted_delta_us"].append(p)
             cells += [f"{p:.1f}", f"{q:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    text = [f"Device {a.device}; {a.blocks} blocks of {a.steps} steps, the minimum of each; every thread's events.", ""]
+    noise = sum(r["delta_us"] <= 0 for r in rows)
+    text = [f"Device {a.device}; {a.blocks} blocks of {a.steps} steps, the minimum of each; every thread's events."
+            + (f" {noise} loop variant(s) with a measured Δ <= 0 (noise larger than the profiler's cost: a device-bound"
+               " step) are in the table but not in the medians." if noise else ""), ""]
     for i, (p, c) in enumerate(zip(cal_paths, cals)):
         ok = [q for q in ratios[i] if q == q]
         med = statistics.median(ok) if ok else float("nan")
         text.append(f"[{i + 1}] {p} ({c.measured_on}): aten {c.aten_op_us:.3f} µs, python frame "
                     f"{c.python_frame_us:.3f} µs, runtime call {c.runtime_call_us:.3f} µs; median measured / "
-                    f"predicted {med:.2f} over {len(ok)} loop variants, range {min(ok, default=float('nan')):.2f}–"
+                    f"predicted {med:.2f} over {len(ok)} loop variants with Δ > 0, range "
+                    f"{min(ok, default=float('nan')):.2f}–"
                     f"{max(ok, default=float('nan')):.2f}")
     out = "\n".join(text + [""] + lines)
     print(out)
@@ -157,7 +193,9 @@ def main() -> int:
         write_text_atomic(a.out + ".md", "# Profiler cost on loops no calibration measured\n\n"
                           "`.venv/bin/python benchmarks/bench_calibration.py " + " ".join(sys.argv[1:]) + "`\n\n"
                           + out + "\n")
-        write_text_atomic(a.out + ".json", json.dumps({"calibrations": cal_paths, "rows": rows}, indent=1) + "\n")
+        write_text_atomic(a.out + ".json", json.dumps({"calibrations": [dict(c.to_dict(), path=p) for p, c in
+                                                                         zip(cal_paths, cals)],
+                                                        "rows": rows}, indent=1, default=str) + "\n")
     return 0
 
 

@@ -29,12 +29,12 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     d = os.path.dirname(real)
     if not os.path.isdir(d):
         raise ValueError(f"{path}: the output directory {d} does not exist")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise ValueError(f"{path}: the output directory {d} is not writable")
     try:
         st = os.stat(real)
     except FileNotFoundError:
         st = None
+    except OSError as e:  # a symlink loop, a name too long: no file can be written there
+        raise ValueError(f"{path}: cannot be an output ({e.strerror or e})") from None
     if st is None:
         # a /proc/<pid>/fd link to a pipe or socket resolves to no path ("pipe:[N]") but stats as what it points to
         try:
@@ -44,12 +44,29 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
         raise ValueError(f"{path}: the output path is {kind}; give a file name")
+    if not os.access(d, os.W_OK | os.X_OK) or not _can_create_in(d):
+        raise ValueError(f"{path}: the output directory {d} is not writable")
     for p in _input_files(inputs):
         if os.path.realpath(p) == real or (st is not None and _same_file(p, st)):
             raise ValueError(f"{path}: the output would overwrite the input {p}")
     if os.path.islink(path):
         _refuse_planted_link(path)
     return real
+
+
+def _can_create_in(d: str) -> bool:
+    """Whether a file can be created in directory ``d`` (a temporary one, removed at once): ``os.access`` says yes
+    to root for directories no file can be made in (/proc, /sys)."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    except OSError:
+        return False
+    os.close(fd)
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+    return True
 
 
 def _input_files(inputs: tuple[str, ...]) -> list[str]:

@@ -15,10 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
-from benchmarks._results import out_dir_arg
+# run as ``python -m benchmarks.probes.NAME`` or by path: the repository root on the path either way
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from benchmarks._results import out_dir_arg  # noqa: E402
 
 
 def _nest(depth: int, fn):

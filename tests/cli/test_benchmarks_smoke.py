@@ -263,3 +263,31 @@ def test_probes_refuse_a_plain_file_as_their_results_directory(tmp_path, probe):
     r = subprocess.run([sys.executable, *probe, "--out", str(f)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "exists and is not a directory" in r.stderr and "Traceback" not in r.stderr
     assert f.read_text() == "keep"
+    # nor a path under a plain file, and the script runs by path as well as with -m
+    by_path = [x for x in probe if x != "-m"]
+    if by_path[0].startswith("benchmarks.probes."):
+        by_path[0] = by_path[0].replace(".", "/") + ".py"
+    r = subprocess.run([sys.executable, *by_path, "--out", str(f / "sub")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "is not a directory" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_bench_calibration_checks_its_arguments_before_measuring(tmp_path):
+    """Every bad argument is one line and exit 2 before any loop runs: an unknown loop, a step count below 1, an
+    --out that cannot be written (a missing directory, a FIFO at PATH.md, an empty prefix), a calibration that
+    cannot be read; the FIFO is left as it was."""
+    import os
+
+    fifo = tmp_path / "p.md"
+    os.mkfifo(fifo)
+    base = ["benchmarks/bench_calibration.py", "--device", "cpu", "--loops", "per_request_readback"]
+    for extra, said in [(["--loops", "nosuchloop"], "unknown loop nosuchloop"),
+                        (["--steps", "0"], "--steps and --blocks must be >= 1"),
+                        (["--out", str(tmp_path / "no" / "x")], "does not exist"),
+                        (["--out", str(tmp_path / "p")], "not a regular file"),
+                        (["--out", ""], "give a path prefix"),
+                        (["--calibration", str(tmp_path / "none.json")], "cannot read the calibration")]:
+        r = subprocess.run([sys.executable, *base, *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+        assert "|" not in r.stdout  # nothing measured
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)

@@ -45,6 +45,19 @@ def test_resolve_output_refuses_a_proc_fd_link_to_a_pipe():
         os.close(w)
 
 
+def test_resolve_output_refuses_unwritable_and_impossible_paths(tmp_path):
+    """One line (ValueError) up front, never a traceback after a long run: a directory no file can be created in
+    (/proc: root passes os.access there), a symlink loop, a name longer than the file system allows."""
+    with pytest.raises(ValueError, match="is not writable"):
+        resolve_output("/proc/gaptrace-output.json")
+    os.symlink(tmp_path / "loop", tmp_path / "loop")
+    with pytest.raises(ValueError, match="cannot be an output"):
+        resolve_output(str(tmp_path / "loop"))
+    with pytest.raises(ValueError, match="cannot be an output"):
+        resolve_output(str(tmp_path / ("a" * 300 + ".json")))
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]  # the writability probe cleans up
+
+
 def test_report_refuses_to_overwrite_its_input(tmp_path):
     t = tmp_path / "t.json.gz"
     shutil.copy(SMALL, t)
