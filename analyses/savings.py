@@ -185,8 +185,7 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
         if ctx is None or site is None:
             continue
         causes = tuple(f.get("causes") or ())
-        w = (_replay_sites(trace, ctx, causes, memo) if len(causes) > 1
-             else _replay_site(trace, ctx, site, memo))
+        w = _replay_site(trace, ctx, causes if len(causes) > 1 else site, memo)
         if w == "encloses" and f.get("kind") == "blocking_sync" and f.get("aten_op"):
             # the blocking call sits in the loop's own body (a step() that reads a value back inline): the fix is
             # the read itself, so the cause removed is the ATen op's calls (their wait and host work)
@@ -231,40 +230,33 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
     return [found[i] for i in order]
 
 
-def _replay_sites(trace: Trace, ctx: Context, sites: tuple[str, ...], memo: dict) -> dict | None:
-    """The replay with every one of ``sites`` removed together (memoised by the tuple): the whatif data dict, None
-    when one of them is not on the launching thread (the fix of one cause that shows as several call names: the
-    allocator's allocations and frees)."""
-    if sites not in memo:
-        try:
-            memo[sites] = whatif(trace, [Change(x) for x in sites], context=ctx).data
-        except TraceError:
-            memo[sites] = None
-    return memo[sites]
-
-
-def _replay_site(trace: Trace, ctx: Context, site: str, memo: dict) -> dict | str | None:
+def _replay_site(trace: Trace, ctx: Context, site: str | tuple[str, ...], memo: dict) -> dict | str | None:
     """The replay with ``site`` removed (memoised by site): the whatif data dict (with the with-device figures
     when it launches device work), "encloses" when the site is the loop body around the round
-    (:func:`.whatif.loop_body`), None when the site is not on the launching thread."""
+    (:func:`.whatif.loop_body`), None when the site is not on the launching thread. A tuple of sites is one cause
+    that shows as several call names, removed together (the allocator's allocations and frees): None when one of
+    them is not on the launching thread; a loop body is looked for only for a single site."""
     if site in memo:
         return memo[site]
+    sites = (site,) if isinstance(site, str) else tuple(site)
     try:
-        lb = loop_body(trace, ctx, site)
-        if lb is None:  # on another thread: what the launching thread waited on it (whatif.other_thread_intervals)
-            other_thread_intervals(trace, ctx.model, site, ctx.window)
-            memo[site] = whatif(trace, [Change(site)], context=ctx).data
-        elif lb.body:
+        lb = loop_body(trace, ctx, sites[0]) if len(sites) == 1 else None
+        if lb is not None and lb.body:
             memo[site] = "encloses"
-        else:
-            w = whatif(trace, [Change(site)], context=ctx).data
-            n_items, _busy = device_items_launched(trace, ctx.model, site, ctx.window)
-            if n_items:
-                wd = whatif(trace, [Change(site, with_device=True)], context=ctx).data
-                w = dict(w, saving_with_device_us=wd["saving_us"],
-                         # the window holds len(starts) rounds (first start to the last round's end), not periods
-                         device_items_per_round=n_items / max(len(ctx.starts), 1))
-            memo[site] = w
+            return memo[site]
+        if lb is None and len(sites) == 1:
+            # on another thread: what the launching thread waited on it (whatif.other_thread_intervals)
+            other_thread_intervals(trace, ctx.model, sites[0], ctx.window)
+            memo[site] = whatif(trace, [Change(sites[0])], context=ctx).data
+            return memo[site]
+        w = whatif(trace, [Change(x) for x in sites], context=ctx).data
+        n_items = sum(device_items_launched(trace, ctx.model, x, ctx.window)[0] for x in sites)
+        if n_items:
+            wd = whatif(trace, [Change(x, with_device=True) for x in sites], context=ctx).data
+            w = dict(w, saving_with_device_us=wd["saving_us"],
+                     # the window holds len(starts) rounds (first start to the last round's end), not periods
+                     device_items_per_round=n_items / max(len(ctx.starts), 1))
+        memo[site] = w
     except TraceError:
         memo[site] = None
     return memo[site]

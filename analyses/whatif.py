@@ -615,7 +615,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     # is the estimator's noise, not a cost of the fix
     saving = max(med_b - med_a, 0.0)
     one_off = one_off_saving_us(p_before - p_after, saving)
-    notes = _round_start_notes(trace, ctx, changes)
+    matched = {c.site: site_matches(trace, ctx.model, c.site) for c in changes}  # once a site: notes use it too
+    notes = _round_start_notes(trace, ctx, changes, matched)
     if med_a - med_b > LONGER_AFTER_NOTE_US:
         notes.append(f"the median round after the change is {med_a - med_b:.0f} µs longer than before ({med_b:.0f} -> "
                      f"{med_a:.0f} µs): a removal or speedup cannot lengthen a round, so the rounds' own starts "
@@ -629,7 +630,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "changes": [{"site": c.site, "factor": c.factor,
                      "action": ("speedup" if c.factor is not None else
                                 "remove_with_device" if c.with_device else "remove"),
-                     "matched": site_matches(trace, ctx.model, c.site)}
+                     "matched": matched[c.site]}
                     for c in changes],
         "calibration": ctx.calibration.to_dict(),
         "rounds": int(len(p_meas)),
@@ -766,14 +767,15 @@ def loop_body(trace: Trace, ctx: Context, site: str) -> LoopBody | None:
     return out
 
 
-def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> list[str]:
+def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change],
+                       matched: dict[str, dict[str, Any]]) -> list[str]:
     """One warning per changed site that is the loop body (:func:`loop_body`) or holds round starts: removing or
     speeding it moves those starts, so the periods around them are not rounds any more; the loop body is no cause
     (DESIGN.md 5.10: analyze gives it no saving); one per changed range that itself fills the rounds
     (:func:`body_ranges`: most of the round's host work and launches, not one cause; analyze makes no finding of
     it); and one per changed frame that spans more than BODY_START_SHARE of the window (analyze's other body rule,
     which needs the findings: such a frame holding another finding's cause is the body around it). A site on
-    another thread holds none of the launching thread's starts."""
+    another thread holds none of the launching thread's starts. ``matched``: :func:`site_matches` of each site."""
     out = []
     for c in changes:
         lb = loop_body(trace, ctx, c.site)
@@ -785,7 +787,7 @@ def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change]) -> lis
                        f"it); the prediction {verb} most of the round's host work")
         # (a frame: an NVTX range that long is a marker around the cause it holds when it buys no more, 5.10)
         elif (lb is not None and not lb.body and lb.window_share > BODY_START_SHARE
-                and site_matches(trace, ctx.model, c.site)["how"] != "range"):
+                and matched[c.site]["how"] != "range"):
             out.append(f"{c.site!r} spans {lb.window_share:.0%} of the rounds' window: analyze calls a site that long "
                        "the loop body when it holds another finding's cause (one that does not also hold it) and then "
                        f"gives it no saving of its own (DESIGN.md 5.10); this prediction {verb} all of its host work")
