@@ -66,17 +66,27 @@ def _clean(obj):
 
 
 def out_dir_arg(path: str) -> str:
-    """argparse ``type=`` of a results directory option: refused up front (before the benchmark runs) when the path
-    exists and is not a directory; created later by :func:`write_results` when missing."""
+    """argparse ``type=`` of a results directory option, checked before the benchmark runs (nothing is made here;
+    :func:`write_results` makes a missing directory): refused, one argparse error line, when the path cannot be one
+    (empty, an existing file or a file above it, a dangling or looping symlink) or when neither it nor the first
+    existing directory above it is writable (the probe of :func:`gaptrace.outputs.resolve_output`)."""
     import argparse
 
+    from gaptrace.outputs import can_create_in
+
+    if not path:
+        raise argparse.ArgumentTypeError("an empty path; give a directory")
+    if os.path.lexists(path) and not os.path.exists(path):
+        raise argparse.ArgumentTypeError(f"{path}: a symlink to nothing (or a loop): cannot be made a directory")
     if os.path.exists(path) and not os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"{path}: exists and is not a directory")
-    up = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(up):  # the first ancestor that exists must be a directory too (not file/sub)
+    up = os.path.abspath(path)
+    while not os.path.exists(up) and up != os.path.dirname(up):  # the first ancestor that exists: a directory too
         up = os.path.dirname(up)
     if not os.path.isdir(up):
         raise argparse.ArgumentTypeError(f"{path}: {up} is not a directory")
+    if not (os.access(up, os.W_OK | os.X_OK) and can_create_in(up)):
+        raise argparse.ArgumentTypeError(f"{path}: {up} is not writable")
     return path
 
 

@@ -110,11 +110,11 @@ def main() -> int:
     # every argument checked before anything is measured: one line, exit 2
     if a.steps < 1 or a.blocks < 1:
         ap.error(f"--steps and --blocks must be >= 1 (got {a.steps}, {a.blocks})")
-    loops = a.loops.split(",") if a.loops else loop_names()
+    loops = loop_names() if a.loops is None else [x.strip() for x in a.loops.split(",") if x.strip()]
     unknown = [x for x in loops if x not in loop_names(())]
     if unknown or not loops:
-        ap.error(f"--loops: unknown loop {', '.join(unknown) or '(none given)'}; the loops: "
-                 + ", ".join(loop_names(())))
+        ap.error((f"--loops: unknown loop {', '.join(unknown)}" if unknown else "--loops: no loop named")
+                 + "; the loops: " + ", ".join(loop_names(())))
     if a.device == "cuda":
         import torch
 
@@ -124,7 +124,7 @@ def main() -> int:
         if not a.out or a.out.endswith(os.sep) or not os.path.basename(a.out):
             ap.error(f"--out {a.out!r}: give a path prefix (PATH.md and PATH.json are written)")
         try:
-            for ext in (".md", ".json"):
+            for ext in (".md", ".json") + ((".calibration.json",) if not a.calibration else ()):
                 resolve_output(a.out + ext)
         except ValueError as e:
             ap.error(f"--out: {e}")
@@ -141,10 +141,20 @@ def main() -> int:
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
         shipped = shipped_calibration_path(gpu) if gpu else os.path.join(ROOT, "analyses", "data",
                                                                          "calibration_cpu_epyc.json")
-        fresh = os.path.join(tempfile.mkdtemp(prefix="gaptrace-bench-cal-"), "fresh.json")
+        # the fresh calibration is kept beside the results (PATH.calibration.json) when --out is given: the table
+        # cites it; without --out it lives in a temporary directory for the run only
+        tmpdir = None
+        if a.out:
+            fresh = a.out + ".calibration.json"
+        else:
+            tmpdir = tempfile.TemporaryDirectory(prefix="gaptrace-bench-cal-")
+            fresh = os.path.join(tmpdir.name, "fresh.json")
         subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", fresh], check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cal_paths = [shipped, fresh]
+        cals = [load_calibration(p) for p in (shipped, fresh)]
+        cal_paths = [shipped, fresh if a.out else "a fresh `gaptrace calibrate` of this run (not kept)"]
+        if tmpdir is not None:
+            tmpdir.cleanup()
     if not cals:
         cals = [load_calibration(p) for p in cal_paths]
     rows = []

@@ -406,16 +406,22 @@ def _timed(fn: Callable[[], None]) -> float:
 
 
 def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by active-set elimination (few unknowns): solve, drop negative ones, repeat."""
-    active = list(range(A.shape[1]))
-    x = np.zeros(A.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(A[:, active], y, rcond=None)
-        if (sol >= 0).all():
-            x[active] = sol
-            break
-        active = [a for a, v in zip(active, sol) if v >= 0] if (sol >= 0).any() else []
-    return x
+    """Non-negative least squares, exactly, for the few unknowns a calibration has (at most a handful of event
+    categories): the least-squares solution on every subset of the columns, the best one with no negative entry
+    (the optimum is the unconstrained solution on its own support). Zeros when no subset gives one."""
+    k = A.shape[1]
+    best, best_err = np.zeros(k), float(np.sum(y ** 2))
+    for mask in range(1, 1 << k):
+        cols = [j for j in range(k) if mask >> j & 1]
+        sol, *_ = np.linalg.lstsq(A[:, cols], y, rcond=None)
+        if (sol < 0).any():
+            continue
+        x = np.zeros(k)
+        x[cols] = sol
+        err = float(np.sum((A @ x - y) ** 2))
+        if err < best_err - 1e-12 * max(best_err, 1.0):
+            best, best_err = x, err
+    return best
 
 
 @click.command(name="calibrate")

@@ -12,7 +12,7 @@ import os
 import stat
 import tempfile
 
-__all__ = ["resolve_output", "write_text_atomic", "make_readable", "set_output_mode", "discard"]
+__all__ = ["resolve_output", "write_text_atomic", "make_readable", "set_output_mode", "discard", "can_create_in"]
 
 
 def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
@@ -44,7 +44,7 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
         raise ValueError(f"{path}: the output path is {kind}; give a file name")
-    if not os.access(d, os.W_OK | os.X_OK) or not _can_create_in(d):
+    if not os.access(d, os.W_OK | os.X_OK) or not can_create_in(d):
         raise ValueError(f"{path}: the output directory {d} is not writable")
     for p in _input_files(inputs):
         if os.path.realpath(p) == real or (st is not None and _same_file(p, st)):
@@ -54,9 +54,10 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     return real
 
 
-def _can_create_in(d: str) -> bool:
-    """Whether a file can be created in directory ``d`` (a temporary one, removed at once): ``os.access`` says yes
-    to root for directories no file can be made in (/proc, /sys)."""
+def can_create_in(d: str) -> bool:
+    """Whether a file can be created and removed in directory ``d`` (a temporary one, removed at once): ``os.access``
+    says yes to root for directories no file can be made in (/proc, /sys), and an append-only directory takes a new
+    file but never the rename or removal of one."""
     try:
         fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
     except OSError:
@@ -64,8 +65,8 @@ def _can_create_in(d: str) -> bool:
     os.close(fd)
     try:
         os.unlink(tmp)
-    except OSError:
-        pass
+    except OSError:  # created but not removable (an append-only directory): no output can be put in place there
+        return False
     return True
 
 

@@ -24,6 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from benchmarks._results import out_dir_arg  # noqa: E402
 
 
+MAX_DEPTH = 500  # Python frames a measured op sits under (well inside the interpreter's recursion limit)
+
+
 def _nest(depth: int, fn):
     if depth <= 0:
         return fn()
@@ -97,15 +100,23 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--ops", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--depths", default="2,20,60")
     ap.add_argument("--out", required=True, type=out_dir_arg)
     a = ap.parse_args(argv)
-    depths = [int(x) for x in a.depths.split(",")]
-    if a.ops < 1 or a.repeats < 1 or min(depths) < 0:
-        ap.error("--ops and --repeats must be >= 1, depths >= 0")
+    try:
+        depths = [int(x) for x in a.depths.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--depths must be integers, comma-separated (got {a.depths!r})")
+    if a.ops < 1 or a.repeats < 1 or not depths or min(depths) < 0 or max(depths) > MAX_DEPTH:
+        ap.error(f"--ops and --repeats must be >= 1, --depths from 0 to {MAX_DEPTH}")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            ap.error("--device cuda: no CUDA device is visible to torch (--device cpu runs without one)")
     rows = run(a.device, a.ops, a.repeats, depths)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "profiler_cost_depth.json"), "w") as f:

@@ -286,8 +286,31 @@ def test_bench_calibration_checks_its_arguments_before_measuring(tmp_path):
                         (["--out", str(tmp_path / "no" / "x")], "does not exist"),
                         (["--out", str(tmp_path / "p")], "not a regular file"),
                         (["--out", ""], "give a path prefix"),
-                        (["--calibration", str(tmp_path / "none.json")], "cannot read the calibration")]:
+                        (["--calibration", str(tmp_path / "none.json")], "cannot read the calibration"),
+                        (["--loops", ""], "no loop named"), (["--loops", ","], "no loop named")]:
         r = subprocess.run([sys.executable, *base, *extra], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
         assert "|" not in r.stdout  # nothing measured
     assert os.path.exists(fifo) and not os.path.isfile(fifo)
+
+
+def test_profiler_cost_depth_checks_its_arguments_before_measuring(tmp_path):
+    """Bad depths, a device this machine lacks or does not know, an --out that cannot be a directory (a dangling
+    symlink): one argparse error line, exit 2, no traceback, nothing measured."""
+    import os
+
+    os.symlink(tmp_path / "nowhere" / "x", tmp_path / "dangling")
+    base = [sys.executable, "benchmarks/probes/profiler_cost_depth.py", "--ops", "5", "--repeats", "1"]
+    cases = [(["--device", "cpu", "--depths", "a", "--out", str(tmp_path / "o")], "must be integers"),
+             (["--device", "cpu", "--depths", "5000", "--out", str(tmp_path / "o")], "--depths from 0 to"),
+             (["--device", "xyz", "--out", str(tmp_path / "o")], "invalid choice"),
+             (["--device", "cpu", "--out", str(tmp_path / "dangling")], "a symlink to nothing"),
+             (["--device", "cpu", "--out", ""], "an empty path")]
+    import torch
+
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda", "--out", str(tmp_path / "o")], "no CUDA device"))
+    for extra, said in cases:
+        r = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+        assert not os.path.exists(tmp_path / "o" / "profiler_cost_depth.json")

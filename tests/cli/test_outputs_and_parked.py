@@ -58,6 +58,18 @@ def test_resolve_output_refuses_unwritable_and_impossible_paths(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]  # the writability probe cleans up
 
 
+def test_resolve_output_refuses_a_directory_it_cannot_remove_a_file_from(tmp_path, monkeypatch):
+    """An append-only directory takes a new file but not its removal (nor a rename over it): refused up front."""
+    import gaptrace.outputs as outputs
+
+    def no_unlink(p, *a, **k):
+        raise PermissionError(1, "Operation not permitted", p)
+
+    monkeypatch.setattr(outputs.os, "unlink", no_unlink)
+    with pytest.raises(ValueError, match="is not writable"):
+        resolve_output(str(tmp_path / "x.html"))
+
+
 def test_report_refuses_to_overwrite_its_input(tmp_path):
     t = tmp_path / "t.json.gz"
     shutil.copy(SMALL, t)
