@@ -7,9 +7,9 @@ two model benchmarks (an eager ``nn.Module`` forward and a sampling step with it
 there is one: :func:`_benchmarks`); and a CUDA graph of tiny kernels timed on the device (``device_op_us``: the
 extra device time per graph node under the profiler).
 For benchmark b, Δt_b = t_profiled − t_plain = Σ_c n_{b,c} · cost_c, n_{b,c} the events of category c its trace
-holds; the costs are the non-negative least-squares solution in relative terms (:func:`fit_costs`; docs/DESIGN.md
-"The replay model", "The profiler taken out"). Writes JSON (``aten_op_us``, ``python_frame_us``, ``runtime_call_us``, torch version, CPU model,
-device, the per-benchmark counts and times) atomically; with CUDA also ``graph_node_us``, the profiler's host
+holds; the costs are the non-negative least-squares solution per recorded event (:func:`fit_costs`;
+docs/DESIGN.md "The replay model", "The profiler taken out"). Writes JSON (``aten_op_us``, ``python_frame_us``,
+``runtime_call_us``, torch version, CPU model, device, the per-benchmark counts, times and fitted deltas) atomically; with CUDA also ``graph_node_us``, the profiler's host
 cost per CUDA graph node at launch (:func:`graph_node_host_us`: κ measured directly, the fallback where a trace's
 own launch fit has a single graph size); without CUDA ``runtime_call_us`` and ``graph_node_us`` are 0 and
 ``runtime_call_measured`` / ``graph_node_measured`` false.
