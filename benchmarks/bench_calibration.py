@@ -149,14 +149,17 @@ def main() -> int:
         else:
             tmpdir = tempfile.TemporaryDirectory(prefix="gaptrace-bench-cal-")
             fresh = os.path.join(tmpdir.name, "fresh.json")
-        subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", fresh], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cals = [load_calibration(p) for p in (shipped, fresh)]
+        try:
+            r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "calibrate", "-o", fresh],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if r.returncode != 0:
+                ap.exit(1, f"bench_calibration.py: gaptrace calibrate failed: "
+                           f"{(r.stderr.strip().splitlines() or ['?'])[-1]}\n")
+            cals = [load_calibration(p) for p in (shipped, fresh)]
+        finally:
+            if tmpdir is not None:
+                tmpdir.cleanup()
         cal_paths = [shipped, fresh if a.out else "a fresh `gaptrace calibrate` of this run (not kept)"]
-        if tmpdir is not None:
-            tmpdir.cleanup()
-    if not cals:
-        cals = [load_calibration(p) for p in cal_paths]
     rows = []
     for loop in loops:
         for variant in ("planted", "fixed"):
