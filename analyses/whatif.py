@@ -421,9 +421,11 @@ def scale_for_period(period_at: Callable[[float], float], target_us: float) -> f
 
 SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # where a bracket is looked for when α = 8 does not reach the target
 FIT_TOLERANCE = 0.01  # a fitted α reproduces the measured unprofiled round to within this share
-# a closest α whose replayed round misses the measured one by more than this share (the period goal): the round
-# leaps across the target there from that far, only a step of the model reaches it: set aside (DESIGN.md 5.3)
+# a closest α whose replayed round misses the measured one by more than this share (the period goal), or where the
+# replayed round leaps across it by more than this share of it: only a step of the model reaches it, no fit: set
+# aside (DESIGN.md 5.3)
 UNMATCHED_MAX = 0.10
+LEAP_PROBE = 2.5e-4  # α either side of a closest α where the round is replayed again: wider than bisection's last step
 
 
 class Context:
@@ -520,30 +522,38 @@ class Context:
             # a fit is one that reproduces the measured round: the replayed round can jump with α (a wait that
             # appears), and bisection then ends beside the jump, inside the bounds but off the target
             self.fitted = abs(err) <= FIT_TOLERANCE
-            if not self.fitted and abs(err) > UNMATCHED_MAX:
-                # the replayed round leaps across the measured one at this α, from more than the period goal away:
-                # only a step of the model reaches it, no α describes these rounds (their regime is not the profiled
-                # one's); set aside like a round out of reach, α = 1. The warning gives both sides of the leap.
-                a_hi = min(scale * (1 + 1e-3) + 1e-6, SCALE_BOUNDS[1])
-                u = unprofiled_inputs(trace, self.model, self.calibration, sidecar,
-                                      kappa_us_per_node=self.unprof.get("kappa_us_per_node") or 0.0, scale=a_hi,
-                                      window=self.window)
-                got_hi = float(np.median(self.periods(replay(self.model, u["work_us"], u["cost_us"],
-                                                             item_dur_us=u["item_dur_us"],
-                                                             item_gap_us=u["item_gap_us"]))))
-                self.scale, self.unprof, self.base = 1.0, unfitted_inputs, unfitted_base
-                self.set_aside = True
-                self.fit_warning = (f"the sidecar's measured unprofiled round ({self.target_us / 1e3:.3f} ms) is "
-                                    f"not one of these rounds: at a profiler cost scale of {scale:.4g} the replayed "
-                                    f"round leaps from {got / 1e3:.3f} ms ({err:+.1%}) to {got_hi / 1e3:.3f} ms "
-                                    f"({(got_hi - self.target_us) / self.target_us:+.1%}), across it: only a leap of "
-                                    "the model reaches it, no fit; its rounds are not like the profiled ones (a step "
-                                    "that changes after the warm-up?); set aside, the calibration used as it is")
-                return
+            if not self.fitted:
+                # bisection ends beside a jump of the replayed round: the round on both sides of it
+                p_lo, p_hi = (self._period_at(max(SCALE_BOUNDS[0], scale - LEAP_PROBE)),
+                              self._period_at(min(SCALE_BOUNDS[1], scale + LEAP_PROBE)))
+                if (abs(err) > UNMATCHED_MAX
+                        or (abs(p_lo - p_hi) > UNMATCHED_MAX * self.target_us
+                            and min(p_lo, p_hi) <= self.target_us <= max(p_lo, p_hi))):
+                    # the replayed round leaps across the measured one there, by more than the period goal: only a
+                    # step of the model reaches it, whichever side bisection ended on, and no α describes these
+                    # rounds (their regime is not the profiled one's); set aside like a round out of reach, α = 1
+                    self.scale, self.unprof, self.base = 1.0, unfitted_inputs, unfitted_base
+                    self.set_aside = True
+                    t = self.target_us
+                    self.fit_warning = (f"the sidecar's measured unprofiled round ({t / 1e3:.3f} ms) is not one of "
+                                        f"these rounds: at a profiler cost scale of {scale:.4g} the replayed round "
+                                        f"leaps from {p_lo / 1e3:.3f} ms ({(p_lo - t) / t:+.1%}) to "
+                                        f"{p_hi / 1e3:.3f} ms ({(p_hi - t) / t:+.1%}), across it: only a leap of the "
+                                        "model reaches it, no fit; its rounds are not like the profiled ones (a step "
+                                        "that changes after the warm-up?); set aside, the calibration used as it is")
+                    return
             if not self.fitted:
                 self.fit_warning = (f"no profiler cost scale reproduces the measured unprofiled round "
                                     f"({self.target_us / 1e3:.3f} ms) within {FIT_TOLERANCE:.0%}: the closest, "
                                     f"{self.scale:.3g}, predicts {got / 1e3:.3f} ms ({err:+.1%})")
+
+    def _period_at(self, scale: float) -> float:
+        """The replayed unprofiled round (median period, µs) with every per-event cost scaled by ``scale``."""
+        u = unprofiled_inputs(self.trace, self.model, self.calibration, self.sidecar,
+                              kappa_us_per_node=self.unprof.get("kappa_us_per_node") or 0.0, scale=scale,
+                              window=self.window)
+        return float(np.median(self.periods(replay(self.model, u["work_us"], u["cost_us"],
+                                                   item_dur_us=u["item_dur_us"], item_gap_us=u["item_gap_us"]))))
 
     @property
     def fit_status(self) -> str:

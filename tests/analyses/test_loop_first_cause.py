@@ -198,7 +198,7 @@ def test_hf_generate_sets_its_unlike_warmup_aside():
     assert r["whatif"]["profiler_cost_scale"] == 1.0
     assert "was set aside" in r["headline"][1]
     leap = [w for w in r["warnings"] if "leaps from" in w and "7.06" in w]
-    assert leap and "36.180 ms (+776.6%) to 4.085 ms (-1.0%)" in leap[0]
+    assert leap and "36.180 ms (+776.6%) to 4.086 ms (-1.0%)" in leap[0]
     assert r["findings"][0]["cause"].startswith("transformers/")
     planted = r["findings"][1]
     assert (planted["kind"], planted["cause"]) == ("host_range", "planted_logits_processor")
