@@ -559,10 +559,10 @@ class Context:
     def fit_status(self) -> str:
         """"fitted" (α reproduces the measured unprofiled round within :data:`FIT_TOLERANCE`; α = 1 when the
         round is out of α's reach but the calibration as it is reproduces it, as in a device-bound loop),
-        "set_aside" (no α in :data:`SCALE_BOUNDS` reaches it and α = 1 misses it: the measured rounds are not like the
-        profiled ones, and α = 1, the calibration as it is), "unmatched" (α inside the bounds, but the replayed round
-        jumps across the target with α: the closest α is kept and misses it), or "none" (no measured round, or
-        ``fit=False``)."""
+        "set_aside" (no α in :data:`SCALE_BOUNDS` reaches it and α = 1 misses it, or the replayed round leaps across
+        it by more than :data:`UNMATCHED_MAX` of it: the measured rounds are not like the profiled ones, and α = 1, the
+        calibration as it is), "unmatched" (α inside the bounds, but the replayed round jumps across the target with α
+        by less than that: the closest α is kept and misses it), or "none" (no measured round, or ``fit=False``)."""
         if self.fitted:
             return "fitted"
         if self.set_aside:
