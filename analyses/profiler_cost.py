@@ -35,7 +35,7 @@ import pandas as pd
 
 from gaptrace.sidecar import Sidecar, as_sidecar, median_period_ms
 
-from gaptrace.trace import Trace
+from gaptrace.trace import Trace, clean_text
 
 from .launch_fit import launch_fit
 from .replay import ReplayModel, _coverage, _intersect, _merge
@@ -73,7 +73,9 @@ class Calibration:
         return float(getattr(self, COST_KEYS[cat])) if cat in COST_KEYS else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as a dict, strings (the file's path, its ``measured_on``) with lone surrogates replaced
+        (:func:`gaptrace.trace.clean_text`): they go into UTF-8 outputs."""
+        return {k: clean_text(v) if isinstance(v, str) else v for k, v in dataclasses.asdict(self).items()}
 
 
 @functools.lru_cache(maxsize=None)

@@ -339,6 +339,9 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     if partial:
         warnings.append(f"{partial} host events partially overlap an enclosing event on their thread "
                         "(nested under their innermost container for attribution)")
+    # a warning may quote the trace's path (a replay's one-line reason), which may hold a byte the file system gave
+    # as a lone surrogate: no UTF-8 output can encode it
+    warnings[:] = [clean_text(w) for w in warnings]
     return AnalysisSummary(**out)
 
 

@@ -302,3 +302,28 @@ def test_figures_with_non_finite_numbers_render_as_gaps():
     js = figures_script({"f": {"data": [{"x": [1.0, float("inf")], "y": _np.array([float("nan"), 2.0])}]}})
     blob = js.split("\n", 1)[0][len("var FIGURES = "):-1]
     assert _json.loads(blob) == {"f": {"data": [{"x": [1.0, None], "y": [None, 2.0]}]}}
+
+
+def test_a_path_with_a_byte_that_is_no_utf8_never_reaches_an_output(tmp_path):
+    """A trace whose file name holds the byte 0xff (a lone surrogate in Python's str) and has no round to replay: the
+    replay's one-line reason quotes the path in a warning, and a calibration whose path and measured_on hold one too;
+    `analyze --json` and its text still encode as UTF-8 (the surrogate replaced by U+FFFD)."""
+    import shutil
+
+    from gaptrace.analyze import render_text, to_jsonable
+
+    name = "case\udcff"
+    d = tmp_path / "odd"
+    d.mkdir()
+    t = os.path.join(str(d), name + ".json.gz")
+    shutil.copy(SMALL, t)
+    cal_path = os.path.join(str(d), "cal\udcff.json")
+    with open(os.path.join(ROOT, "analyses", "data", "calibration_default.json")) as f:
+        cal = json.load(f)
+    with open(cal_path, "w") as f:
+        json.dump(dict(cal, measured_on="host \udcff"), f)
+    res = run_analysis(load_trace(t, workers=0), round_name="no such round", calibration=cal_path)
+    text = json.dumps(to_jsonable(res), ensure_ascii=False, allow_nan=False)
+    text.encode("utf-8")
+    render_text(res).encode("utf-8")
+    assert "\ufffd" in text
