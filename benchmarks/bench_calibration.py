@@ -194,7 +194,7 @@ def main() -> int:
         ok = [q for q in ratios[i] if q == q]
         med = statistics.median(ok) if ok else float("nan")
         text.append(f"[{i + 1}] {p} ({c.measured_on}): aten {c.aten_op_us:.3f} µs, python frame "
-                    f"{c.python_frame_us:.3f} µs, runtime call {c.runtime_call_us:.3f} µs; median measured / "
+                    f"{c.python_frame_us:.3f} µs, runtime-call cost {c.runtime_call_us:.3f} µs; median measured / "
                     f"predicted {med:.2f} over {len(ok)} loop variants with Δ > 0, range "
                     f"{min(ok, default=float('nan')):.2f}–"
                     f"{max(ok, default=float('nan')):.2f}")
