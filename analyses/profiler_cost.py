@@ -73,9 +73,7 @@ class Calibration:
         return float(getattr(self, COST_KEYS[cat])) if cat in COST_KEYS else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as a dict, strings (the file's path, its ``measured_on``) with lone surrogates replaced
-        (:func:`gaptrace.trace.clean_text`): they go into UTF-8 outputs."""
-        return {k: clean_text(v) if isinstance(v, str) else v for k, v in dataclasses.asdict(self).items()}
+        return dataclasses.asdict(self)
 
 
 @functools.lru_cache(maxsize=None)
@@ -171,7 +169,9 @@ def load_calibration(path: str | None = None) -> Calibration:
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"
     if len(on) > MEASURED_ON_MAX:  # a file's text reaches every output: a machine's description is short
         on = on[:MEASURED_ON_MAX] + "…"
-    return Calibration(**vals, source=os.path.abspath(p), measured_on=on)
+    # the path and the file's text reach UTF-8 outputs: a lone surrogate (a byte that is no UTF-8 in a file name, a
+    # "\udcff" escape in the JSON) is replaced here, where they come in
+    return Calibration(**vals, source=clean_text(os.path.abspath(p)), measured_on=clean_text(on))
 
 
 def sidecar_device_us(sidecar: "Sidecar | dict | None") -> dict[int, float]:

@@ -373,23 +373,15 @@ def fit_profiler_scale(ctx: "Context", target_us: float) -> tuple[float, dict]:
     first α of :data:`SCALE_GRID` that does brackets it with the one before).
     Returns (α, the unprofiled inputs at α). α at a bound means the target is out of reach (a warning says so).
     docs/DESIGN.md "Fitted to the capture's own unprofiled rounds"."""
-    kappa = ctx.unprof.get("kappa_us_per_node") or 0.0
-
-    def at(a: float) -> tuple[float, dict]:
-        u = unprofiled_inputs(ctx.trace, ctx.model, ctx.calibration, ctx.sidecar, kappa_us_per_node=kappa, scale=a,
-                              window=ctx.window)
-        r = replay(ctx.model, u["work_us"], u["cost_us"], item_dur_us=u["item_dur_us"], item_gap_us=u["item_gap_us"])
-        return float(np.median(ctx.periods(r))), u
-
     memo: dict[float, float] = {}  # periods only: the inputs are K-long arrays, built again for the α returned
 
     def period(a: float) -> float:
         if a not in memo:
-            memo[a] = at(a)[0]
+            memo[a] = ctx.period_at(a)
         return memo[a]
 
     a = scale_for_period(period, target_us)
-    return a, at(a)[1]
+    return a, ctx.inputs_at(a)
 
 
 def scale_for_period(period_at: Callable[[float], float], target_us: float) -> float:
@@ -484,8 +476,7 @@ class Context:
             raise TraceError(f"{trace.path}: every {round_name!r} period spans two profiler windows: no round "
                              "period to predict")
         self.unprof = unprofiled_inputs(trace, self.model, self.calibration, sidecar, window=self.window)
-        self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                           item_dur_us=self.unprof["item_dur_us"], item_gap_us=self.unprof["item_gap_us"])
+        self.base = self.replay_inputs(self.unprof)
         self.replayed = replay(self.model)
         self.unfitted_round_us = float(np.median(self.periods(self.base)))
         self.target_us = _measured_period_us(sidecar)
@@ -515,8 +506,7 @@ class Context:
                 return
             unfitted_inputs, unfitted_base = self.unprof, self.base
             self.scale, self.unprof = scale, unprof
-            self.base = replay(self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                               item_dur_us=self.unprof["item_dur_us"], item_gap_us=self.unprof["item_gap_us"])
+            self.base = self.replay_inputs(self.unprof)
             got = float(np.median(self.periods(self.base)))
             err = (got - self.target_us) / self.target_us
             # a fit is one that reproduces the measured round: the replayed round can jump with α (a wait that
@@ -524,8 +514,8 @@ class Context:
             self.fitted = abs(err) <= FIT_TOLERANCE
             if not self.fitted:
                 # bisection ends beside a jump of the replayed round: the round on both sides of it
-                p_lo, p_hi = (self._period_at(max(SCALE_BOUNDS[0], scale - LEAP_PROBE)),
-                              self._period_at(min(SCALE_BOUNDS[1], scale + LEAP_PROBE)))
+                p_lo, p_hi = (self.period_at(max(SCALE_BOUNDS[0], scale - LEAP_PROBE)),
+                              self.period_at(min(SCALE_BOUNDS[1], scale + LEAP_PROBE)))
                 if (abs(err) > UNMATCHED_MAX
                         or (abs(p_lo - p_hi) > UNMATCHED_MAX * self.target_us
                             and min(p_lo, p_hi) <= self.target_us <= max(p_lo, p_hi))):
@@ -547,13 +537,21 @@ class Context:
                                     f"({self.target_us / 1e3:.3f} ms) within {FIT_TOLERANCE:.0%}: the closest, "
                                     f"{self.scale:.3g}, predicts {got / 1e3:.3f} ms ({err:+.1%})")
 
-    def _period_at(self, scale: float) -> float:
+    def inputs_at(self, scale: float) -> dict[str, Any]:
+        """The unprofiled inputs (:func:`.profiler_cost.unprofiled_inputs`) with every per-event cost scaled by
+        ``scale``, κ as fitted for the context."""
+        return unprofiled_inputs(self.trace, self.model, self.calibration, self.sidecar,
+                                 kappa_us_per_node=self.unprof.get("kappa_us_per_node") or 0.0, scale=scale,
+                                 window=self.window)
+
+    def replay_inputs(self, u: dict[str, Any]) -> ReplayResult:
+        """The replay of unprofiled inputs ``u`` (work, call costs, item durations and gaps)."""
+        return replay(self.model, u["work_us"], u["cost_us"], item_dur_us=u["item_dur_us"],
+                      item_gap_us=u["item_gap_us"])
+
+    def period_at(self, scale: float) -> float:
         """The replayed unprofiled round (median period, µs) with every per-event cost scaled by ``scale``."""
-        u = unprofiled_inputs(self.trace, self.model, self.calibration, self.sidecar,
-                              kappa_us_per_node=self.unprof.get("kappa_us_per_node") or 0.0, scale=scale,
-                              window=self.window)
-        return float(np.median(self.periods(replay(self.model, u["work_us"], u["cost_us"],
-                                                   item_dur_us=u["item_dur_us"], item_gap_us=u["item_gap_us"]))))
+        return float(np.median(self.periods(self.replay_inputs(self.inputs_at(scale)))))
 
     @property
     def fit_status(self) -> str:

@@ -9,9 +9,10 @@ extra device time per graph node under the profiler).
 For benchmark b, Δt_b = t_profiled − t_plain = Σ_c n_{b,c} · cost_c, n_{b,c} the events of category c its trace
 holds; the costs are the non-negative least-squares solution per recorded event (:func:`fit_costs`;
 docs/DESIGN.md "The replay model", "The profiler taken out"). Writes JSON (``aten_op_us``, ``python_frame_us``,
-``runtime_call_us``, torch version, CPU model, device, the per-benchmark counts, times and fitted deltas) atomically; with CUDA also ``graph_node_us``, the profiler's host
-cost per CUDA graph node at launch (:func:`graph_node_host_us`: κ measured directly, the fallback where a trace's
-own launch fit has a single graph size); without CUDA ``runtime_call_us`` and ``graph_node_us`` are 0 and
+``runtime_call_us``, torch version, CPU model, device, the per-benchmark counts, times and fitted deltas)
+atomically; with CUDA also ``graph_node_us``, the profiler's host cost per CUDA graph node at launch
+(:func:`graph_node_host_us`: κ measured directly, the fallback where a trace's own launch fit has a single graph
+size); without CUDA ``runtime_call_us`` and ``graph_node_us`` are 0 and
 ``runtime_call_measured`` / ``graph_node_measured`` false.
 """
 from __future__ import annotations
@@ -31,7 +32,6 @@ from gaptrace.capture import profiler_kwargs, write_json_atomic
 from gaptrace.cli import fail
 
 CATS = ("python_function", "cpu_op", "cuda_runtime")
-MICRO_BENCHMARKS = ("python_chain", "aten_ops", "cuda_launch")
 
 
 def _cpu_model() -> str:
@@ -48,13 +48,14 @@ def _cpu_model() -> str:
 MODEL_ITERATIONS_DIVISOR = 100  # a model benchmark's iteration costs ~100 micro-benchmark iterations
 
 
-def _benchmarks(torch, n: int) -> dict[str, Callable[[], None]]:
-    """The benchmarks, by name: three micro-benchmarks of ``n`` iterations (a chain of Python calls, tiny ATen ops,
-    with CUDA tiny kernel launches) and two model benchmarks of ``n // MODEL_ITERATIONS_DIVISOR`` iterations, on the
-    GPU when there is one: an eager forward of eight ``nn.Linear`` + ``nn.LayerNorm`` + ``nn.GELU`` blocks (module
-    calls, nested ATen ops, one launch each) and a sampling step (softmax, top-k, ``.tolist()`` and a Python list
-    comprehension over the result, the host read-back of a decode loop). The micro-benchmarks alone measure a
-    recorded event hot in the caches: a model's events cost the profiler 1.4–2 times as much
+def _benchmarks(torch, n: int) -> dict[str, tuple[Callable[[], None], int]]:
+    """The benchmarks, by name, each (function, its iterations): three micro-benchmarks of ``n`` iterations (a
+    chain of Python calls, tiny ATen ops, with CUDA tiny kernel launches) and two model benchmarks of
+    ``n // MODEL_ITERATIONS_DIVISOR`` iterations (at least 10), on the GPU when there is one: an eager forward of
+    eight ``nn.Linear`` + ``nn.LayerNorm`` + ``nn.GELU`` blocks (module calls, nested ATen ops, one launch each) and
+    a sampling step (softmax, top-k, ``.tolist()`` and a Python list comprehension over the result, the host
+    read-back of a decode loop). The micro-benchmarks alone measure a recorded event hot in the caches: a model's
+    events cost the profiler 1.4–2 times as much
     (docs/DESIGN.md "The profiler taken out")."""
     def leaf(x):
         return x + 1
@@ -74,7 +75,7 @@ def _benchmarks(torch, n: int) -> dict[str, Callable[[], None]]:
         for _ in range(n):
             torch.add(a, b)
 
-    out = {"python_chain": python_chain, "aten_ops": aten_ops}
+    out = {"python_chain": (python_chain, n), "aten_ops": (aten_ops, n)}
     cuda = torch.cuda.is_available()
     if cuda:
         g = torch.ones(4, device="cuda")
@@ -84,7 +85,7 @@ def _benchmarks(torch, n: int) -> dict[str, Callable[[], None]]:
                 g.add_(1.0)
             torch.cuda.synchronize()  # SYNC (deliberate): the timing covers the launches' device work
 
-        out["cuda_launch"] = cuda_launch
+        out["cuda_launch"] = (cuda_launch, n)
     dev = torch.device("cuda" if cuda else "cpu")
     m = max(10, n // MODEL_ITERATIONS_DIVISOR)
     nn = torch.nn
@@ -108,8 +109,8 @@ def _benchmarks(torch, n: int) -> dict[str, Callable[[], None]]:
             picked = idx[:, 0].tolist()  # SYNC (deliberate): a decode loop's read-back, as it costs unprofiled
             sum(t % 7 for t in picked)
 
-    out["module_forward"] = module_forward
-    out["sampling"] = sampling
+    out["module_forward"] = (module_forward, m)
+    out["sampling"] = (sampling, m)
     return out
 
 
@@ -326,7 +327,7 @@ def _measure(torch, n: int, repeats: int) -> dict[str, Any]:
     rows = []
     tmp = tempfile.mkdtemp(prefix="gaptrace-calibrate-")
     try:
-        for name, fn in benches.items():
+        for name, (fn, iters) in benches.items():
             fn()  # warm-up
             plain_t, prof_t, counts = [], [], None
             for r in range(repeats):
@@ -339,7 +340,6 @@ def _measure(torch, n: int, repeats: int) -> dict[str, Any]:
                     prof.export_chrome_trace(path)
                     counts = _count(path)
                     os.remove(path)
-            iters = n if name in MICRO_BENCHMARKS else max(10, n // MODEL_ITERATIONS_DIVISOR)
             rows.append({"benchmark": name, "iterations": iters, "plain_s": min(plain_t), "profiled_s": min(prof_t),
                          "events": counts})
     finally:

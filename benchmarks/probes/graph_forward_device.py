@@ -30,7 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]  # benchmarks/ (_results), the repo
 
-from _results import fmt, machine, md_table, print_and_write  # noqa: E402
+from _results import fmt, machine, md_table, out_dir_arg, print_and_write  # noqa: E402
 
 LOOPS = ("per_request_readback", "host_detokenize", "helper_thread", "mask_index")
 HOLD_CYCLES = 50_000_000  # torch.cuda._sleep: ~25 ms, longer than launching --calls forwards takes
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--loops", default=",".join(LOOPS), help=f"comma list of {', '.join(LOOPS)}")
     ap.add_argument("--calls", type=int, default=20, help="forwards per timed run")
-    ap.add_argument("--out", default=None, help="write JSON + markdown here")
+    ap.add_argument("--out", default=None, type=out_dir_arg, help="write JSON + markdown here")
     a = ap.parse_args(argv)
     loops = [x.strip() for x in a.loops.split(",") if x.strip()]
     bad = [x for x in loops if x not in LOOPS]
@@ -124,8 +124,6 @@ def main(argv=None) -> int:
         ap.error(f"unknown loop {bad[0]!r} (known: {', '.join(LOOPS)})")
     if a.calls < 1:
         ap.error("--calls must be >= 1")
-    if a.out and os.path.exists(a.out) and not os.path.isdir(a.out):  # before the measurement, not after it
-        ap.error(f"--out {a.out}: not a directory")
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
