@@ -58,7 +58,9 @@ class Calibration:
     ``graph_node_us`` (host cost per CUDA graph node of a launch under the profiler, κ measured by
     ``gaptrace calibrate``; optional, 0 when absent); ``queue_gap_us`` (the device's unprofiled queued-launch gap
     between two eager kernels, :func:`gaptrace.calibrate.queued_chain_us`; None when not measured: a file without
-    it, or one made without CUDA); ``source`` (the file), ``measured_on`` (what machine and torch measured it)."""
+    it, or one made without CUDA); ``graph_launch_t0_us`` / ``graph_launch_node_us`` (the unprofiled host cost of a
+    cudaGraphLaunch, t0 + per node × N, from the file's ``graph_plain``: :func:`gaptrace.calibrate.graph_plain_us`;
+    None when not measured); ``source`` (the file), ``measured_on`` (what machine and torch measured it)."""
 
     aten_op_us: float
     python_frame_us: float
@@ -68,6 +70,8 @@ class Calibration:
     device_op_us: float = 0.0
     graph_node_us: float = 0.0
     queue_gap_us: float | None = None
+    graph_launch_t0_us: float | None = None
+    graph_launch_node_us: float | None = None
 
     def cost_of(self, cat: str) -> float:
         return float(getattr(self, COST_KEYS[cat])) if cat in COST_KEYS else 0.0
@@ -107,6 +111,7 @@ def shipped_calibration_path(device_name: str | None) -> str:
 CALIBRATION_MAX_BYTES = 1 << 20  # a calibration file is a few kB
 MEASURED_ON_MAX = 200
 QUEUE_GAP_MAX_US = 1000.0  # a queued-launch gap is a µs or two; beyond a millisecond it is no gap
+GRAPH_LAUNCH_MAX_US = 1000.0  # a graph launch's t0 is a few µs, its host cost per node a fraction of one
 
 
 def _cost(v: Any, hi: float = math.inf) -> bool:
@@ -123,7 +128,8 @@ def load_calibration(path: str | None = None) -> Calibration:
     """The calibration in ``path`` (a ``gaptrace calibrate`` JSON), or the shipped default when None.
     ValueError, one line naming the file, when it is not a regular file (a FIFO would block the read), is over 1 MiB,
     cannot be read or parsed, or a cost is missing, negative or not finite; ``queue_gap_us`` over 1 ms or a
-    ``queue_gap_measured`` that is not true or false is refused too."""
+    ``queue_gap_measured`` that is not true or false is refused too, and a ``graph_plain`` without its two launch
+    figures (each 0 to 1 ms)."""
     p = path or DEFAULT_CALIBRATION
     try:
         st = os.stat(p)
@@ -164,6 +170,13 @@ def load_calibration(path: str | None = None) -> Calibration:
                              f"(got {str(q)[:40]!r})")
         if measured:
             vals["queue_gap_us"] = float(q)
+    gp = obj.get("graph_plain")
+    if gp is not None:  # optional: measured with CUDA only
+        t0, node = (gp.get("graph_launch_t0_us"), gp.get("graph_launch_node_us")) if isinstance(gp, dict) else (0, 0)
+        if not isinstance(gp, dict) or not _cost(t0, GRAPH_LAUNCH_MAX_US) or not _cost(node, GRAPH_LAUNCH_MAX_US):
+            raise ValueError(f"{p}: calibration field graph_plain must hold graph_launch_t0_us and graph_launch_node_us, "
+                             f"numbers from 0 to {GRAPH_LAUNCH_MAX_US:g} µs (got {str(gp)[:60]!r})")
+        vals["graph_launch_t0_us"], vals["graph_launch_node_us"] = float(t0), float(node)
     on = obj.get("measured_on")
     if not isinstance(on, str):
         on = "; ".join(str(obj.get(k)) for k in ("cpu", "device", "torch") if obj.get(k) is not None) or "unknown"

@@ -15,6 +15,9 @@ overlap. :func:`rank_findings` adds to each finding of :func:`.findings.findings
   (eager kernels, copies and memsets from calls inside its site; graph replays stay), the saving when that work goes too
   (:class:`.whatif.Change` ``with_device``: the upper figure when a fix drops or fuses the work instead of moving
   it off the host; docs/DESIGN.md "Counterfactuals"); None without such work;
+- ``saving_graphed_us``: for such a cause, the saving when its work is captured in one CUDA graph instead
+  (:class:`.whatif.Change` ``graph``: host work and launches become one graph launch, the device work stays, back
+  to back); None where the site holds a call that blocks the host (no graph can capture it);
 - ``saving_share``: saving_us / the predicted unprofiled round;
 - ``cause`` (the site removed) and ``fix`` (what that removal means, in words);
 
@@ -38,8 +41,8 @@ from .allocator import FREE_CALLS
 from .findings import ms_text
 from .profiler_cost import Calibration, load_calibration, shipped_calibration_path, measured_period_source
 from .syncs import api_base_name
-from .whatif import (BODY_START_SHARE, Change, Context, device_items_launched, loop_body, other_thread_intervals,
-                     site_intervals, whatif)
+from .whatif import (BODY_START_SHARE, Change, Context, SiteRefused, device_items_launched, loop_body,
+                     other_thread_intervals, site_intervals, whatif)
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
            "finding_cause",
@@ -221,6 +224,7 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["saving_with_device_us"] = float(w["saving_with_device_us"])
             f["device_items_per_round"] = float(w["device_items_per_round"])
             f["saving_with_device_share"] = f["saving_with_device_us"] / base if base and base > 0 else None
+            f["saving_graphed_us"] = w.get("saving_graphed_us")
     _defer_to_nested(trace, ctx, found, memo, base)
     # savings within FOLD_SHARE of the round of each other are one rank: they keep their idle-share order (two frames
     # of one cause, e.g. a blocking read and the function around it, save the same within the model's error)
@@ -256,6 +260,11 @@ def _replay_site(trace: Trace, ctx: Context, site: str | tuple[str, ...], memo: 
             w = dict(w, saving_with_device_us=wd["saving_us"],
                      # the window holds len(starts) rounds (first start to the last round's end), not periods
                      device_items_per_round=n_items / max(len(ctx.starts), 1))
+            try:  # the same work captured in one CUDA graph: none where the site holds a blocking call
+                w["saving_graphed_us"] = whatif(trace, [Change(x, graph=True) for x in sites], context=ctx
+                                                ).data["saving_us"]
+            except SiteRefused:
+                w["saving_graphed_us"] = None
         memo[site] = w
     except TraceError:
         memo[site] = None
@@ -324,7 +333,7 @@ def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo:
                       and f["saving_us"] <= MARKER_SAVING_RATIO * g["saving_us"] + MARKER_SAVING_SLACK_US)
             if inside >= 0.9 * total and not mutual and not marker:
                 for k in ("saving_us", "one_off_saving_us", "saving_share", "saving_with_device_us",
-                          "device_items_per_round", "saving_with_device_share"):
+                          "device_items_per_round", "saving_with_device_share", "saving_graphed_us"):
                     f[k] = None
                 op = f.get("aten_op")
                 w = (_replay_site(trace, ctx, str(op), memo if memo is not None else {})
@@ -381,8 +390,21 @@ def saving_text(f: dict) -> str:
     if s < 0:
         return f"saves nothing (the round predicted {ms_text(-s)} longer: within the model's error){extra}"
     if share < FOLD_SHARE:
-        return f"saves < 1% of a round ({ms_text(s)}){extra}{_with_device(f)}"
-    return f"saves ≈ {ms_text(s)} a round ({share:.0%}){extra}{_with_device(f)}"
+        return f"saves < 1% of a round ({ms_text(s)}){extra}{_with_device(f)}{_graphed(f)}"
+    return f"saves ≈ {ms_text(s)} a round ({share:.0%}){extra}{_with_device(f)}{_graphed(f)}"
+
+
+def _graphed(f: dict) -> str:
+    """"; ≈ 2.48 ms (72%) captured in one CUDA graph" when capturing the cause's work in a graph
+    (``saving_graphed_us``) saves at least FOLD_SHARE of the round more or less than its host-side removal; ""
+    otherwise."""
+    s, g, share = f.get("saving_us"), f.get("saving_graphed_us"), f.get("saving_share")
+    if s is None or g is None or not share or not math.isfinite(share) or s <= 0:
+        return ""
+    base = s / share
+    if abs(g - s) < FOLD_SHARE * base:
+        return ""
+    return f"; ≈ {ms_text(g)} ({g / base:.0%}) captured in one CUDA graph"
 
 
 def _with_device(f: dict) -> str:

@@ -13,7 +13,13 @@ for o_k µs:
   launched by a call inside U takes no device time
   (the site's work is not needed at all, rather than moved off the host: an upper bound where a fix keeps some of
   that device work, e.g. folds eager glue into one kernel);
-- speedup F: work''_k = work'_k · (1 − (o_k / work_k)(1 − 1/F)); calls inside U cost cost'_k / F, waits stay.
+- speedup F: work''_k = work'_k · (1 − (o_k / work_k)(1 − 1/F)); calls inside U cost cost'_k / F, waits stay;
+- graph (the site's work captured once in a CUDA graph and replayed): as remove for the host, but each occurrence's
+  device items stay and are launched by one graph launch: the first call inside the occurrence costs
+  t0 + n·c (n the occurrence's device nodes: :func:`graph_launch_us`), the other calls inside cost nothing, and its
+  items keep their (unprofiled) durations but queue behind each other with the intra-graph node gap
+  (:func:`graph_node_gap_us`) instead of the eager launch path. A site holding a call that blocks the host (a
+  synchronization, a device-to-host read, a pageable copy) is refused: a CUDA graph cannot capture it.
 
 Several changes compose (applied in turn). The predicted round is the median of the replayed round periods; the
 saving is median(before) − median(after); ``one_off_saving_us`` is what the sum over rounds saves beyond
@@ -38,7 +44,7 @@ from .steps import find_steps, is_launch_call
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
 
-__all__ = ["Change", "WhatIf", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
+__all__ = ["Change", "WhatIf", "graph_launch_us", "graph_node_gap_us", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
            "check_changes", "apply_changes", "device_items_launched", "fit_profiler_scale", "scale_for_period",
            "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup", "SPEEDUP_BOUNDS"]
 
@@ -53,11 +59,12 @@ class Change:
     """One counterfactual: ``site`` removed (``factor`` None) or made ``factor`` times faster. ``with_device``
     (removal only): the eager device work launched from inside the site goes too (its kernels, copies and memsets
     take no device time; CUDA graph replays stay), as when the site's work is not needed at all rather than moved
-    off the host."""
+    off the host. ``graph``: the site's work captured once in a CUDA graph and replayed (module docstring)."""
 
     site: str
     factor: float | None = None
     with_device: bool = False
+    graph: bool = False
 
 
 def check_changes(changes: Iterable[Change]) -> None:
@@ -70,8 +77,8 @@ def check_changes(changes: Iterable[Change]) -> None:
         key = api_base_name(c.site)  # cudaMalloc and cudaMalloc_v3020 name the same calls
         if key in seen:
             def said(x: Change) -> str:
-                return (f"--speedup {x.site}={x.factor:g}" if x.factor is not None else
-                        f"--remove{'-with-device' if x.with_device else ''} {x.site}")
+                return (f"--speedup {x.site}={x.factor:g}" if x.factor is not None else f"--graph {x.site}" if x.graph
+                        else f"--remove{'-with-device' if x.with_device else ''} {x.site}")
             raise ValueError(f"{said(seen[key])} and {said(c)} name the same site: give each site one change")
         seen[key] = c
 
@@ -225,24 +232,32 @@ def site_effect_intervals(trace: Trace, model: ReplayModel, site: str, window: t
 
 def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,
                   changes: Iterable[Change], window: tuple[float, float] | None = None,
-                  measured: tuple[np.ndarray, list] | None = None, gil: bool = True
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(work, cost, wait, dropped) for :func:`.replay.replay` after ``changes`` (module docstring) on top of the
-    given (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds.
+                  measured: tuple[np.ndarray, list] | None = None, gil: bool = True,
+                  calibration: Calibration | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(work, cost, wait, dropped, node_gap) for :func:`.replay.replay` after ``changes`` (module docstring) on top
+    of the given (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds.
     ``dropped`` ((I,) bool): the device items a removal ``with_device`` takes away (launched by a call inside the
-    site): replay them with no duration and no queue gap. ``measured``: the unprofiled inputs' ``measured_scale``
+    site): replay them with no duration and no queue gap. ``node_gap`` ((I,) µs, NaN where unchanged): the queue
+    gap of the items a ``graph`` change puts in a CUDA graph; ``calibration`` gives that change its graph launch
+    cost (:func:`graph_launch_us`). SiteRefused (one line) when a ``graph`` site holds a call that blocks the host.
+    ``measured``: the unprofiled inputs' ``measured_scale``
     (ranges that take their measured host time: a site's share of an interval counts them as measured,
     :func:`.profiler_cost.site_share`). ``gil``: a removed site on the launching thread that holds lock waits on
     other threads keeps those threads' Python work in the waits (:func:`.profiler_cost.gil_held_in_waits`): it
     still runs, beside the launching thread, under the GIL (False: the wait goes whole, the first-order model)."""
     work, cost = work_us.astype(np.float64).copy(), cost_us.astype(np.float64).copy()
     dropped = np.zeros(len(model.item_call), dtype=bool)
+    node_gap = np.full(len(model.item_call), np.nan)
     wait = model.blocking.copy()
     for ch in changes:
         us, ue, where = site_effect_intervals(trace, model, ch.site, window)
         frac = site_share(model, us, ue, work_us, measured)
         inside = _calls_inside(model, us, ue)
-        if ch.factor is None:
+        if ch.graph and where != "launching":
+            raise SiteRefused(f"{trace.path}: {ch.site!r} is not on the launching thread: only the launching "
+                              "thread's work can be captured in its CUDA graph")
+        if ch.factor is None:  # a removal, or (graph) a removal whose device work stays, launched by one graph
             work *= 1.0 - frac
             if gil and where == "launching":
                 ws, we = lock_waits_in(model, trace, us, ue)
@@ -250,13 +265,101 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
                     waits_us = work_us * site_share(model, ws, we, work_us, measured)
                     work += gil_held_in_waits(trace, model, ws, we, waits_us)
             cost[inside] = 0.0
+            if ch.graph:
+                _graph_occurrences(trace, model, ch.site, us, inside, wait, cost, node_gap, calibration)
             wait[inside] = False
             if ch.with_device and len(dropped):
                 dropped |= _eager_items_of(model, inside)
         else:
             work *= 1.0 - frac * (1.0 - 1.0 / ch.factor)
             cost[inside] /= ch.factor
-    return work, cost, wait, dropped
+    return work, cost, wait, dropped, node_gap
+
+
+# the launch of a captured graph where neither the calibration nor the trace gives one: the shipped H100
+# calibration's graph_plain (docs/DESIGN.md "Counterfactuals"), t0 + per node × N, µs
+GRAPH_LAUNCH_T0_DEFAULT_US = 5.5
+GRAPH_LAUNCH_NODE_DEFAULT_US = 0.2
+# the device gap between two kernel nodes of one graph where the trace replays no graph: the median intra-graph gap
+# of the H100 loop captures (0.42-0.43 µs; the H200 runtime's graphs: 0.13 µs)
+GRAPH_NODE_GAP_DEFAULT_US = 0.4
+
+
+def graph_launch_us(calibration: Calibration | None, nodes: np.ndarray) -> tuple[np.ndarray, str]:
+    """((n,) µs, source): the unprofiled host cost of one cudaGraphLaunch of ``nodes`` device nodes, t0 + c·N: the
+    calibration's measured ``graph_launch_t0_us`` / ``graph_launch_node_us`` ("calibration"), else
+    :data:`GRAPH_LAUNCH_T0_DEFAULT_US` + :data:`GRAPH_LAUNCH_NODE_DEFAULT_US`·N ("default": the H100's)."""
+    n = np.asarray(nodes, dtype=np.float64)
+    if calibration is not None and calibration.graph_launch_t0_us is not None:
+        return calibration.graph_launch_t0_us + calibration.graph_launch_node_us * n, "calibration"
+    return GRAPH_LAUNCH_T0_DEFAULT_US + GRAPH_LAUNCH_NODE_DEFAULT_US * n, "default"
+
+
+def graph_node_gap_us(trace: Trace, model: ReplayModel) -> tuple[float, str]:
+    """(µs, source): the device gap between consecutive nodes of one CUDA graph replay: the median over the trace's
+    own graph replays of (node start − the previous node's end) for nodes that follow each other on the device
+    ("trace"), else :data:`GRAPH_NODE_GAP_DEFAULT_US` ("default"). The profiled gaps are the unprofiled ones: the
+    profiler adds no host work inside a replay, and its per-op device cost is in the ops' own durations."""
+    cached = getattr(model, "_graph_node_gap", None)
+    if cached is not None:
+        return cached
+    out = (GRAPH_NODE_GAP_DEFAULT_US, "default")
+    graph_item = (model.item_call >= 0) & (model.graph_nodes[np.maximum(model.item_call, 0)] > 0)
+    sel = graph_item[model.op_item] if len(model.op_item) else np.zeros(0, dtype=bool)
+    if sel.sum() >= 2:
+        d = trace.device
+        dur = (d["end_us"].to_numpy() - d["ts_us"].to_numpy())[model.op_row[sel]]
+        item, off = model.op_item[sel], model.op_offset_us[sel]
+        o = np.lexsort((off, item))
+        item, off, dur = item[o], off[o], dur[o]
+        same = item[1:] == item[:-1]
+        gap = off[1:][same] - (off[:-1] + dur[:-1])[same]
+        gap = gap[gap >= 0]  # nodes that overlap (a graph's parallel branches) have no gap between them
+        if len(gap):
+            out = (float(np.median(gap)), "trace")
+    try:
+        model._graph_node_gap = out
+    except AttributeError:
+        pass
+    return out
+
+
+def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarray, inside: np.ndarray,
+                       wait: np.ndarray, cost: np.ndarray, node_gap: np.ndarray,
+                       calibration: Calibration | None) -> None:
+    """The ``graph`` change of :func:`apply_changes` on the calls ``inside`` the site's merged intervals (starts
+    ``us``): in place, each occurrence's first call costs one graph launch of its device nodes
+    (:func:`graph_launch_us`), its items take the intra-graph node gap (:func:`graph_node_gap_us`). SiteRefused
+    (one line) when the site launches no device work, or a call inside still blocks the host (``wait``; a device
+    memory free is no obstacle: it goes, as in a removal, a graph's memory coming from its private pool)."""
+    from .allocator import FREE_CALLS
+    from .syncs import api_base_name
+
+    k_in = np.flatnonzero(inside)
+    items = np.flatnonzero((model.item_call >= 0) & inside[np.maximum(model.item_call, 0)])
+    if not len(items):
+        raise SiteRefused(f"{trace.path}: {site!r} launches no device work inside the rounds: nothing to capture in "
+                          "a CUDA graph (--remove or --speedup model its host work)")
+    blocking = k_in[wait[k_in]]
+    if len(blocking):
+        names = sorted({api_base_name(str(model.call_name[k])) for k in blocking})
+        frees = [n for n in names if n in FREE_CALLS]
+        if len(frees) < len(names):
+            held = [n for n in names if n not in FREE_CALLS]
+            raise SiteRefused(f"{trace.path}: {site!r} holds a call that blocks the host ({', '.join(held[:3])}, "
+                              f"{int(sum(api_base_name(str(model.call_name[k])) in held for k in blocking))} times): "
+                              "a CUDA graph cannot capture it; remove it first (--remove on its site) or name a "
+                              "range without it")
+    occ = np.searchsorted(us, model.call_start_us[k_in], side="right") - 1
+    # nodes per item: a graph replay inside the site becomes a child graph of its N nodes, an eager item one node
+    nodes = np.where(model.graph_nodes[model.item_call[items]] > 0, model.graph_nodes[model.item_call[items]], 1)
+    item_occ = np.searchsorted(us, model.call_start_us[model.item_call[items]], side="right") - 1
+    n_occ = np.bincount(item_occ, weights=nodes, minlength=len(us)) if len(items) else np.zeros(len(us))
+    uo, fi = np.unique(occ, return_index=True)
+    first, n_first = k_in[fi], n_occ[uo]
+    keep = n_first > 0  # an occurrence that launches nothing captures no graph: its calls just go
+    cost[first[keep]] = graph_launch_us(calibration, n_first[keep])[0]
+    node_gap[items] = graph_node_gap_us(trace, model)[0]
 
 
 def _calls_inside(model: ReplayModel, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
@@ -581,10 +684,11 @@ class Context:
 
     def run(self, changes: Iterable[Change]) -> ReplayResult:
         changes = list(changes)
-        w, c, wait, dropped = apply_changes(self.trace, self.model, self.unprof["work_us"], self.unprof["cost_us"],
-                                            changes, self.window, self.unprof.get("measured_scale"))
+        w, c, wait, dropped, node_gap = apply_changes(self.trace, self.model, self.unprof["work_us"],
+                                                      self.unprof["cost_us"], changes, self.window,
+                                                      self.unprof.get("measured_scale"), calibration=self.calibration)
         dur = np.where(dropped, 0.0, self.unprof["item_dur_us"])
-        gap = np.where(dropped, 0.0, self.unprof["item_gap_us"])
+        gap = np.where(dropped, 0.0, np.where(np.isnan(node_gap), self.unprof["item_gap_us"], node_gap))
         return replay(self.model, w, c, wait, item_dur_us=dur, item_gap_us=gap)
 
 
@@ -636,7 +740,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     data = {
         "trace": trace.path,
         "changes": [{"site": c.site, "factor": c.factor,
-                     "action": ("speedup" if c.factor is not None else
+                     "action": ("speedup" if c.factor is not None else "graph" if c.graph else
                                 "remove_with_device" if c.with_device else "remove"),
                      "matched": matched[c.site]}
                     for c in changes],
@@ -675,6 +779,10 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "removed_us": ctx.unprof["removed_us"],
         "launch_source": ctx.unprof["launch_source"],
         "measured_ranges": ctx.unprof.get("measured_ranges", {}),
+        "graph": ({"launch_source": graph_launch_us(ctx.calibration, np.zeros(1))[1],
+                   "node_gap_us": graph_node_gap_us(trace, ctx.model)[0],
+                   "node_gap_source": graph_node_gap_us(trace, ctx.model)[1]}
+                  if any(c.graph for c in changes) else None),
         "latency_us": ctx.model.latency_us,
         "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))
                      + ([ctx.fit_warning] if ctx.fit_warning else []) + notes),

@@ -1,7 +1,8 @@
 """The replay model's proof on measured fixes: for every measured pair (a capture with a cause and its fixed twin,
 each period measured without the profiler), the predicted unprofiled round / step period of the with-cause capture
-against its measured one, and the predicted saving of removing the cause (``whatif --remove``) against the measured
-difference of the two variants (docs/DESIGN.md "Counterfactuals", "The proof on measured fixes").
+against its measured one, and the predicted saving of the fix (``whatif --remove`` of the cause; ``whatif --graph``
+where the fixed twin captures the cause's work in a CUDA graph) against the measured difference of the two variants
+(docs/DESIGN.md "Counterfactuals", "The proof on measured fixes").
 
 Pairs:
 
@@ -113,16 +114,19 @@ def loop_pairs(folder: str = LOOPS_DIR, label: str = "") -> list[dict]:
         if not os.path.exists(trace):  # measured, trace not shipped (the folder's MANIFEST.md says why)
             continue
         out.append(process_pair(f"loop {loop}{label}", None, trace, pl, fx,
-                                json.load(open(pp, encoding="utf-8")).get("paired")))
+                                json.load(open(pp, encoding="utf-8")).get("paired"),
+                                fix="graph" if loop in GRAPH_FIX_LOOPS else "remove"))
     return out
 
 
 def process_pair(name: str, site: list[str] | None, trace: str, with_cause: list[float], fixed: list[float],
-                 paired: dict | None = None) -> dict:
+                 paired: dict | None = None, fix: str = "remove") -> dict:
     """One loop pair measured in fresh processes: ``with_cause`` and ``fixed`` per-process step periods (ms), the
     saving = the difference of their medians, its range = min − max to max − min; ``paired``: run_pairs' paired
-    block summary, or None; ``site`` None: the trace's ``planted_*`` range."""
-    return {"pair": name, "site": site, "traces": [trace],
+    block summary, or None; ``site`` None: the trace's ``planted_*`` range; ``fix``: the counterfactual that models
+    the measured fix, "remove" (``whatif --remove``) or "graph" (``whatif --graph``: the fixed twin captures the
+    site's work in a CUDA graph)."""
+    return {"pair": name, "site": site, "traces": [trace], "fix": fix,
             "paired_saving_ms": paired["saving_ms"] if paired else None,
             "paired_range_ms": tuple(paired["saving_range_ms"]) if paired else None,
             "measured_period_ms": [float(np.median(with_cause))],
@@ -147,6 +151,8 @@ def first_finding_pairs() -> list[dict]:
 # the eager forward's frame (the first finding of per_request_readback and mask_index, the second of helper_thread and
 # host_detokenize on the H100): its fix, a CUDA graph, measured as the planted variant with graph_forward 0 and 1
 FORWARD_FRAME = "benchmarks/loops/_common.py(153): logits"
+# the loops whose fixed twin replays the planted range's work as one CUDA graph (benchmarks/loops/launch_bound.py)
+GRAPH_FIX_LOOPS = ("launch_bound",)
 FORWARD_GRAPH_LOOPS = ((H100_LOOPS_DIR, "helper_thread"), (H100_LOOPS_DIR, "host_detokenize"),
                        (H100_LOOPS_DIR, "per_request_readback"), (HIDDEN_SYNCS_DIR, "mask_index"))
 
@@ -162,7 +168,8 @@ def forward_graph_pairs() -> list[dict]:
         trace = os.path.join(folder, f"{loop}.planted.trace.json.gz")
         if not eager or not graphed or not os.path.exists(trace):
             continue
-        out.append(process_pair(f"{loop} (H100): the eager forward graphed", [FORWARD_FRAME], trace, eager, graphed))
+        out.append(process_pair(f"{loop} (H100): the eager forward graphed", [FORWARD_FRAME], trace, eager, graphed,
+                                fix="graph"))
     return out
 
 
@@ -216,8 +223,9 @@ def predict(pair: dict, calibration, traces_cache: dict, measured_ranges: bool =
     for t in pair["traces"]:
         tr, ctx = _context(t, calibration, traces_cache, pair["round_name"], measured_ranges)
         sites = pair["site"] or [planted_site(tr)]
+        graph = pair.get("fix") == "graph"
         pair["site_used"] = "`, `".join(sites)
-        w = whatif(tr, [Change(x) for x in sites], context=ctx).data
+        w = whatif(tr, [Change(x, graph=graph) for x in sites], context=ctx).data
         with_dev.append(whatif(tr, [Change(x, with_device=True) for x in sites], context=ctx).data["saving_us"] / 1e3)
         dev_with.append(device_work_ms(ctx, ctx.base))
         dev_after.append(device_work_ms(ctx, ctx.run([Change(x, with_device=True) for x in sites])))
@@ -227,7 +235,7 @@ def predict(pair: dict, calibration, traces_cache: dict, measured_ranges: bool =
         set_aside.append(w["profiler_cost_fit"] == "set_aside")
         if w["fitted_to_unprofiled"]:
             _tr, ctx0 = _context(t, calibration, traces_cache, pair["round_name"], measured_ranges, fit=False)
-            raw.append(whatif(tr, [Change(x) for x in sites], context=ctx0).data["saving_us"] / 1e3)
+            raw.append(whatif(tr, [Change(x, graph=graph) for x in sites], context=ctx0).data["saving_us"] / 1e3)
         else:
             raw.append(w["saving_us"] / 1e3)
         rule = "range" if w["round_rule"] == "round" else w["round_rule"]
@@ -289,7 +297,7 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
     fmt = lambda v: "/".join(f"{x:.3f}" for x in v)
     pct = lambda v: "/".join(f"{x:+.1%}" for x in v)
     out = [_cal_line(cal), "",
-           "| pair | removed | steps | measured period ms | same-process ms | predicted ms | error % (vs same process) "
+           "| pair | removed (graph: captured in a CUDA graph) | steps | measured period ms | same-process ms | predicted ms | error % (vs same process) "
            "| measured saving ms [range] | predicted saving ms (scale α) | error | unfitted saving ms "
            "| with its device work ms (error) | device work a round ms: with cause / its eager work removed / fixed twin "
            "| within goal? | paired saving ms [range] (error): within goal? |",
@@ -323,7 +331,7 @@ def table(rows: list[tuple[dict, dict, dict]], cal) -> str:
         dv = pred["device_ms"]
         dcell = "-" if dv is None else f"{dv['with_cause']:.3f} / {dv['removed']:.3f} / {dv['fixed']:.3f}"
         n_p += j["ok_period"]
-        out.append(f"| {pair['pair']} | `{pair['site_used']}` | {pred['rule']} | {fmt(pair['measured_period_ms'])} | "
+        out.append(f"| {pair['pair']} | {'graph ' if pair.get('fix') == 'graph' else ''}`{pair['site_used']}` | {pred['rule']} | {fmt(pair['measured_period_ms'])} | "
                    f"{fmt(same) if same else '-'} | {fmt(pred['periods_ms'])} | {err} | "
                    f"{pair['measured_saving_ms']:.3f} [{lo:.3f}, {hi:.3f}] | {pred['saving_ms']:.3f} ({alpha}) | "
                    f"{j['saving_err_ms'] * 1e3:+.0f} µs{rel} | {pred['unfitted_saving_ms']:.3f} | "

@@ -1,7 +1,7 @@
 """``gaptrace whatif TRACE --remove SITE_OR_RANGE [...] [--remove-with-device SITE_OR_RANGE] [--speedup SITE=FACTOR]
-[--calibration FILE] [--json]``:
-the unprofiled round predicted by the replay, before and after removing or speeding up host sites or NVTX ranges
-(docs/DESIGN.md "The replay model"; :mod:`gaptrace.analyses.whatif`)."""
+[--graph SITE_OR_RANGE] [--calibration FILE] [--json]``:
+the unprofiled round predicted by the replay, before and after removing, speeding up or capturing in a CUDA graph
+host sites or NVTX ranges (docs/DESIGN.md "The replay model", "Counterfactuals"; :mod:`gaptrace.analyses.whatif`)."""
 from __future__ import annotations
 
 import json
@@ -29,6 +29,8 @@ def render_whatif(d: dict) -> str:
     def said(c: dict) -> str:
         if c["factor"] is not None:
             return f"{c['site']} {c['factor']:g}x faster"
+        if c.get("action") == "graph":
+            return f"{c['site']} captured in one CUDA graph"
         return f"remove {c['site']}" + (" and its device work" if c.get("action") == "remove_with_device" else "")
 
     ch = ", ".join(said(c) for c in d["changes"]) or "no change"
@@ -65,6 +67,12 @@ def render_whatif(d: dict) -> str:
     if d.get("tau"):
         lines.append(f"  TPOT (τ {d['tau']:.2f})                      {d['tpot_before_us']:,.0f} -> "
                      f"{d['tpot_after_us']:,.0f} µs")
+    g = d.get("graph")
+    if g:
+        launch = "the calibration's" if g["launch_source"] == "calibration" else "the default (an H100's)"
+        gap = "the trace's own graph replays" if g["node_gap_source"] == "trace" else "the default"
+        lines.append(f"  CUDA graph: launch cost t0 + per node × N from {launch}; node gap {g['node_gap_us']:.2f} µs "
+                     f"from {gap}")
     lines.append(f"  calibration: {d['calibration']['source']} ({d['calibration']['measured_on']})")
     for w in d.get("warnings", []):
         lines.append(f"  warning: {w}")
@@ -98,6 +106,10 @@ def _scale_line(d: dict) -> str:
                    "needed at all); repeatable.")
 @click.option("--speedup", "speedups", multiple=True, metavar="SITE=FACTOR",
               help="Make a host frame or NVTX range FACTOR times faster; repeatable.")
+@click.option("--graph", "graphs", multiple=True, metavar="SITE_OR_RANGE",
+              help="Capture a host frame or NVTX range's work in one CUDA graph: its host work and launches become "
+                   "one graph launch, its device work stays and runs back to back (refused when it holds a call "
+                   "that blocks the host); repeatable.")
 @click.option("--calibration", default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` (default: the shipped one measured on the "
                    "trace's GPU model, else the H200 one).")
@@ -110,7 +122,7 @@ def _scale_line(d: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @memory_limit_option
 def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], speedups: tuple[str, ...],
-           calibration: str | None,
+           graphs: tuple[str, ...], calibration: str | None,
            round_name: str, no_fit: bool, as_json: bool, memory_limit_gb: float | None) -> None:
     """Predict the unprofiled verify round of TRACE, and the round without (or with faster) host sites."""
     from gaptrace import load_trace
@@ -119,13 +131,15 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     from gaptrace.analyses.whatif import whatif as run
     from gaptrace.cli import fail, given_on_command_line, memory_limit_bytes, sidecar_or_warn
 
-    for opt, sites in (("--remove", removes), ("--remove-with-device", removes_all)):
+    for opt, sites in (("--remove", removes), ("--remove-with-device", removes_all), ("--graph", graphs)):
         for r in sites:
             if not r.strip():  # a name "contains" the empty string: it would match every frame
                 fail(f"{opt} {r!r}: an empty site would match every host frame; name an NVTX range or a frame")
     try:
         changes = ([Change(r) for r in removes] + [Change(r, with_device=True) for r in removes_all]
-                   + [parse_speedup(s) for s in speedups])
+                   + [parse_speedup(s) for s in speedups]
+                   # last: a read removed above is out of the way of the graph that captures the work around it
+                   + [Change(g, graph=True) for g in graphs])
         check_changes(changes)
         cal = load_calibration(calibration) if calibration else None  # None: the shipped one of the trace's GPU
         tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))

@@ -130,7 +130,7 @@ def test_removal_with_device_work_drops_the_items_the_site_launched():
     us, ue = site_intervals(tr, m, "eager_commit_glue", ctx.window)
     inside = np.array([bool(np.any((us <= s) & (s < ue))) for s in m.call_start_us])
     expect = np.array([c >= 0 and inside[c] and m.graph_nodes[c] == 0 for c in m.item_call])
-    _w, _c, _wait, dropped = apply_changes(tr, m, ctx.unprof["work_us"], ctx.unprof["cost_us"],
+    _w, _c, _wait, dropped, _gap = apply_changes(tr, m, ctx.unprof["work_us"], ctx.unprof["cost_us"],
                                            [Change("eager_commit_glue", with_device=True)], ctx.window)
     assert (dropped == expect).all() and expect.sum() > 100
     n, busy = device_items_launched(tr, m, "eager_commit_glue", ctx.window)
@@ -139,6 +139,6 @@ def test_removal_with_device_work_drops_the_items_the_site_launched():
     both = whatif(tr, [Change("eager_commit_glue", with_device=True)], context=ctx).data
     assert both["changes"][0]["action"] == "remove_with_device"
     assert both["saving_us"] > host["saving_us"] + 300.0
-    _w, _c, _wait, none = apply_changes(tr, m, ctx.unprof["work_us"], ctx.unprof["cost_us"],
+    _w, _c, _wait, none, _gap = apply_changes(tr, m, ctx.unprof["work_us"], ctx.unprof["cost_us"],
                                         [Change("eager_commit_glue")], ctx.window)
     assert not none.any()
