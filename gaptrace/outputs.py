@@ -8,6 +8,7 @@ write to (checked up front, before any long-running work). Overwriting an existi
 """
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -24,17 +25,25 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     directory.
     """
     if not path or path.endswith(os.sep):
-        raise ValueError(f"{path!r}: the output path is empty or ends in a separator; give a file name")
+        raise ValueError(f"{_short(path)!r}: the output path is empty or ends in a separator; give a file name")
+    said = _short(path)
     real = os.path.realpath(path)
     d = os.path.dirname(real)
     if not os.path.isdir(d):
-        raise ValueError(f"{path}: the output directory {d} does not exist")
+        try:
+            os.stat(d)
+            why = "is not a directory"
+        except OSError as e:  # a symlink loop in a directory part, a name too long, a file where a directory is
+            why = {errno.ENOENT: "does not exist", errno.ELOOP: "is a symlink loop",
+                   errno.ENAMETOOLONG: "has a name too long", errno.ENOTDIR: "is under a file, not a directory"
+                   }.get(e.errno, f"cannot be used ({e.strerror or e})")
+        raise ValueError(f"{said}: the output directory {_short(d)} {why}")
     try:
         st = os.stat(real)
     except FileNotFoundError:
         st = None
     except OSError as e:  # a symlink loop, a name too long: no file can be written there
-        raise ValueError(f"{path}: cannot be an output ({e.strerror or e})") from None
+        raise ValueError(f"{said}: cannot be an output ({e.strerror or e})") from None
     if st is None:
         # a /proc/<pid>/fd link to a pipe or socket resolves to no path ("pipe:[N]") but stats as what it points to
         try:
@@ -43,15 +52,24 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
             st = None
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
-        raise ValueError(f"{path}: the output path is {kind}; give a file name")
+        raise ValueError(f"{said}: the output path is {kind}; give a file name")
     if not os.access(d, os.W_OK | os.X_OK) or not can_create_in(d):
-        raise ValueError(f"{path}: the output directory {d} is not writable")
+        raise ValueError(f"{said}: the output directory {_short(d)} is not writable")
     for p in _input_files(inputs):
         if os.path.realpath(p) == real or (st is not None and _same_file(p, st)):
-            raise ValueError(f"{path}: the output would overwrite the input {p}")
+            raise ValueError(f"{said}: the output would overwrite the input {_short(p)}")
     if os.path.islink(path):
         _refuse_planted_link(path)
     return real
+
+
+SHOWN_PATH_MAX = 160  # a path longer than this is shown by its head and tail in a one-line message
+
+
+def _short(path: str) -> str:
+    """``path`` for a one-line message: whole up to :data:`SHOWN_PATH_MAX` characters, else its first and last 70
+    joined by "…" (a name of thousands of characters would fill the terminal)."""
+    return path if len(path) <= SHOWN_PATH_MAX else f"{path[:70]}…{path[-70:]}"
 
 
 def can_create_in(d: str) -> bool:

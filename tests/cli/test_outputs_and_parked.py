@@ -56,6 +56,17 @@ def test_resolve_output_refuses_unwritable_and_impossible_paths(tmp_path):
     with pytest.raises(ValueError, match="cannot be an output"):
         resolve_output(str(tmp_path / ("a" * 300 + ".json")))
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]  # the writability probe cleans up
+    # the loop or the long name in a directory part: said as such, a long path shown by its head and tail
+    with pytest.raises(ValueError, match="output directory .* is a symlink loop"):
+        resolve_output(str(tmp_path / "loop" / "x.json"))
+    with pytest.raises(ValueError, match="has a name too long") as e:
+        resolve_output(str(tmp_path / ("b" * 3000) / "x.json"))
+    assert len(str(e.value)) < 500 and "…" in str(e.value)
+    (tmp_path / "a.txt").write_text("x")
+    with pytest.raises(ValueError, match="is not a directory"):
+        resolve_output(str(tmp_path / "a.txt" / "x.json"))
+    with pytest.raises(ValueError, match="is under a file"):
+        resolve_output(str(tmp_path / "a.txt" / "sub" / "x.json"))
 
 
 def test_resolve_output_refuses_a_directory_it_cannot_remove_a_file_from(tmp_path, monkeypatch):
