@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 
 LOOP_MODULES = ("graph_readback", "hf_generate", "launch_bound", "per_request_readback", "host_detokenize",
-                "pageable_htod", "helper_thread", "train_step_logging", "empty_cache", "mask_index")
+                "pageable_htod", "helper_thread", "train_step_logging", "empty_cache", "mask_index",
+                "eager_sampling")
 LOOPS = LOOP_MODULES
 
 

@@ -77,6 +77,8 @@ def test_twins_compute_the_same_values():
     assert r["planted"] == r["fixed"]
     r = _run_both("empty_cache", 4, lambda l: l.tokens.tolist())
     assert r["planted"] == r["fixed"]
+    r = _run_both("eager_sampling", 5, lambda l: (l.tokens.tolist(), l.history.tolist(), int(l.pos)))
+    assert r["planted"] == r["fixed"] and r["planted"][2] == 5
     # the mask loop with an end-of-sequence id that the first step hits for some requests: frozen counts and pads
     def first_hit(loop):
         loop.eos = int(loop.model.logits(loop.tokens).argmax(-1)[0])
@@ -251,3 +253,20 @@ def test_driver_refuses_an_unknown_loop(tmp_path):
                         "--out", str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown loop 'nope'" in r.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_eager_sampling_draws_inside_top_k():
+    """The loop's sampler keeps only the top-k of the penalised, tempered logits: 300 draws on random logits never
+    leave that set, and (Gumbel-max over the kept ones) take more than one id per row."""
+    from benchmarks.loops.eager_sampling import PENALTY, TEMPERATURE, TOP_K, sample
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 500, generator=g)
+    hist = torch.randint(0, 500, (3, 8), generator=g)
+    seen = torch.gather(x, 1, hist)
+    pen = x.scatter(1, hist, torch.where(seen > 0, seen / PENALTY, seen * PENALTY)) / TEMPERATURE
+    top = torch.topk(pen, TOP_K, dim=-1).indices
+    draws = torch.stack([sample(x, hist) for _ in range(300)])
+    for r in range(3):
+        got = set(draws[:, r].tolist())
+        assert got <= set(top[r].tolist()) and len(got) > 1
