@@ -61,6 +61,12 @@ class Loop:
 
     device: torch.device
 
+    def setup(self, variant: str, device: torch.device, size: dict | None, cuda_size: dict, cpu_size: dict) -> dict:
+        """Set ``variant`` (checked) and ``device``; return ``size``, else the device's preset."""
+        self.variant = check_variant(variant)
+        self.device = device
+        return size or pick(device, cuda_size, cpu_size)
+
     def step(self) -> None:  # pragma: no cover - every loop defines it
         raise NotImplementedError
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import LaggedRead, Loop, TinyDecoder, check_variant, cuda_graph, pick, site, step_range
+from ._common import LaggedRead, Loop, TinyDecoder, cuda_graph, site, step_range
 
 NAME = "eager_sampling"
 CAUSE = "the sampler's ~30 small kernels launched eagerly after a graphed forward"
@@ -58,9 +58,7 @@ class EagerSampling(Loop):
     """See the module docstring; ``size`` keys: batch, d, layers, vocab, history."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         v = sz["vocab"]
         self.model = TinyDecoder(device, sz["d"], sz["layers"], v)
         g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator

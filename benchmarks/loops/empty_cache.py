@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import TinyDecoder, LaggedRead, Loop, check_variant, pick, site, step_range
+from ._common import TinyDecoder, LaggedRead, Loop, site, step_range
 
 NAME = "empty_cache"
 CAUSE = "torch.cuda.empty_cache() every step: cudaFree of the cached segments (a device drain) and cudaMalloc again"
@@ -33,9 +33,7 @@ class EmptyCache(Loop):
     """See the module docstring; ``size`` keys: batch, d, layers, vocab."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         self.model = TinyDecoder(device, sz["d"], sz["layers"], sz["vocab"])
         g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator
         self.tokens = torch.randint(0, sz["vocab"], (sz["batch"],), generator=g).to(device)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import TinyDecoder, LaggedRead, Loop, check_variant, cuda_graph, pick, site, step_range
+from ._common import TinyDecoder, LaggedRead, Loop, cuda_graph, site, step_range
 
 NAME = "graph_readback"
 CAUSE = "per-step blocking .item() of a device flag after a CUDA graph replay"
@@ -36,9 +36,7 @@ class GraphReadback(Loop):
     """See the module docstring; ``size`` keys: batch, d, layers, vocab."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         d, v = sz["d"], sz["vocab"]
         self.model = TinyDecoder(device, d, sz["layers"], v)
         g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator

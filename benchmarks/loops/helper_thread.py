@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from ._common import TinyDecoder, Loop, check_variant, pick, site, step_range
+from ._common import TinyDecoder, Loop, site, step_range
 
 NAME = "helper_thread"
 CAUSE = "main thread blocks on a queue for a producer thread that only starts when asked"
@@ -41,9 +41,7 @@ class HelperThread(Loop):
     Call ``close()`` (the driver does) to stop the producer; it is a daemon thread, so a process exit stops it too."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         self.sz = sz
         d, v = sz["d"], sz["vocab"]
         self.model = TinyDecoder(device, d, sz["layers"], v)

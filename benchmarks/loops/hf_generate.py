@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import Loop, check_variant, pick, site, step_range
+from ._common import Loop, site, step_range
 
 NAME = "hf_generate"
 CAUSE = "LogitsProcessor copies the scores to the host and bans ids in a Python loop every step"
@@ -75,9 +75,7 @@ class HFGenerate(Loop):
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
         from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessorList
 
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         torch.manual_seed(0)
         cfg = LlamaConfig(hidden_size=sz["hidden"], intermediate_size=2 * sz["hidden"],
                           num_hidden_layers=sz["layers"], num_attention_heads=sz["heads"],

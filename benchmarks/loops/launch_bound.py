@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import LaggedRead, Loop, check_variant, cuda_graph, pick, site, step_range
+from ._common import LaggedRead, Loop, cuda_graph, site, step_range
 
 NAME = "launch_bound"
 CAUSE = "hundreds of tiny eager kernel launches per step"
@@ -34,9 +34,7 @@ class LaunchBound(Loop):
     """See the module docstring; ``size`` keys: batch, d, layers."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         g = torch.Generator().manual_seed(0)
         d = sz["d"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import TinyDecoder, LaggedRead, Loop, check_variant, pick, site, step_range
+from ._common import TinyDecoder, LaggedRead, Loop, site, step_range
 
 NAME = "mask_index"
 CAUSE = "nonzero / boolean-mask indexing on device tensors every step (a data-dependent shape: two hidden syncs)"
@@ -32,9 +32,7 @@ class MaskIndex(Loop):
     """See the module docstring; ``size`` keys: graph_forward (0 | 1), batch, d, layers, vocab."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         v = sz["vocab"]
         self.model = TinyDecoder(device, sz["d"], sz["layers"], v)
         # graph_forward 1: the forward in one CUDA graph (what fixing a finding on its host work would buy)

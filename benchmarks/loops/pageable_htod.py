@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import LaggedRead, Loop, check_variant, pick, site, step_range
+from ._common import LaggedRead, Loop, site, step_range
 
 NAME = "pageable_htod"
 CAUSE = "pageable, blocking host-to-device copy of each step's inputs on the compute stream"
@@ -37,9 +37,7 @@ class PageableHtoD(Loop):
     """See the module docstring; ``size`` keys: tokens, d, layers, buffers."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         self.cuda = device.type == "cuda"
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         g = torch.Generator().manual_seed(0)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import TinyDecoder, Loop, check_variant, pick, site, step_range
+from ._common import TinyDecoder, Loop, site, step_range
 
 NAME = "per_request_readback"
 CAUSE = "one blocking .item()-style read-back per request per step"
@@ -33,9 +33,7 @@ class PerRequestReadback(Loop):
     """See the module docstring; ``size`` keys: graph_forward (0 | 1), batch, d, layers, vocab."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         d, v = sz["d"], sz["vocab"]
         self.model = TinyDecoder(device, d, sz["layers"], v)
         # graph_forward 1: the forward in one CUDA graph (what fixing a finding on its host work would buy)

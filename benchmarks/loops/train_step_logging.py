@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import LaggedRead, Loop, check_variant, pick, site
+from ._common import LaggedRead, Loop, site
 
 NAME = "train_step_logging"
 CAUSE = "per-step loss.item() for logging in a training loop"
@@ -36,9 +36,7 @@ class TrainStepLogging(Loop):
     """See the module docstring; ``size`` keys: batch, d, layers."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
-        self.variant = check_variant(variant)
-        self.device = device
-        sz = size or pick(device, CUDA_SIZE, CPU_SIZE)
+        sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         torch.manual_seed(0)
         d = sz["d"]
         blocks = []
