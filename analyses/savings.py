@@ -17,7 +17,8 @@ overlap. :func:`rank_findings` adds to each finding of :func:`.findings.findings
   it off the host; docs/DESIGN.md "Counterfactuals"); None without such work;
 - ``saving_graphed_us``: for such a cause, the saving when its work is captured in one CUDA graph instead
   (:class:`.whatif.Change` ``graph``: host work and launches become one graph launch, the device work stays, back
-  to back); None where the site holds a call that blocks the host (no graph can capture it);
+  to back), and its share ``saving_graphed_share``; None where the site holds a call that blocks the host (no graph
+  can capture it: ``fix`` then leaves the graph out of its advice);
 - ``saving_share``: saving_us / the predicted unprofiled round;
 - ``cause`` (the site removed) and ``fix`` (what that removal means, in words);
 
@@ -225,6 +226,12 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["device_items_per_round"] = float(w["device_items_per_round"])
             f["saving_with_device_share"] = f["saving_with_device_us"] / base if base and base > 0 else None
             f["saving_graphed_us"] = w.get("saving_graphed_us")
+            f["saving_graphed_share"] = (f["saving_graphed_us"] / base if f["saving_graphed_us"] is not None
+                                         and base and base > 0 else None)
+            if w.get("graph_refused") and f.get("fix"):
+                # a CUDA graph cannot capture the site's blocking call: the advice drops the graph
+                f["fix"] = f["fix"].replace("move it into the CUDA graph, run it ahead of the device",
+                                            "run it ahead of the device (a graph cannot capture its blocking call)")
     _defer_to_nested(trace, ctx, found, memo, base)
     # savings within FOLD_SHARE of the round of each other are one rank: they keep their idle-share order (two frames
     # of one cause, e.g. a blocking read and the function around it, save the same within the model's error)
@@ -263,8 +270,9 @@ def _replay_site(trace: Trace, ctx: Context, site: str | tuple[str, ...], memo: 
             try:  # the same work captured in one CUDA graph: none where the site holds a blocking call
                 w["saving_graphed_us"] = whatif(trace, [Change(x, graph=True) for x in sites], context=ctx
                                                 ).data["saving_us"]
-            except SiteRefused:
+            except SiteRefused as e:
                 w["saving_graphed_us"] = None
+                w["graph_refused"] = "blocks the host" in str(e)
         memo[site] = w
     except TraceError:
         memo[site] = None
@@ -333,7 +341,8 @@ def _defer_to_nested(trace: Trace, ctx: Context | None, found: list[dict], memo:
                       and f["saving_us"] <= MARKER_SAVING_RATIO * g["saving_us"] + MARKER_SAVING_SLACK_US)
             if inside >= 0.9 * total and not mutual and not marker:
                 for k in ("saving_us", "one_off_saving_us", "saving_share", "saving_with_device_us",
-                          "device_items_per_round", "saving_with_device_share", "saving_graphed_us"):
+                          "device_items_per_round", "saving_with_device_share", "saving_graphed_us",
+                          "saving_graphed_share"):
                     f[k] = None
                 op = f.get("aten_op")
                 w = (_replay_site(trace, ctx, str(op), memo if memo is not None else {})
@@ -396,15 +405,15 @@ def saving_text(f: dict) -> str:
 
 def _graphed(f: dict) -> str:
     """"; ≈ 2.48 ms (72%) captured in one CUDA graph" when capturing the cause's work in a graph
-    (``saving_graphed_us``) saves at least FOLD_SHARE of the round more or less than its host-side removal; ""
-    otherwise."""
-    s, g, share = f.get("saving_us"), f.get("saving_graphed_us"), f.get("saving_share")
-    if s is None or g is None or not share or not math.isfinite(share) or s <= 0:
+    (``saving_graphed_us``, its share ``saving_graphed_share``) saves at least FOLD_SHARE of the round more or less
+    than its host-side removal; "" otherwise."""
+    s, g = f.get("saving_us"), f.get("saving_graphed_us")
+    share, gshare = f.get("saving_share"), f.get("saving_graphed_share")
+    if s is None or g is None or share is None or gshare is None or not math.isfinite(gshare):
         return ""
-    base = s / share
-    if abs(g - s) < FOLD_SHARE * base:
+    if abs(gshare - share) < FOLD_SHARE:
         return ""
-    return f"; ≈ {ms_text(g)} ({g / base:.0%}) captured in one CUDA graph"
+    return f"; ≈ {ms_text(g)} ({gshare:.0%}) captured in one CUDA graph"
 
 
 def _with_device(f: dict) -> str:

@@ -146,9 +146,15 @@ def _site_rows(trace: Trace, model: ReplayModel, site: str, launching: bool = Tr
     if not m.any():
         fr = trace.memo(("whatif_frames", model.key[0], model.tid, launching), h,
                         lambda: on & h["cat"].isin(("python_function", "cpu_op")).to_numpy())
-        m, how = fr & exact[inv], "frame"
+        # a frame as analyze prints it: object addresses dropped ("<built-in method to of Tensor object>" for
+        # "... object at 0x7f81...>", stacks.normalize_frame), so a name copied from its output matches
+        from .stacks import normalize_frame
+
+        norm = trace.memo(("whatif_norm_names",), h, lambda: np.array([normalize_frame(str(u)) for u in uniq]))
+        exact = exact | (norm == normalize_frame(site))
+        m, how, names = fr & exact[inv], "frame", exact
         if not m.any():
-            names = np.char.find(uniq, site) >= 0
+            names = (np.char.find(uniq, site) >= 0) | (np.char.find(norm, normalize_frame(site)) >= 0)
             m, how = fr & names[inv], "frames containing"
     if not m.any():
         where = "the launching thread" if launching else "any thread of the launching rank"
@@ -233,14 +239,16 @@ def site_effect_intervals(trace: Trace, model: ReplayModel, site: str, window: t
 def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us: np.ndarray,
                   changes: Iterable[Change], window: tuple[float, float] | None = None,
                   measured: tuple[np.ndarray, list] | None = None, gil: bool = True,
-                  calibration: Calibration | None = None
+                  calibration: Calibration | None = None, graph_stats: list | None = None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(work, cost, wait, dropped, node_gap) for :func:`.replay.replay` after ``changes`` (module docstring) on top
     of the given (unprofiled) ``work_us`` / ``cost_us``; ``window`` (trace clock) limits each site to the rounds.
     ``dropped`` ((I,) bool): the device items a removal ``with_device`` takes away (launched by a call inside the
     site): replay them with no duration and no queue gap. ``node_gap`` ((I,) µs, NaN where unchanged): the queue
     gap of the items a ``graph`` change puts in a CUDA graph; ``calibration`` gives that change its graph launch
-    cost (:func:`graph_launch_us`). SiteRefused (one line) when a ``graph`` site holds a call that blocks the host.
+    cost (:func:`graph_launch_us`), and appends to ``graph_stats`` (when given) one dict per such change: its site,
+    occurrences, device nodes per occurrence (median), launch µs per occurrence (median), t0 and per-node µs, the
+    node gap. SiteRefused (one line) when a ``graph`` site holds a call that blocks the host.
     ``measured``: the unprofiled inputs' ``measured_scale``
     (ranges that take their measured host time: a site's share of an interval counts them as measured,
     :func:`.profiler_cost.site_share`). ``gil``: a removed site on the launching thread that holds lock waits on
@@ -266,7 +274,9 @@ def apply_changes(trace: Trace, model: ReplayModel, work_us: np.ndarray, cost_us
                     work += gil_held_in_waits(trace, model, ws, we, waits_us)
             cost[inside] = 0.0
             if ch.graph:
-                _graph_occurrences(trace, model, ch.site, us, inside, wait, cost, node_gap, calibration)
+                st = _graph_occurrences(trace, model, ch.site, us, inside, wait, cost, node_gap, calibration)
+                if graph_stats is not None:
+                    graph_stats.append(st)
             wait[inside] = False
             if ch.with_device and len(dropped):
                 dropped |= _eager_items_of(model, inside)
@@ -326,7 +336,7 @@ def graph_node_gap_us(trace: Trace, model: ReplayModel) -> tuple[float, str]:
 
 def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarray, inside: np.ndarray,
                        wait: np.ndarray, cost: np.ndarray, node_gap: np.ndarray,
-                       calibration: Calibration | None) -> None:
+                       calibration: Calibration | None) -> dict[str, Any]:
     """The ``graph`` change of :func:`apply_changes` on the calls ``inside`` the site's merged intervals (starts
     ``us``): in place, each occurrence's first call costs one graph launch of its device nodes
     (:func:`graph_launch_us`), its items take the intra-graph node gap (:func:`graph_node_gap_us`). SiteRefused
@@ -346,8 +356,9 @@ def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarr
         frees = [n for n in names if n in FREE_CALLS]
         if len(frees) < len(names):
             held = [n for n in names if n not in FREE_CALLS]
+            n = int(sum(api_base_name(str(model.call_name[k])) in held for k in blocking))
             raise SiteRefused(f"{trace.path}: {site!r} holds a call that blocks the host ({', '.join(held[:3])}, "
-                              f"{int(sum(api_base_name(str(model.call_name[k])) in held for k in blocking))} times): "
+                              f"{n} time{'' if n == 1 else 's'}): "
                               "a CUDA graph cannot capture it; remove it first (--remove on its site) or name a "
                               "range without it")
     occ = np.searchsorted(us, model.call_start_us[k_in], side="right") - 1
@@ -358,8 +369,15 @@ def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarr
     uo, fi = np.unique(occ, return_index=True)
     first, n_first = k_in[fi], n_occ[uo]
     keep = n_first > 0  # an occurrence that launches nothing captures no graph: its calls just go
-    cost[first[keep]] = graph_launch_us(calibration, n_first[keep])[0]
-    node_gap[items] = graph_node_gap_us(trace, model)[0]
+    launch, src = graph_launch_us(calibration, n_first[keep])
+    cost[first[keep]] = launch
+    gap, gap_src = graph_node_gap_us(trace, model)
+    node_gap[items] = gap
+    t0, per_node = graph_launch_us(calibration, np.array([0.0, 1.0]))[0]
+    return {"site": site, "occurrences": int(keep.sum()), "nodes_per_occurrence": float(np.median(n_first[keep])),
+            "launch_us_per_occurrence": float(np.median(launch)), "launch_t0_us": float(t0),
+            "launch_node_us": float(per_node - t0), "launch_source": src, "node_gap_us": gap,
+            "node_gap_source": gap_src}
 
 
 def _calls_inside(model: ReplayModel, us: np.ndarray, ue: np.ndarray) -> np.ndarray:
@@ -542,10 +560,15 @@ class Context:
         # none given: the shipped calibration measured on this trace's GPU model, else the H200 host's default
         self.calibration = calibration or load_calibration(
             shipped_calibration_path(trace.device_name(self.model.key[1])))
+        self.warnings: list[str] = []
+        if self.calibration.runtime_call_us == 0 and len(self.model.item_call):
+            # gaptrace calibrate without a GPU measures no runtime call and no device op: a CUDA trace keeps them
+            self.warnings.append(f"the calibration {self.calibration.source} measured no CUDA runtime-call cost "
+                                 f"({self.calibration.measured_on}): the profiler's cost per runtime call is not "
+                                 "taken out of this CUDA trace; calibrate on a machine with the trace's GPU")
         self.starts = round_starts(trace, self.model, round_name)
         self.step_rule = "round"
         self.step_name = round_name
-        self.warnings: list[str] = []
         # loop_body's memos: the ranges that fill the rounds, and each site's verdict
         self.body_ranges: list[tuple[str, np.ndarray, np.ndarray]] | None = None
         self.loop_body_memo: dict[str, LoopBody | None] = {}
@@ -590,12 +613,13 @@ class Context:
         self.unfitted_round_us = float(np.median(self.periods(self.base)))
         self.target_us = _measured_period_us(sidecar)
         self.scale = 1.0
+        self.scale_found: float | None = None  # the α bisection found, before SCALE_MIN (None: no fit ran)
         self.fitted = False
         self.set_aside = False  # the measured unprofiled round is out of the fit's reach: not used (fit_status)
         self.fit_warning: str | None = None
         if fit and self.target_us:
             scale, unprof = fit_profiler_scale(self, self.target_us)
-            found = scale
+            found = self.scale_found = scale
             below_min = SCALE_BOUNDS[0] < scale < SCALE_MIN
             if below_min:  # the least α the calibration's measurements allow is the closest one (SCALE_MIN)
                 scale, unprof = SCALE_MIN, self.inputs_at(SCALE_MIN)
@@ -707,11 +731,13 @@ class Context:
         """(rounds,) profiled round periods, µs (start to start), the periods across window joins left out."""
         return np.diff(self.starts)[~self.joins]
 
-    def run(self, changes: Iterable[Change]) -> ReplayResult:
+    def run(self, changes: Iterable[Change], graph_stats: list | None = None) -> ReplayResult:
+        """The replay after ``changes`` (:func:`apply_changes`; ``graph_stats`` as there)."""
         changes = list(changes)
         w, c, wait, dropped, node_gap = apply_changes(self.trace, self.model, self.unprof["work_us"],
                                                       self.unprof["cost_us"], changes, self.window,
-                                                      self.unprof.get("measured_scale"), calibration=self.calibration)
+                                                      self.unprof.get("measured_scale"), calibration=self.calibration,
+                                                      graph_stats=graph_stats)
         dur = np.where(dropped, 0.0, self.unprof["item_dur_us"])
         gap = np.where(dropped, 0.0, np.where(np.isnan(node_gap), self.unprof["item_gap_us"], node_gap))
         return replay(self.model, w, c, wait, item_dur_us=dur, item_gap_us=gap)
@@ -743,7 +769,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     ctx = context or Context(trace, sidecar, calibration)
     changes = list(changes)
     check_changes(changes)
-    after = ctx.run(changes) if changes else ctx.base
+    graph_stats: list[dict[str, Any]] = []
+    after = ctx.run(changes, graph_stats) if changes else ctx.base
     p_meas = ctx.measured_periods()
     p_rep, p_before, p_after = ctx.periods(ctx.replayed), ctx.periods(ctx.base), ctx.periods(after)
     med_b, med_a = float(np.median(p_before)), float(np.median(p_after))
@@ -788,6 +815,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "measured_source": measured_period_source(ctx.sidecar) if unp else None,
         "unprofiled_error": (med_b - unp) / unp if unp else None,
         "profiler_cost_scale": ctx.scale,
+        "profiler_cost_scale_found": ctx.scale_found,
         "fitted_to_unprofiled": ctx.fitted,
         "profiler_cost_fit": ctx.fit_status,
         "unfitted_round_us": ctx.unfitted_round_us,
@@ -804,10 +832,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         "removed_us": ctx.unprof["removed_us"],
         "launch_source": ctx.unprof["launch_source"],
         "measured_ranges": ctx.unprof.get("measured_ranges", {}),
-        "graph": ({"launch_source": graph_launch_us(ctx.calibration, np.zeros(1))[1],
-                   "node_gap_us": graph_node_gap_us(trace, ctx.model)[0],
-                   "node_gap_source": graph_node_gap_us(trace, ctx.model)[1]}
-                  if any(c.graph for c in changes) else None),
+        # per --graph site: its occurrences, nodes, launch cost (t0 + per node × N) and node gap, with their sources
+        "graph": graph_stats or None,
         "latency_us": ctx.model.latency_us,
         "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))
                      + ([ctx.fit_warning] if ctx.fit_warning else []) + notes),
@@ -913,8 +939,8 @@ def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change],
     """One warning per changed site that is the loop body (:func:`loop_body`) or holds round starts: removing or
     speeding it moves those starts, so the periods around them are not rounds any more; the loop body is no cause
     (DESIGN.md 5.10: analyze gives it no saving); one per changed range that itself fills the rounds
-    (:func:`body_ranges`: most of the round's host work and launches, not one cause; analyze makes no finding of
-    it); and one per changed frame that spans more than BODY_START_SHARE of the window (analyze's other body rule,
+    (:func:`body_ranges`: most of the round's host work and launches: the loop body, or a host-bound forward that
+    analyze's host_bound finding names); and one per changed frame that spans more than BODY_START_SHARE of the window (analyze's other body rule,
     which needs the findings: such a frame holding another finding's cause is the body around it). A site on
     another thread holds none of the launching thread's starts. ``matched``: :func:`site_matches` of each site."""
     out = []
@@ -924,8 +950,8 @@ def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change],
         fills = lb is not None and c.site in {name for name, _s, _e in body_ranges(trace, ctx)}
         if fills:
             out.append(f"{c.site!r} is a range that fills the rounds ({lb.window_share:.0%} of the window and most of "
-                       f"its launch calls): the loop body or its forward, not one cause (analyze makes no finding of "
-                       f"it); the prediction {verb} most of the round's host work")
+                       f"its launch calls): the loop body or its forward; the prediction {verb} most of the "
+                       "round's host work")
         # (a frame: an NVTX range that long is a marker around the cause it holds when it buys no more, 5.10)
         elif (lb is not None and not lb.body and lb.window_share > BODY_START_SHARE
                 and matched[c.site]["how"] != "range"):

@@ -217,10 +217,16 @@ def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, note
     return as_sidecar(side)
 
 
+FAIL_LINE_MAX = 2000  # an error line longer than this is cut in its middle
+
+
 def fail(message: str) -> "NoReturn":  # noqa: F821
-    """Print one line naming the problem (its controls and line breaks escaped: it may quote the trace or a path)
-    and exit with code 2 (the convention for bad input)."""
-    click.echo(f"gaptrace: error: {escape_line(message)}", err=True)
+    """Print one line naming the problem (its controls and line breaks escaped: it may quote the trace or a path;
+    over 2,000 characters, its middle cut: a name of thousands quoted in it) and exit with code 2 (the convention
+    for bad input)."""
+    from gaptrace.text import shorten
+
+    click.echo(f"gaptrace: error: {shorten(escape_line(message), FAIL_LINE_MAX, FAIL_LINE_MAX // 2 - 10)}", err=True)
     sys.exit(2)
 
 

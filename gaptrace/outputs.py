@@ -19,7 +19,8 @@ __all__ = ["resolve_output", "write_text_atomic", "make_readable", "set_output_m
 def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     """The real path to write ``path`` to; ValueError (one line naming the path) when it cannot be written safely.
 
-    Follows symlinks; refuses an empty path, a missing or unwritable directory, a non-regular existing target, any of
+    Follows symlinks; refuses an empty path, a missing or unwritable directory, a non-regular or read-only existing
+    target (no write permission bit: a rename would replace it regardless), any of
     ``inputs`` or of the files inside an input that is a directory (paths that do not exist are skipped; a symlink or
     hard link to an input counts as the input), and a symlink another user owns in a world-writable sticky
     directory.
@@ -34,7 +35,7 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
             os.stat(d)
             why = "is not a directory"
         except OSError as e:  # a symlink loop in a directory part, a name too long, a file where a directory is
-            why = {errno.ENOENT: "does not exist", errno.ELOOP: "is a symlink loop",
+            why = {errno.ENOENT: "does not exist", errno.ELOOP: "has a symlink loop in its path",
                    errno.ENAMETOOLONG: "has a name too long", errno.ENOTDIR: "is under a file, not a directory"
                    }.get(e.errno, f"cannot be used ({e.strerror or e})")
         raise ValueError(f"{said}: the output directory {_short(d)} {why}")
@@ -53,6 +54,10 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device, FIFO or socket)"
         raise ValueError(f"{said}: the output path is {kind}; give a file name")
+    if st is not None and not st.st_mode & 0o222:
+        # a rename would replace it all the same: its mode says it is not to be written
+        raise ValueError(f"{said}: the output file is read-only (mode {stat.S_IMODE(st.st_mode):04o}); remove it or "
+                         "make it writable first")
     if not os.access(d, os.W_OK | os.X_OK) or not can_create_in(d):
         raise ValueError(f"{said}: the output directory {_short(d)} is not writable")
     for p in _input_files(inputs):
@@ -63,13 +68,11 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     return real
 
 
-SHOWN_PATH_MAX = 160  # a path longer than this is shown by its head and tail in a one-line message
-
-
 def _short(path: str) -> str:
-    """``path`` for a one-line message: whole up to :data:`SHOWN_PATH_MAX` characters, else its first and last 70
-    joined by "…" (a name of thousands of characters would fill the terminal)."""
-    return path if len(path) <= SHOWN_PATH_MAX else f"{path[:70]}…{path[-70:]}"
+    """``path`` for a one-line message (:func:`gaptrace.text.shorten`)."""
+    from gaptrace.text import shorten
+
+    return shorten(path)
 
 
 def can_create_in(d: str) -> bool:

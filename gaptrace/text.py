@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["escape_controls", "escape_line", "escape_strings", "escape_json_controls", "to_jsonable", "dumps_json"]
+__all__ = ["escape_controls", "escape_line", "escape_strings", "escape_json_controls", "to_jsonable", "dumps_json",
+           "shorten"]
 
 # every character but printable ASCII, tab and newline: the candidates :func:`escape_controls` looks at one by one
 _NOT_PLAIN = re.compile(r"[^\t\n\x20-\x7e]")
@@ -89,3 +90,9 @@ def dumps_json(obj: Any) -> str:
     """The ``--json`` text of a result dict: :func:`to_jsonable`, indented, non-ASCII kept, every non-printable
     character escaped (:func:`escape_json_controls`: trace names are untrusted)."""
     return escape_json_controls(json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False))
+
+
+def shorten(text: str, limit: int = 160, keep: int = 70) -> str:
+    """``text`` whole up to ``limit`` characters, else its first and last ``keep`` joined by "…" (a path or a site name
+    of thousands of characters, quoted in a one-line message, would fill the terminal)."""
+    return text if len(text) <= limit else f"{text[:keep]}…{text[-keep:]}"

@@ -67,12 +67,12 @@ def render_whatif(d: dict) -> str:
     if d.get("tau"):
         lines.append(f"  TPOT (τ {d['tau']:.2f})                      {d['tpot_before_us']:,.0f} -> "
                      f"{d['tpot_after_us']:,.0f} µs")
-    g = d.get("graph")
-    if g:
-        launch = "the calibration's" if g["launch_source"] == "calibration" else "the default (an H100's)"
+    for g in d.get("graph") or ():
+        launch = "the calibration's" if g["launch_source"] == "calibration" else "the default, an H100's"
         gap = "the trace's own graph replays" if g["node_gap_source"] == "trace" else "the default"
-        lines.append(f"  CUDA graph: launch cost t0 + per node × N from {launch}; node gap {g['node_gap_us']:.2f} µs "
-                     f"from {gap}")
+        lines.append(f"  {g['site']} as a CUDA graph: {g['occurrences']} launches of {g['nodes_per_occurrence']:,.0f} "
+                     f"nodes (median), each {g['launch_us_per_occurrence']:,.1f} µs = {g['launch_t0_us']:.2f} + "
+                     f"{g['launch_node_us']:.3f} × N ({launch}); node gap {g['node_gap_us']:.2f} µs ({gap})")
     lines.append(f"  calibration: {d['calibration']['source']} ({d['calibration']['measured_on']})")
     for w in d.get("warnings", []):
         lines.append(f"  warning: {w}")
@@ -85,8 +85,14 @@ def _scale_line(d: dict) -> str:
     alone = (f"the calibration alone predicts {_us(d['unfitted_round_us'])}, error {d['unfitted_error']:+.1%}"
              if d.get("unfitted_error") is not None else "")
     fit = d.get("profiler_cost_fit")
+    found, scale = d.get("profiler_cost_scale_found"), d["profiler_cost_scale"]
+    floor = found is not None and found < scale and fit in ("fitted", "unmatched")  # SCALE_MIN kept instead
     if fit == "fitted":
-        return head + f"(fitted to the measured unprofiled round; {alone})"
+        at = f", at the least scale allowed ({found:.2g} reproduces it exactly)" if floor else ""
+        return head + f"(fitted to the measured unprofiled round{at}; {alone})"
+    if floor:
+        return head + (f"(NOT fitted: the measured unprofiled round needs {found:.2g}, below the least scale allowed; "
+                       f"{scale:.2g} kept; {alone})")
     if fit == "set_aside":
         return head + (f"(the measured unprofiled round is out of the fit's reach and set aside: the calibration as "
                        f"it is; {alone})")

@@ -41,7 +41,7 @@ def sample(logits: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
     seen = torch.gather(x, 1, history)
     x = x.scatter(1, history, torch.where(seen > 0, seen / PENALTY, seen * PENALTY))
     x = x / TEMPERATURE
-    kth = torch.topk(x, TOP_K, dim=-1).values[:, -1:]
+    kth = torch.topk(x, min(TOP_K, x.shape[-1]), dim=-1).values[:, -1:]
     x = x.masked_fill(x < kth, float("-inf"))
     sorted_x, order = torch.sort(x, dim=-1, descending=True)
     cum = torch.softmax(sorted_x, dim=-1).cumsum(-1)
@@ -60,6 +60,8 @@ class EagerSampling(Loop):
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
         sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
         v = sz["vocab"]
+        if sz["history"] < 1 or v < 2:
+            raise ValueError(f"eager_sampling: history must be at least 1 and vocab at least 2 (got {sz})")
         self.model = TinyDecoder(device, sz["d"], sz["layers"], v)
         g = self.model.generator  # the loop's inputs are drawn after the weights, from the same generator
         # the Gumbel draws come from the default generator (the one a CUDA graph registers): seeded, so that the

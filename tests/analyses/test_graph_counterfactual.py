@@ -52,8 +52,11 @@ def test_graphing_the_eager_forward_predicts_the_measured_fix(launch_bound):
     # the fixed twin's step, measured: the with-cause step less the saving; the graphed step keeps the forward's
     # device work, so it is no shorter than that work on its stream
     assert g["after_round_us"] >= 0.9 * (g["unprofiled_round_us"] - meas_us)
-    assert g["graph"] == {"launch_source": "calibration", "node_gap_us": pytest.approx(0.4),
-                          "node_gap_source": "default"}
+    (st,) = g["graph"]
+    assert st["site"] == SITE and st["launch_source"] == "calibration" and st["node_gap_source"] == "default"
+    assert st["node_gap_us"] == pytest.approx(0.4) and st["occurrences"] == g["rounds"] + 1
+    assert st["launch_us_per_occurrence"] == pytest.approx(st["launch_t0_us"]
+                                                           + st["launch_node_us"] * st["nodes_per_occurrence"])
 
 
 def test_graph_inputs_by_hand(launch_bound):
@@ -127,9 +130,9 @@ def test_cli_graph_text_json_and_refusal():
     r = run(H100_LAUNCH_BOUND, "--rounds", "step", "--graph", SITE, "--json")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["changes"][0]["action"] == "graph" and d["graph"]["launch_source"] == "calibration"
+    assert d["changes"][0]["action"] == "graph" and d["graph"][0]["launch_source"] == "calibration"
     t = run(H100_LAUNCH_BOUND, "--rounds", "step", "--graph", SITE)
-    assert f"{SITE} captured in one CUDA graph" in t.stdout and "CUDA graph: launch cost" in t.stdout
+    assert f"{SITE} captured in one CUDA graph" in t.stdout and f"{SITE} as a CUDA graph: " in t.stdout
     # one site, two changes: refused before the trace is read
     bad = run(H100_LAUNCH_BOUND, "--rounds", "step", "--graph", SITE, "--remove", SITE)
     assert bad.returncode == 2 and "name the same site" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
@@ -171,3 +174,53 @@ def test_calibration_graph_plain_is_checked(tmp_path):
         assert "\n" not in str(e.value)
     p.write_text(json.dumps(dict(obj, graph_plain=None)))  # calibrate writes null without CUDA
     assert load_calibration(str(p)).graph_launch_t0_us is None
+
+
+def test_graphed_saving_said_where_the_host_removal_saves_nothing():
+    """The repeat bench eager-commit-glue capture is device-bound: removing the glue's host work saves nothing, but
+    capturing it in a graph packs its ~160 eager kernels a round: the text states the graphed figure (~0.2 ms)."""
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", "--json", os.path.join(
+        TRACES, "h200_pairs_repeat", "bench_overlap_bs8_B12_eager-commit-glue.json.gz")], capture_output=True, text=True)
+    f = json.loads(r.stdout)["findings"][0]
+    assert f["cause"] == "eager_commit_glue" and f["saving_us"] < 10 and f["saving_graphed_us"] > 150
+    from gaptrace.analyses.savings import saving_text
+    assert f"≈ {f['saving_graphed_us']:.0f} µs ({f['saving_graphed_share']:.0%}) captured in one CUDA graph" in \
+        saving_text(f)
+
+
+def test_the_fix_leaves_out_a_graph_that_cannot_capture_the_site():
+    """rect_packed (the sync scheduler's plan) holds a cudaStreamSynchronize: its fix no longer says "move it into
+    the CUDA graph", which whatif --graph refuses for it."""
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "analyze", "--json", os.path.join(
+        TRACES, "h200_pairs", "bench_sync_bs8_B12.json.gz")], capture_output=True, text=True)
+    f = next(x for x in json.loads(r.stdout)["findings"] if x.get("cause", "").endswith("rect_packed"))
+    assert f["saving_graphed_us"] is None
+    assert "move it into the CUDA graph" not in f["fix"] and "a graph cannot capture its blocking call" in f["fix"]
+
+
+def test_a_frame_as_analyze_prints_it_is_a_site():
+    """analyze prints frames with their object addresses dropped; whatif takes that name too."""
+    p = os.path.join(TRACES, "h200_pairs_repeat", "bench_overlap_bs8_B12_eager-commit-glue.json.gz")
+    tr = load_trace(p)
+    ctx = Context(tr, read_sidecar_checked(p)[0])
+    raw = [n for n in tr.host["name"].astype(str).unique() if n.startswith("<built-in method to of Tensor object at 0x")]
+    assert raw
+    a = whatif(tr, [Change("<built-in method to of Tensor object>")], context=ctx).data
+    b = whatif(tr, [Change(raw[0])], context=ctx).data
+    assert a["changes"][0]["matched"]["how"] == "frame" and a["saving_us"] >= b["saving_us"]
+
+
+def test_a_calibration_without_a_gpu_is_named_on_a_cuda_trace():
+    cpu = load_calibration(os.path.join(os.path.dirname(__file__), "..", "..", "analyses", "data",
+                                        "calibration_cpu_epyc.json"))
+    tr = load_trace(H100_LAUNCH_BOUND)
+    w = whatif(tr, [], context=Context(tr, None, cpu, round_name="step")).data
+    assert any("measured no CUDA runtime-call cost" in x for x in w["warnings"])
+    w = whatif(tr, [], context=Context(tr, None, round_name="step")).data
+    assert not any("measured no CUDA runtime-call cost" in x for x in w["warnings"])
+
+
+def test_an_error_line_quoting_a_huge_name_is_cut():
+    r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "whatif", H100_LAUNCH_BOUND, "--graph", "x" * 100000],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and len(r.stderr) < 2100 and "…" in r.stderr

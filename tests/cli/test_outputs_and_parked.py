@@ -57,7 +57,7 @@ def test_resolve_output_refuses_unwritable_and_impossible_paths(tmp_path):
         resolve_output(str(tmp_path / ("a" * 300 + ".json")))
     assert not [f for f in os.listdir(tmp_path) if f.startswith(".tmp-")]  # the writability probe cleans up
     # the loop or the long name in a directory part: said as such, a long path shown by its head and tail
-    with pytest.raises(ValueError, match="output directory .* is a symlink loop"):
+    with pytest.raises(ValueError, match="output directory .* has a symlink loop in its path"):
         resolve_output(str(tmp_path / "loop" / "x.json"))
     with pytest.raises(ValueError, match="has a name too long") as e:
         resolve_output(str(tmp_path / ("b" * 3000) / "x.json"))
@@ -67,6 +67,11 @@ def test_resolve_output_refuses_unwritable_and_impossible_paths(tmp_path):
         resolve_output(str(tmp_path / "a.txt" / "x.json"))
     with pytest.raises(ValueError, match="is under a file"):
         resolve_output(str(tmp_path / "a.txt" / "sub" / "x.json"))
+    # a read-only file: a rename would replace it all the same, so it is refused (root passes os.access)
+    os.chmod(tmp_path / "a.txt", 0o444)
+    with pytest.raises(ValueError, match=r"is read-only \(mode 0444\)"):
+        resolve_output(str(tmp_path / "a.txt"))
+    assert (tmp_path / "a.txt").read_text() == "x"
 
 
 def test_resolve_output_refuses_a_directory_it_cannot_remove_a_file_from(tmp_path, monkeypatch):

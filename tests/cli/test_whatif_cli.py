@@ -233,8 +233,7 @@ def test_round_names_and_round_starts_are_checked():
     h = os.path.join(ROOT, "h100_loops", "pageable_htod.planted.trace.json.gz")
     assert _notes("fills the rounds", h, "--remove", "step") == [
         "'step' is a range that fills the rounds (96% of the window and most of its launch calls): the loop body or "
-        "its forward, not one cause (analyze makes no finding of it); the prediction removes most of the round's "
-        "host work"]
+        "its forward; the prediction removes most of the round's host work"]
     d = json.loads(_run(h, "--speedup", "benchmarks/loops/pageable_htod.py(76): step=2", "--json").stdout)
     assert any(w.endswith("the prediction speeds up (x2) the round's own host work") for w in d["warnings"])
     # a site that spans most of the window without holding round starts or a body range: named with its share,
