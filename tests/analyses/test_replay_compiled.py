@@ -29,8 +29,8 @@ def test_compiled_replay_equals_the_numpy_loop(path, round_name, sites):
     tr = load_trace(p)
     ctx = Context(tr, read_sidecar_checked(p)[0], round_name=round_name, fit=False)
     u = ctx.unprof
-    w, c, wait, dropped = apply_changes(tr, ctx.model, u["work_us"], u["cost_us"],
-                                        [Change(s, with_device=True) for s in sites], ctx.window)
+    w, c, wait, dropped, _gap = apply_changes(tr, ctx.model, u["work_us"], u["cost_us"],
+                                              [Change(s, with_device=True) for s in sites], ctx.window)
     variants = [{}, {"work_us": u["work_us"], "cost_us": u["cost_us"], "item_dur_us": u["item_dur_us"]},
                 {"work_us": w, "cost_us": c, "wait": wait, "item_dur_us": np.where(dropped, 0.0, u["item_dur_us"]),
                  "item_gap_us": np.where(dropped, 0.0, ctx.model.item_gap_us)}]
@@ -41,3 +41,20 @@ def test_compiled_replay_equals_the_numpy_loop(path, round_name, sites):
             np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=0, atol=1e-6, err_msg=f)
         ends.append(a.call_end_us[-1])
     assert ends[2] < ends[1] < ends[0]  # the profiler taken out, then the causes: each replay ends sooner
+
+
+def test_compiled_replay_equals_the_numpy_loop_under_a_graph_change():
+    """``--graph``: one launch per occurrence, the node gap on its items; both replays agree."""
+    p = os.path.join(ROOT, "h100_loops/launch_bound.planted.trace.json.gz")
+    tr = load_trace(p)
+    ctx = Context(tr, read_sidecar_checked(p)[0], round_name="step", fit=False)
+    u = ctx.unprof
+    w, c, wait, _dropped, gap = apply_changes(tr, ctx.model, u["work_us"], u["cost_us"],
+                                              [Change("planted_eager_launches", graph=True)], ctx.window,
+                                              calibration=ctx.calibration)
+    kw = {"work_us": w, "cost_us": c, "wait": wait, "item_dur_us": u["item_dur_us"],
+          "item_gap_us": np.where(np.isnan(gap), u["item_gap_us"], gap)}
+    a, b = replay(ctx.model, **kw), replay(ctx.model, compiled=False, **kw)
+    for f in ("call_start_us", "call_end_us", "item_end_us", "op_start_us"):
+        np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=0, atol=1e-6, err_msg=f)
+    assert a.call_end_us[-1] < replay(ctx.model, u["work_us"], u["cost_us"]).call_end_us[-1]
