@@ -44,9 +44,10 @@ from .steps import find_steps, is_launch_call
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
 
-__all__ = ["Change", "WhatIf", "graph_launch_us", "graph_node_gap_us", "site_intervals", "site_matches", "other_thread_intervals", "site_effect_intervals",
-           "check_changes", "apply_changes", "device_items_launched", "fit_profiler_scale", "scale_for_period",
-           "SCALE_BOUNDS", "whatif", "cause_savings", "parse_speedup", "SPEEDUP_BOUNDS"]
+__all__ = ["Change", "WhatIf", "SiteRefused", "graph_launch_us", "graph_node_gap_us", "site_intervals", "site_matches",
+           "other_thread_intervals", "site_effect_intervals", "check_changes", "apply_changes", "device_items_launched",
+           "fit_profiler_scale", "scale_for_period", "SCALE_BOUNDS", "SCALE_MIN", "whatif", "cause_savings",
+           "parse_speedup", "SPEEDUP_BOUNDS"]
 
 
 class SiteRefused(TraceError):
@@ -353,9 +354,8 @@ def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarr
     blocking = k_in[wait[k_in]]
     if len(blocking):
         names = sorted({api_base_name(str(model.call_name[k])) for k in blocking})
-        frees = [n for n in names if n in FREE_CALLS]
-        if len(frees) < len(names):
-            held = [n for n in names if n not in FREE_CALLS]
+        held = [n for n in names if n not in FREE_CALLS]
+        if held:
             n = int(sum(api_base_name(str(model.call_name[k])) in held for k in blocking))
             raise SiteRefused(f"{trace.path}: {site!r} holds a call that blocks the host ({', '.join(held[:3])}, "
                               f"{n} time{'' if n == 1 else 's'}): "
@@ -365,7 +365,7 @@ def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarr
     # nodes per item: a graph replay inside the site becomes a child graph of its N nodes, an eager item one node
     nodes = np.where(model.graph_nodes[model.item_call[items]] > 0, model.graph_nodes[model.item_call[items]], 1)
     item_occ = np.searchsorted(us, model.call_start_us[model.item_call[items]], side="right") - 1
-    n_occ = np.bincount(item_occ, weights=nodes, minlength=len(us)) if len(items) else np.zeros(len(us))
+    n_occ = np.bincount(item_occ, weights=nodes, minlength=len(us))
     uo, fi = np.unique(occ, return_index=True)
     first, n_first = k_in[fi], n_occ[uo]
     keep = n_first > 0  # an occurrence that launches nothing captures no graph: its calls just go
@@ -940,13 +940,15 @@ def _round_start_notes(trace: Trace, ctx: Context, changes: list[Change],
     speeding it moves those starts, so the periods around them are not rounds any more; the loop body is no cause
     (DESIGN.md 5.10: analyze gives it no saving); one per changed range that itself fills the rounds
     (:func:`body_ranges`: most of the round's host work and launches: the loop body, or a host-bound forward that
-    analyze's host_bound finding names); and one per changed frame that spans more than BODY_START_SHARE of the window (analyze's other body rule,
-    which needs the findings: such a frame holding another finding's cause is the body around it). A site on
+    analyze's host_bound finding names); and one per changed frame that spans more than BODY_START_SHARE of the
+    window (analyze's other body rule, which needs the findings: such a frame holding another finding's cause is the
+    body around it). A site on
     another thread holds none of the launching thread's starts. ``matched``: :func:`site_matches` of each site."""
     out = []
     for c in changes:
         lb = loop_body(trace, ctx, c.site)
-        verb = f"speeds up (x{c.factor:g})" if c.factor is not None else "removes"
+        verb = (f"speeds up (x{c.factor:g})" if c.factor is not None else
+                "captures in one CUDA graph" if c.graph else "removes")
         fills = lb is not None and c.site in {name for name, _s, _e in body_ranges(trace, ctx)}
         if fills:
             out.append(f"{c.site!r} is a range that fills the rounds ({lb.window_share:.0%} of the window and most of "
