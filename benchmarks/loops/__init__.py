@@ -7,6 +7,7 @@ Each module is one loop (see its docstring for the cause, the fix and the expect
 from __future__ import annotations
 
 import importlib
+import os
 
 LOOP_MODULES = ("graph_readback", "hf_generate", "launch_bound", "per_request_readback", "host_detokenize",
                 "pageable_htod", "helper_thread", "train_step_logging", "empty_cache", "mask_index",
@@ -19,3 +20,11 @@ def loop_module(name: str):
     if name not in LOOP_MODULES:
         raise ValueError(f"unknown loop {name!r} (known: {', '.join(LOOP_MODULES)})")
     return importlib.import_module(f"{__name__}.{name}")
+
+
+def readable(path: str) -> None:
+    """Give a file made by ``tempfile.mkstemp`` (mode 0600) the mode a plain ``open`` would: 0666 less the umask
+    (the drivers' measurement files are read like the traces beside them)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from . import readable
+
 SKIP_FRACTION = 0.1
 
 
@@ -37,6 +39,7 @@ def _write_json(path: str, obj: dict) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1, sort_keys=True)
+        readable(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -129,6 +132,7 @@ def capture(mod, loop, trace_path: str, warmup: int, active: int, config: dict) 
             fd, gz_tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json.gz")
             with os.fdopen(fd, "wb") as o, open(raw, "rb") as src, gzip.GzipFile(fileobj=o, mode="wb") as gz:
                 shutil.copyfileobj(src, gz, 1 << 20)
+            readable(gz_tmp)
             os.replace(gz_tmp, trace_path)
         finally:
             if os.path.exists(raw):

@@ -30,7 +30,7 @@ import tarfile
 import tempfile
 import time
 
-from . import LOOP_MODULES, loop_module
+from . import LOOP_MODULES, loop_module, readable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -43,6 +43,7 @@ def _write_text_atomic(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        readable(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -270,3 +270,13 @@ def test_eager_sampling_draws_inside_top_k():
     for r in range(3):
         got = set(draws[:, r].tolist())
         assert got <= set(top[r].tolist()) and len(got) > 1
+
+
+def test_measurement_files_are_readable_like_the_traces(tmp_path):
+    """The worker's JSON files are written atomically (a temporary file renamed) with a plain file's mode, not
+    mkstemp's 0600."""
+    p = tmp_path / "m.json"
+    _worker._write_json(str(p), {"a": 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (os.stat(p).st_mode & 0o777) == (0o666 & ~umask)
