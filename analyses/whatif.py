@@ -780,7 +780,7 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     saving = max(med_b - med_a, 0.0)
     one_off = one_off_saving_us(p_before - p_after, saving)
     matched = {c.site: site_matches(trace, ctx.model, c.site) for c in changes}  # once a site: notes use it too
-    notes = _round_start_notes(trace, ctx, changes, matched)
+    notes = _round_start_notes(trace, ctx, changes, matched) + _nested_notes(trace, ctx, changes, matched)
     if med_a - med_b > LONGER_AFTER_NOTE_US:
         notes.append(f"the median round after the change is {med_a - med_b:.0f} µs longer than before ({med_b:.0f} -> "
                      f"{med_a:.0f} µs): a removal or speedup cannot lengthen a round, so the rounds' own starts "
@@ -839,6 +839,31 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
                      + ([ctx.fit_warning] if ctx.fit_warning else []) + notes),
     }
     return WhatIf(data)
+
+
+NESTED_SHARE = 0.9  # a changed site with this share of its host time inside another changed site is nested in it
+
+
+def _nested_notes(trace: Trace, ctx: "Context", changes: list[Change], matched: dict[str, dict[str, Any]]
+                  ) -> list[str]:
+    """One note per changed site on the launching thread whose host intervals lie (NESTED_SHARE of their µs) inside
+    those of another changed site: the changes apply in turn, so the inner one acts on what the outer one left (a
+    frame inside a removed or graphed range changes little or nothing more)."""
+    iv = {c.site: site_intervals(trace, ctx.model, c.site, ctx.window) for c in changes
+          if matched[c.site]["how"] != "other thread"}
+    out = []
+    for inner, (s_in, e_in) in iv.items():
+        total = float(np.sum(e_in - s_in))
+        for outer, (s_out, e_out) in iv.items():
+            if outer == inner or total <= 0:
+                continue
+            a, b = _intersect(s_out, e_out, s_in, e_in)
+            share = float(np.sum(b - a)) / total
+            if share >= NESTED_SHARE:
+                out.append(f"{inner!r} lies inside {outer!r} ({share:.0%} of its host time in the rounds): the "
+                           "changes apply in turn, so the inner one acts only on what the outer one left")
+                break
+    return out
 
 
 # a site holding more than this share of the round starts is the loop body (analyses/savings.py uses it too)

@@ -224,3 +224,14 @@ def test_an_error_line_quoting_a_huge_name_is_cut():
     r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "whatif", H100_LAUNCH_BOUND, "--graph", "x" * 100000],
                        capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and len(r.stderr) < 2100 and "…" in r.stderr
+
+
+def test_a_site_nested_in_another_changed_site_is_named(launch_bound):
+    """aten::mm runs inside planted_eager_launches: graphing both changes nothing beyond graphing the range, and a
+    note says the inner site lies inside the outer one."""
+    tr, ctx = launch_bound
+    one = whatif(tr, [Change(SITE, graph=True)], context=ctx).data
+    both = whatif(tr, [Change(SITE, graph=True), Change("aten::mm", graph=True)], context=ctx).data
+    assert both["saving_us"] == pytest.approx(one["saving_us"], abs=1.0)
+    assert any(w.startswith("'aten::mm' lies inside 'planted_eager_launches' (100%") for w in both["warnings"])
+    assert not any("lies inside" in w for w in one["warnings"])
