@@ -351,6 +351,10 @@ def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarr
     if not len(items):
         raise SiteRefused(f"{trace.path}: {site!r} launches no device work inside the rounds: nothing to capture in "
                           "a CUDA graph (--remove or --speedup model its host work)")
+    if (model.graph_nodes[model.item_call[items]] > 0).all():
+        raise SiteRefused(f"{trace.path}: {site!r} already runs as a CUDA graph (its {len(items)} launches inside the "
+                          "rounds are graph launches): nothing more to capture (--remove or --speedup model its host "
+                          "work)")
     blocking = k_in[wait[k_in]]
     if len(blocking):
         names = sorted({api_base_name(str(model.call_name[k])) for k in blocking})
@@ -781,7 +785,11 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     one_off = one_off_saving_us(p_before - p_after, saving)
     matched = {c.site: site_matches(trace, ctx.model, c.site) for c in changes}  # once a site: notes use it too
     notes = _round_start_notes(trace, ctx, changes, matched) + _nested_notes(trace, ctx, changes, matched)
-    if med_a - med_b > LONGER_AFTER_NOTE_US:
+    if med_a - med_b > LONGER_AFTER_NOTE_US and any(c.graph for c in changes):
+        notes.append(f"the median round after the change is {med_a - med_b:.0f} µs longer than before ({med_b:.0f} -> "
+                     f"{med_a:.0f} µs): the rounds' own starts moved (see above, or the periods), or the graph "
+                     "launch (t0 + c·N) costs the host more than the work it takes out; saving_us is given as 0")
+    elif med_a - med_b > LONGER_AFTER_NOTE_US:
         notes.append(f"the median round after the change is {med_a - med_b:.0f} µs longer than before ({med_b:.0f} -> "
                      f"{med_a:.0f} µs): a removal or speedup cannot lengthen a round, so the rounds' own starts "
                      "moved (see above, or the periods); saving_us is given as 0")

@@ -58,7 +58,8 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
         # a rename would replace it all the same: its mode says it is not to be written
         raise ValueError(f"{said}: the output file is read-only (mode {stat.S_IMODE(st.st_mode):04o}); remove it or "
                          "make it writable first")
-    if not os.access(d, os.W_OK | os.X_OK) or not can_create_in(d):
+    # no write bit on the directory: refused as for a non-root user (root passes os.access and could create there)
+    if not os.stat(d).st_mode & 0o222 or not os.access(d, os.W_OK | os.X_OK) or not can_create_in(d):
         raise ValueError(f"{said}: the output directory {_short(d)} is not writable")
     for p in _input_files(inputs):
         if os.path.realpath(p) == real or (st is not None and _same_file(p, st)):

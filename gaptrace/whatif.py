@@ -70,9 +70,11 @@ def render_whatif(d: dict) -> str:
     for g in d.get("graph") or ():
         launch = "the calibration's" if g["launch_source"] == "calibration" else "the default, an H100's"
         gap = "the trace's own graph replays" if g["node_gap_source"] == "trace" else "the default"
-        lines.append(f"  {g['site']} as a CUDA graph: {g['occurrences']} launches of {g['nodes_per_occurrence']:,.0f} "
-                     f"nodes (median), each {g['launch_us_per_occurrence']:,.1f} µs = {g['launch_t0_us']:.2f} + "
-                     f"{g['launch_node_us']:.3f} × N ({launch}); node gap {g['node_gap_us']:.2f} µs ({gap})")
+        n = g["nodes_per_occurrence"]
+        lines.append(f"  {g['site']} as a CUDA graph: {g['occurrences']} launch{'' if g['occurrences'] == 1 else 'es'} "
+                     f"over the rounds' window, {n:,.6g} node{'' if n == 1 else 's'} each (median), each launch "
+                     f"{g['launch_us_per_occurrence']:,.2f} µs = {g['launch_t0_us']:.2f} + {g['launch_node_us']:.3f} × "
+                     f"N ({launch}); node gap {g['node_gap_us']:.2f} µs ({gap})")
     lines.append(f"  calibration: {d['calibration']['source']} ({d['calibration']['measured_on']})")
     for w in d.get("warnings", []):
         lines.append(f"  warning: {w}")

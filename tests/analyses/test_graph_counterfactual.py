@@ -235,3 +235,12 @@ def test_a_site_nested_in_another_changed_site_is_named(launch_bound):
     assert both["saving_us"] == pytest.approx(one["saving_us"], abs=1.0)
     assert any(w.startswith("'aten::mm' lies inside 'planted_eager_launches' (100%") for w in both["warnings"])
     assert not any("lies inside" in w for w in one["warnings"])
+
+
+def test_a_range_that_already_runs_as_a_graph_is_refused():
+    """The sync capture's ``draft`` range launches only CUDA graph replays: nothing more to capture."""
+    p = os.path.join(TRACES, "h200_pairs", "bench_sync_bs8_B12.json.gz")
+    tr = load_trace(p)
+    ctx = Context(tr, read_sidecar_checked(p)[0])
+    with pytest.raises(SiteRefused, match="already runs as a CUDA graph"):
+        whatif(tr, [Change("draft", graph=True)], context=ctx)

@@ -72,6 +72,16 @@ def test_resolve_output_refuses_unwritable_and_impossible_paths(tmp_path):
     with pytest.raises(ValueError, match=r"is read-only \(mode 0444\)"):
         resolve_output(str(tmp_path / "a.txt"))
     assert (tmp_path / "a.txt").read_text() == "x"
+    # a directory without write bits: refused as for any user (root could still create a file there)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o555)
+    try:
+        with pytest.raises(ValueError, match="is not writable"):
+            resolve_output(str(ro / "r.html"))
+    finally:
+        os.chmod(ro, 0o755)
+    assert not list(ro.iterdir())
 
 
 def test_resolve_output_refuses_a_directory_it_cannot_remove_a_file_from(tmp_path, monkeypatch):
