@@ -42,7 +42,7 @@ from .allocator import FREE_CALLS
 from .findings import ms_text
 from .profiler_cost import Calibration, load_calibration, shipped_calibration_path, measured_period_source
 from .syncs import api_base_name
-from .whatif import (BODY_START_SHARE, Change, Context, SiteRefused, device_items_launched, loop_body,
+from .whatif import (BODY_START_SHARE, Change, Context, GraphBlocked, SiteRefused, device_items_launched, loop_body,
                      other_thread_intervals, site_intervals, whatif)
 
 __all__ = ["build_context", "whatif_block", "rank_findings", "rank_saving_us", "saving_headline", "saving_text",
@@ -138,8 +138,9 @@ def finding_cause(f: dict) -> str | None:
     return None
 
 
-def finding_fix(f: dict, site: str | None) -> str | None:
-    """The fix a finding's saving assumes, in words (what :func:`.whatif.whatif` removes); None without a cause."""
+def finding_fix(f: dict, site: str | None, graphable: bool = True) -> str | None:
+    """The fix a finding's saving assumes, in words (what :func:`.whatif.whatif` removes); None without a cause.
+    ``graphable`` False: the site holds a blocking call, so the generic advice leaves out the CUDA graph."""
     if site is None:
         return None
     kind = f.get("kind")
@@ -161,6 +162,9 @@ def finding_fix(f: dict, site: str | None) -> str | None:
         from .findings import WAIT_FIX
 
         return WAIT_FIX + (f" (the wait in {f['caller']})" if f.get("caller") else "")
+    if not graphable:
+        return (f"take the host work in {site} off the critical path: run it ahead of the device (a graph cannot "
+                "capture its blocking call), or make it cheaper")
     return (f"take the host work in {site} off the critical path: move it into the CUDA graph, run it ahead of "
             "the device, or make it cheaper")
 
@@ -228,10 +232,8 @@ def rank_findings(trace: Trace, found: list[dict], ctx: Context | None, block: d
             f["saving_graphed_us"] = w.get("saving_graphed_us")
             f["saving_graphed_share"] = (f["saving_graphed_us"] / base if f["saving_graphed_us"] is not None
                                          and base and base > 0 else None)
-            if w.get("graph_refused") and f.get("fix"):
-                # a CUDA graph cannot capture the site's blocking call: the advice drops the graph
-                f["fix"] = f["fix"].replace("move it into the CUDA graph, run it ahead of the device",
-                                            "run it ahead of the device (a graph cannot capture its blocking call)")
+            if w.get("graph_refused") and f.get("fix") == finding_fix(f, site):
+                f["fix"] = finding_fix(f, site, graphable=False)  # no CUDA graph can capture its blocking call
     _defer_to_nested(trace, ctx, found, memo, base)
     # savings within FOLD_SHARE of the round of each other are one rank: they keep their idle-share order (two frames
     # of one cause, e.g. a blocking read and the function around it, save the same within the model's error)
@@ -270,9 +272,10 @@ def _replay_site(trace: Trace, ctx: Context, site: str | tuple[str, ...], memo: 
             try:  # the same work captured in one CUDA graph: none where the site holds a blocking call
                 w["saving_graphed_us"] = whatif(trace, [Change(x, graph=True) for x in sites], context=ctx
                                                 ).data["saving_us"]
-            except SiteRefused as e:
+            except GraphBlocked:
+                w["saving_graphed_us"], w["graph_refused"] = None, True
+            except SiteRefused:
                 w["saving_graphed_us"] = None
-                w["graph_refused"] = "blocks the host" in str(e)
         memo[site] = w
     except TraceError:
         memo[site] = None

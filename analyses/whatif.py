@@ -44,7 +44,7 @@ from .steps import find_steps, is_launch_call
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
 
-__all__ = ["Change", "WhatIf", "SiteRefused", "graph_launch_us", "graph_node_gap_us", "site_intervals", "site_matches",
+__all__ = ["Change", "WhatIf", "SiteRefused", "GraphBlocked", "graph_launch_us", "graph_node_gap_us", "site_intervals", "site_matches",
            "other_thread_intervals", "site_effect_intervals", "check_changes", "apply_changes", "device_items_launched",
            "fit_profiler_scale", "scale_for_period", "SCALE_BOUNDS", "SCALE_MIN", "whatif", "cause_savings",
            "parse_speedup", "SPEEDUP_BOUNDS"]
@@ -53,6 +53,10 @@ __all__ = ["Change", "WhatIf", "SiteRefused", "graph_launch_us", "graph_node_gap
 class SiteRefused(TraceError):
     """A site that matched but cannot be changed (a CUDA runtime call that launches device work): no other thread's
     match is looked for."""
+
+
+class GraphBlocked(SiteRefused):
+    """A ``graph`` site that holds a call that blocks the host: no CUDA graph can capture it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +365,7 @@ def _graph_occurrences(trace: Trace, model: ReplayModel, site: str, us: np.ndarr
         held = [n for n in names if n not in FREE_CALLS]
         if held:
             n = int(sum(api_base_name(str(model.call_name[k])) in held for k in blocking))
-            raise SiteRefused(f"{trace.path}: {site!r} holds a call that blocks the host ({', '.join(held[:3])}, "
+            raise GraphBlocked(f"{trace.path}: {site!r} holds a call that blocks the host ({', '.join(held[:3])}, "
                               f"{n} time{'' if n == 1 else 's'}): "
                               "a CUDA graph cannot capture it; remove it first (--remove on its site) or name a "
                               "range without it")

@@ -17,7 +17,7 @@ import sys
 import click
 
 # the escape helpers live in gaptrace.text; re-exported for the commands that import them from here
-from gaptrace.text import escape_controls, escape_json_controls, escape_line, escape_strings  # noqa: F401
+from gaptrace.text import escape_controls, escape_json_controls, escape_line, escape_strings, shorten  # noqa: F401
 
 # name -> "module:attribute" of a click command, imported only when the command runs (or --help lists it)
 LAZY_COMMANDS = {
@@ -224,8 +224,6 @@ def fail(message: str) -> "NoReturn":  # noqa: F821
     """Print one line naming the problem (its controls and line breaks escaped: it may quote the trace or a path;
     over 2,000 characters, its middle cut: a name of thousands quoted in it) and exit with code 2 (the convention
     for bad input)."""
-    from gaptrace.text import shorten
-
     click.echo(f"gaptrace: error: {shorten(escape_line(message), FAIL_LINE_MAX, FAIL_LINE_MAX // 2 - 10)}", err=True)
     sys.exit(2)
 

@@ -13,6 +13,8 @@ import os
 import stat
 import tempfile
 
+from gaptrace.text import shorten
+
 __all__ = ["resolve_output", "write_text_atomic", "make_readable", "set_output_mode", "discard", "can_create_in"]
 
 
@@ -26,8 +28,8 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     directory.
     """
     if not path or path.endswith(os.sep):
-        raise ValueError(f"{_short(path)!r}: the output path is empty or ends in a separator; give a file name")
-    said = _short(path)
+        raise ValueError(f"{shorten(path)!r}: the output path is empty or ends in a separator; give a file name")
+    said = shorten(path)
     real = os.path.realpath(path)
     d = os.path.dirname(real)
     if not os.path.isdir(d):
@@ -38,7 +40,7 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
             why = {errno.ENOENT: "does not exist", errno.ELOOP: "has a symlink loop in its path",
                    errno.ENAMETOOLONG: "has a name too long", errno.ENOTDIR: "is under a file, not a directory"
                    }.get(e.errno, f"cannot be used ({e.strerror or e})")
-        raise ValueError(f"{said}: the output directory {_short(d)} {why}")
+        raise ValueError(f"{said}: the output directory {shorten(d)} {why}")
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -60,20 +62,13 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
                          "make it writable first")
     # no write bit on the directory: refused as for a non-root user (root passes os.access and could create there)
     if not os.stat(d).st_mode & 0o222 or not os.access(d, os.W_OK | os.X_OK) or not can_create_in(d):
-        raise ValueError(f"{said}: the output directory {_short(d)} is not writable")
+        raise ValueError(f"{said}: the output directory {shorten(d)} is not writable")
     for p in _input_files(inputs):
         if os.path.realpath(p) == real or (st is not None and _same_file(p, st)):
-            raise ValueError(f"{said}: the output would overwrite the input {_short(p)}")
+            raise ValueError(f"{said}: the output would overwrite the input {shorten(p)}")
     if os.path.islink(path):
         _refuse_planted_link(path)
     return real
-
-
-def _short(path: str) -> str:
-    """``path`` for a one-line message (:func:`gaptrace.text.shorten`)."""
-    from gaptrace.text import shorten
-
-    return shorten(path)
 
 
 def can_create_in(d: str) -> bool:
