@@ -788,7 +788,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
     saving = max(med_b - med_a, 0.0)
     one_off = one_off_saving_us(p_before - p_after, saving)
     matched = {c.site: site_matches(trace, ctx.model, c.site) for c in changes}  # once a site: notes use it too
-    notes = _round_start_notes(trace, ctx, changes, matched) + _nested_notes(trace, ctx, changes, matched)
+    notes = (_round_start_notes(trace, ctx, changes, matched) + _nested_notes(trace, ctx, changes, matched)
+             + _substring_notes(matched))
     if med_a - med_b > LONGER_AFTER_NOTE_US and any(c.graph for c in changes):
         notes.append(f"the median round after the change is {med_a - med_b:.0f} µs longer than before ({med_b:.0f} -> "
                      f"{med_a:.0f} µs): the rounds' own starts moved (see above, or the periods), or the graph "
@@ -854,6 +855,20 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
 
 
 NESTED_SHARE = 0.9  # a changed site with this share of its host time inside another changed site is nested in it
+
+
+def _substring_notes(matched: dict[str, dict[str, Any]]) -> list[str]:
+    """One note per site that matched more than one distinct frame name by substring (no NVTX range or frame has
+    exactly its name): a short or mistyped site takes out every frame containing it, which the prediction then
+    removes too. ``matched``: :func:`site_matches` of each site."""
+    out = []
+    for site, m in matched.items():
+        names = m.get("names") or []
+        if m.get("how") == "frames containing" and len(names) > 1:
+            out.append(f"{site!r} names no NVTX range or frame exactly: it matched {len(names):,} distinct frames "
+                       f"containing it ({m.get('events', 0):,} host events), all changed; name one frame as analyze "
+                       "prints it, or an NVTX range, to change only that")
+    return out
 
 
 def _nested_notes(trace: Trace, ctx: "Context", changes: list[Change], matched: dict[str, dict[str, Any]]

@@ -135,6 +135,8 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     """Predict the unprofiled verify round of TRACE, and the round without (or with faster) host sites."""
     from gaptrace import load_trace
     from gaptrace.analyses.profiler_cost import load_calibration
+    from gaptrace.analyses.steps import find_steps
+    from gaptrace.analyses.summary import no_gpu_message
     from gaptrace.analyses.whatif import Change, Context, check_changes, parse_speedup
     from gaptrace.analyses.whatif import whatif as run
     from gaptrace.cli import fail, given_on_command_line, memory_limit_bytes, sidecar_or_warn
@@ -151,14 +153,19 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
         check_changes(changes)
         cal = load_calibration(calibration) if calibration else None  # None: the shipped one of the trace's GPU
         tr = load_trace(trace, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
+        if tr.device.empty:  # the line analyze, diff and report give
+            fail(no_gpu_message(trace, tr.warnings))
         # the same checks and warning line as analyze: a sidecar of another capture is ignored, unusable fields
         # are named (one warning line on stderr; with --json in the JSON's warnings too)
         notes: list[str] = []
         side = sidecar_or_warn(trace, tr, None, notes)
         ctx = Context(tr, side, cal, round_name=round_name, fit=not no_fit)
         if given_on_command_line("round_name") and ctx.step_rule != "round":  # the range asked for is absent: say so, as analyze --rounds does
+            dflt = find_steps(tr, ctx.model.key)  # what the loop's steps are without --round-name
+            hint = (f"without it the loop's steps are {dflt.name_pattern or dflt.name!r}" if dflt.rule != "none"
+                    else "and without it no loop steps are found either")
             fail(f"{trace}: fewer than two annotations named {round_name!r} on the launching thread: no rounds of "
-                 f"that name (--round-name; without it the loop's steps are {ctx.step_name!r})")
+                 f"that name (--round-name; {hint})")
         res = run(tr, changes, context=ctx).data
         if as_json:
             res["warnings"].extend(notes)

@@ -614,9 +614,7 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
                 sidecar_path = None
     trace = load_trace(path_in, memory_limit_bytes=memory_limit_bytes)
     if trace.device.empty:
-        raise TraceError(no_gpu_message(path_in, trace.warnings, "the trace has no GPU activity (kernel/memcpy/memset):"
-                                        " no occupancy or idle gaps to report; profile with ProfilerActivity.CUDA "
-                                        "on a GPU machine"))
+        raise TraceError(no_gpu_message(path_in, trace.warnings))  # the line analyze, diff and whatif give
     if sidecar is not None:
         sidecar, why, fields = check_sidecar(sidecar, trace, window, sidecar_path)
         if why is not None:

@@ -1,6 +1,7 @@
 """`gaptrace analyze`: the JSON schema on real traces, figures that match the analyses, and bad input."""
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -149,11 +150,15 @@ def test_host_only_trace_is_one_error_line_exit_2(tmp_path):
                           if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")]
     p = tmp_path / "host_only.json"
     p.write_text(json.dumps(doc))
+    lines = set()
     for args in (("analyze", str(p)), ("analyze", str(p), "--json"), ("diff", PROBE, str(p)),
-                 ("diff", str(p), PROBE, "--json")):
+                 ("diff", str(p), PROBE, "--json"), ("whatif", str(p), "--remove", "round"),
+                 ("report", str(p), "-o", str(tmp_path / "r.html"))):
         r = _cli(*args)
         assert r.returncode == 2 and r.stdout == ""
         assert "no GPU activity" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        lines.add(r.stderr)
+    assert len(lines) == 1 and not os.path.exists(tmp_path / "r.html")  # one wording for every command
     from gaptrace import load_trace
     from gaptrace.analyze import run_analysis
     out = run_analysis(load_trace(str(p)))

@@ -214,6 +214,10 @@ def test_round_names_and_round_starts_are_checked():
     p = os.path.join(ROOT, "h100_loops", "graph_readback.planted.trace.json.gz")
     r = _run(p, "--round-name", "nosuch")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "'nosuch'" in r.stderr and "ProfilerStep#N" in r.stderr
+    # the hint names the steps the loop has without the option (the runtime's 'round' ranges), not the fall-back
+    # the missing name led to
+    r = _run(FAULT, "--remove", "lengths_copy", "--round-name", "nosuch")
+    assert r.returncode == 2 and r.stderr.rstrip().endswith("without it the loop's steps are 'round')")
     d = json.loads(_run(p, "--remove", "ProfilerStep#3", "--json").stdout)
     assert d["saving_us"] == 0.0 and d["after_round_us"] - d["before_round_us"] > 5
     assert any("'ProfilerStep#3' holds the start of 1 of 6 rounds" in w for w in d["warnings"])
@@ -263,3 +267,16 @@ def test_a_site_whose_events_were_dropped_says_so(tmp_path):
     r = _run(_edited_readback(tmp_path, "neg", negative), "--remove", "planted_readback")
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "named 'planted_readback'" in r.stderr and "12 events with negative durations were dropped" in r.stderr
+
+
+def test_a_site_matching_many_frames_by_substring_is_named():
+    """A site that is no range or frame name but a substring of many (a short or mistyped name) changes all of them:
+    the warning says how many distinct frames and events it took; an exact name gets no such warning."""
+    d = json.loads(_run(FAULT, "--remove", "py", "--json").stdout)
+    m = d["changes"][0]["matched"]
+    assert m["how"] == "frames containing" and len(m["names"]) > 1
+    assert [w for w in d["warnings"] if "names no NVTX range or frame exactly" in w] == [
+        f"'py' names no NVTX range or frame exactly: it matched {len(m['names']):,} distinct frames containing it "
+        f"({m['events']:,} host events), all changed; name one frame as analyze prints it, or an NVTX range, to "
+        "change only that"]
+    assert _notes("names no NVTX range", FAULT, "--remove", "lengths_copy") == []
