@@ -34,7 +34,9 @@ def render_whatif(d: dict) -> str:
         return f"remove {c['site']}" + (" and its device work" if c.get("action") == "remove_with_device" else "")
 
     ch = ", ".join(said(c) for c in d["changes"]) or "no change"
-    lines = [f"{d['trace']}: {d['rounds']} rounds; {ch}"]
+    n = d["rounds"]
+    periods = "the period" if n == 1 else "the periods"
+    lines = [f"{d['trace']}: {n} round{'' if n == 1 else 's'} ({periods} between {n + 1} {d['round_name']!r} starts); {ch}"]
     for c in d["changes"]:
         m = c.get("matched") or {}
         if m.get("how") == "other thread":
