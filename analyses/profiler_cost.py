@@ -110,6 +110,7 @@ def shipped_calibration_path(device_name: str | None) -> str:
 
 CALIBRATION_MAX_BYTES = 1 << 20  # a calibration file is a few kB
 MEASURED_ON_MAX = 200
+EVENT_COST_MAX_US = 1000.0  # a profiler cost per recorded event, node or op above 1 ms is no measurement (µs each)
 QUEUE_GAP_MAX_US = 1000.0  # a queued-launch gap is a µs or two; beyond a millisecond it is no gap
 GRAPH_LAUNCH_MAX_US = 1000.0  # a graph launch's t0 is a few µs, its host cost per node a fraction of one
 
@@ -127,7 +128,8 @@ def _cost(v: Any, hi: float = math.inf) -> bool:
 def load_calibration(path: str | None = None) -> Calibration:
     """The calibration in ``path`` (a ``gaptrace calibrate`` JSON), or the shipped default when None.
     ValueError, one line naming the file, when it is not a regular file (a FIFO would block the read), is over 1 MiB,
-    cannot be read or parsed, or a cost is missing, negative or not finite; ``queue_gap_us`` over 1 ms or a
+    cannot be read or parsed, or a cost is missing, negative, not finite or over 1 ms (``EVENT_COST_MAX_US``: the
+    costs measured are 0.1–3 µs); ``queue_gap_us`` over 1 ms or a
     ``queue_gap_measured`` that is not true or false is refused too, and a ``graph_plain`` without its two launch
     figures (each 0 to 1 ms)."""
     p = path or DEFAULT_CALIBRATION
@@ -152,13 +154,15 @@ def load_calibration(path: str | None = None) -> Calibration:
     vals = {}
     for k in ("aten_op_us", "python_frame_us", "runtime_call_us"):
         v = obj.get(k)
-        if not _cost(v):
-            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {str(v)[:40]!r})")
+        if not _cost(v, EVENT_COST_MAX_US):
+            raise ValueError(f"{p}: calibration field {k} must be a number from 0 to {EVENT_COST_MAX_US:g} µs "
+                             f"(got {str(v)[:40]!r})")
         vals[k] = float(v)
     for k in ("device_op_us", "graph_node_us"):  # optional: older files have neither
         d = obj.get(k, 0.0)
-        if not _cost(d):
-            raise ValueError(f"{p}: calibration field {k} must be a finite number >= 0 (got {str(d)[:40]!r})")
+        if not _cost(d, EVENT_COST_MAX_US):
+            raise ValueError(f"{p}: calibration field {k} must be a number from 0 to {EVENT_COST_MAX_US:g} µs "
+                             f"(got {str(d)[:40]!r})")
         vals[k] = float(d)
     measured = obj.get("queue_gap_measured", True)
     if not isinstance(measured, bool):

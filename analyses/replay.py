@@ -629,11 +629,16 @@ def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.nd
     """(r,) trace-clock starts of the host user_annotation ranges called ``name`` on the model's thread, sorted
     (the verify rounds of :func:`gaptrace.analyses.rounds.rounds`), each start once: two ranges of one name that
     start at the same µs on one thread are one range written twice (:func:`gaptrace.analyses.rounds.duplicate_ranges`),
-    not a round of no length. Empty when there are none."""
+    not a round of no length, and a range that starts inside another is no round of its own
+    (:func:`gaptrace.analyses.rounds.ranges_inside_earlier`). Empty when there are none."""
+    from .rounds import ranges_inside_earlier
+
     h = trace.host
     m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == model.key[0])
          & trace.host_str_eq("name", name) & trace.host_str_eq("tid", model.tid))
-    return np.unique(h["ts_us"].to_numpy()[m])
+    rows = h[m]
+    rows = rows[~rows.duplicated(["ts_us", "end_us"]).to_numpy()]  # a copy first: it starts "inside" its original
+    return np.unique(rows["ts_us"].to_numpy()[~ranges_inside_earlier(rows)])
 
 
 def round_periods(model: ReplayModel, res: ReplayResult, starts_us: np.ndarray) -> np.ndarray:

@@ -47,7 +47,7 @@ from gaptrace.trace import Trace
 from .launch_fit import launch_inflation_us, launch_points
 from .occupancy import busy_timeline, resolve_device
 
-__all__ = ["RoundsReport", "rounds", "duplicate_ranges", "SERIAL_BLOCKED_SHARE", "STEADY_TOLERANCE", "ROUND_NAME"]
+__all__ = ["RoundsReport", "rounds", "duplicate_ranges", "ranges_inside_earlier", "SERIAL_BLOCKED_SHARE", "STEADY_TOLERANCE", "ROUND_NAME"]
 
 ROUND_NAME = "round"
 SERIAL_BLOCKED_SHARE = 0.05
@@ -106,7 +106,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     if trace.device.empty:
         return None
     key = resolve_device(trace, device)
-    ua, match, ua_rows, n_dup = _round_annotations(trace, key[0], name)
+    ua, match, ua_rows, n_dup, n_inside = _round_annotations(trace, key[0], name)
     sel = ua[match].sort_values("ts_us", kind="stable")
     if len(sel) < 2:
         return None
@@ -188,7 +188,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
     tau_mean = float(np.nanmean(tau_s)) if np.isfinite(tau_s).any() else None
     summary: dict[str, Any] = {
         "rounds": len(table), "annotation": name, "rounds_steady": int(steady.sum()),
-        "window_joins": int(joins.sum()), "duplicate_rounds": n_dup,
+        "window_joins": int(joins.sum()), "duplicate_rounds": n_dup, "rounds_inside_others": n_inside,
         "rounds_excluded": [int(i) for i in np.flatnonzero(~steady)],
         "t_round_us": mean["t_round_us"], "t_gpu_us": mean["t_gpu_us"], "t_host_us": mean["t_host_us"],
         "t_serial_us": mean["t_serial_us"], "blocked_us": mean["blocked_us"],
@@ -225,9 +225,10 @@ def _round_annotations(trace: Trace, rank: int | None, name: str
                        ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, int]:
     """The host user_annotation rows of ``rank`` (every rank when None), a bool mask of the round ranges among them
     (``name``, or numbered ranges such as "round_3" / "round 3": one name per round), and their positions in
-    ``trace.host``, and how many exact copies were left out: a copy of a round range (the same rank, thread, start
+    ``trace.host``, how many exact copies were left out: a copy of a round range (the same rank, thread, start
     and end as another: a trace written or joined twice over) is one round, only its first row matches
-    (:func:`duplicate_ranges`)."""
+    (:func:`duplicate_ranges`); and how many ranges that start inside an earlier one of the thread were left out
+    (:func:`ranges_inside_earlier`)."""
     h = trace.host
     keep = (h["cat"] == "user_annotation").to_numpy()
     if rank is not None:
@@ -236,13 +237,43 @@ def _round_annotations(trace: Trace, rank: int | None, name: str
     # the pattern tested once per distinct name
     codes, uniq = pd.factorize(trace.host_str("name")[keep])
     match = pd.Series(uniq, dtype=object).str.fullmatch(re.escape(name) + r"(?:[_ #-]?\d+)?").to_numpy(dtype=bool)[codes]
-    n_dup = 0
+    n_dup = n_inside = 0
     if match.any():
         m = np.flatnonzero(match)
         dup = duplicate_ranges(ua.iloc[m])
         match[m[dup]] = False
         n_dup = int(dup.sum())
-    return ua, match, np.flatnonzero(keep), n_dup
+        m = np.flatnonzero(match)
+        inside = ranges_inside_earlier(ua.iloc[m])
+        match[m[inside]] = False
+        n_inside = int(inside.sum())
+    return ua, match, np.flatnonzero(keep), n_dup, n_inside
+
+
+def ranges_inside_earlier(rows: pd.DataFrame) -> np.ndarray:
+    """(len(rows),) bool: the host rows that start inside an earlier kept row of the same (rank, tid). Rows are
+    taken by start; a row is kept when it starts at or after the end of the last row kept on its thread (ranges
+    that only touch do not overlap), else marked. Rounds of one loop follow each other on their thread; a round
+    range that starts while a kept one is open (a second loop's ranges under the same name, a range opened twice, a
+    nested call) is no round of its own: the outer ones are the rounds, and a period between a range and one inside
+    it would be a fraction of a round. O(n log n) for the sort, then one pass over the rows (round ranges: a few per
+    millisecond of trace)."""
+    n = len(rows)
+    out = np.zeros(n, dtype=bool)
+    if n < 2:
+        return out
+    ts, end = rows["ts_us"].to_numpy(np.float64), rows["end_us"].to_numpy(np.float64)
+    grp = pd.factorize(pd.Series(rows["rank"].to_numpy()).astype(str) + "|" + rows["tid"].astype(str).to_numpy())[0]
+    order = np.lexsort((ts, grp))
+    last_group, last_end = -1, -np.inf
+    for i in order.tolist():
+        if grp[i] != last_group:
+            last_group, last_end = grp[i], end[i]
+        elif ts[i] < last_end:
+            out[i] = True
+        else:
+            last_end = end[i]
+    return out
 
 
 def duplicate_ranges(rows: pd.DataFrame) -> np.ndarray:

@@ -300,10 +300,13 @@ def find_steps(trace: Trace, device: int | tuple[int, int] | None = None, round_
     in_rank = h["rank"].to_numpy() == rank
     rule, rows, pattern, reason = "none", None, None, ""
     round_name = round_name or ROUND_NAME
-    ua, match, ua_rows, _ = _round_annotations(trace, rank, round_name)
+    ua, match, ua_rows, _, n_inside = _round_annotations(trace, rank, round_name)
     if int(match.sum()) >= 2:
         rule, rows, pattern = "round", ua_rows[match], round_name
         reason = f"the trace carries the runtime's verify-round range '{round_name}' ({int(match.sum())}×)"
+        if n_inside:
+            reason += (f"; {n_inside} more '{round_name}' ranges start inside another on their thread (overlapping "
+                       "or nested: not rounds of their own), left out")
     if rows is None:
         cand = np.flatnonzero(h["cat"].isin(("user_annotation", "cpu_op")).to_numpy() & in_rank)
         ps = cand[_name_mask(trace, cand, _PROFILER_STEP_RE.fullmatch)]

@@ -362,6 +362,11 @@ def blocking_calls(trace: Trace, window: tuple[float, float] | None = None, min_
         "dev_end_us": np.nan, "memcpy_kind": "", "host_memory": "", "bytes": -1, "s2": np.nan, "e2": np.nan,
     })
     cand = pd.concat([part_mc, part_sync], ignore_index=True)
+    # an empty part (no memcpy tied to its call: a trace without memcpy activity) has object columns: typed here,
+    # so that the sums and bincounts over these columns stay numeric
+    cand = cand.astype({"pos": np.int64, "sync_pos": np.int64, "device": np.int64, "bytes": np.int64,
+                        **{c: np.float64 for c in ("ts_us", "end_us", "host_us", "device_op_us", "dev_end_us",
+                                                   "s2", "e2")}})
     cand["blocked_us"] = np.maximum(cand["host_us"] - cand["device_op_us"], 0.0)
     pos = cand["pos"].to_numpy()
     cand["host_row"] = rt_rows[pos]

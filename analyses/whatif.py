@@ -585,9 +585,15 @@ class Context:
             m = (trace.host_str_eq("cat", "user_annotation") & trace.host_str_eq("name", round_name)
                  & trace.host_str_eq("tid", self.model.tid) & (h["rank"].to_numpy() == self.model.key[0]))
             self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
-            if int(m.sum()) > len(self.starts):
-                self.warnings.append(f"{int(m.sum()) - len(self.starts)} {round_name!r} ranges start at the same µs "
-                                     "as another on the launching thread (one range written twice): counted once")
+            n_same = int(m.sum()) - len(np.unique(h["ts_us"].to_numpy()[m]))
+            n_inside = len(np.unique(h["ts_us"].to_numpy()[m])) - len(self.starts)
+            if n_same:
+                self.warnings.append(f"{n_same} {round_name!r} ranges start at the same µs as another on the "
+                                     "launching thread (one range written twice): counted once")
+            if n_inside:
+                self.warnings.append(f"{n_inside} {round_name!r} ranges start inside another {round_name!r} range "
+                                     "on the launching thread (overlapping or nested: not rounds of their own): left "
+                                     "out, the outer ranges are the rounds")
         else:
             # no verify rounds: the loop's steps (analyses/steps.py find_steps: ProfilerStep#N, an engine's step
             # range, or a host range that repeats with a regular period), on the launching thread

@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from gaptrace.analyses.summary import no_gpu_message, run_analysis, summarize  # noqa: F401 (run_analysis: API)
-from gaptrace.cli import memory_limit_option, rounds_not_found, sidecar_or_warn
+from gaptrace.cli import memory_limit_option, rounds_not_found, sidecar_or_warn, warn, nonempty
 from gaptrace.text import dumps_json, escape_strings, to_jsonable  # noqa: F401 (to_jsonable: API)
 from gaptrace.trace import TraceError
 
@@ -147,6 +147,12 @@ def render_text(res: dict, top: int = 15, frames_by: str = "self") -> str:
             ci_text = f" (95% interval {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
             parts.append(f"  κ = {fit['kappa_us_per_node']:.3f} µs/node{ci_text}, t0 = {fit['t0_us']:.1f} µs, "
                          f"R² = {r2} over {fit['launches']} launches")
+            if fit["kappa_us_per_node"] <= 0:
+                parts.append("  κ <= 0: the launch time does not grow with the graph's nodes here (graph kernels "
+                             "missing from the trace, or launches waiting for queue space): the κN column is the "
+                             "line's value, not a cost; no finding and no prediction takes a profiler cost from it")
+            if fit["r2"] is not None and fit["r2"] < 0:
+                parts.append("  R² < 0: the line describes the launch times worse than their mean does")
             if fit["t0_us"] is not None and fit["t0_us"] < 0:
                 parts.append("  t0 < 0: the intercept is the line extrapolated below the smallest graph, not a cost; "
                              "the launch's own cost is counted as 0 where the idle under launches is split")
@@ -254,12 +260,12 @@ def _single_path(paths: tuple[str, ...]) -> str:
                    "else first to last device activity.")
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
-@click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
+@click.option("--rounds", "round_name", callback=nonempty, default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
 @click.option("--top", type=click.IntRange(1), default=15, show_default=True, help="Rows per text table.")
 @click.option("--frames-by", type=click.Choice(["self", "inclusive"]), default="self", show_default=True,
               help="Order of the text's frame table: by self idle (where the host itself was) or inclusive idle.")
-@click.option("--calibration", default=None, metavar="FILE",
+@click.option("--calibration", callback=nonempty, default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the findings' predicted savings "
                    "(default: the shipped one measured on the trace's GPU model, else the H200 one).")
 @click.option("--merged", is_flag=True,
@@ -307,7 +313,7 @@ def analyze(trace_paths: tuple[str, ...], window: str | None, device: int | None
         trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         notes: list[str] = []  # the sidecar's warning (stderr), also in --json's warnings
         res = summarize(trace, window=window, device=device,
-                        sidecar=sidecar_or_warn(trace_path, trace, window, notes), round_name=round_name,
+                        sidecar=sidecar_or_warn(trace_path, trace, window, notes, echo=False), round_name=round_name,
                         calibration=calibration).to_json()
     except (TraceError, ValueError) as e:
         fail(str(e))
@@ -315,6 +321,7 @@ def analyze(trace_paths: tuple[str, ...], window: str | None, device: int | None
         fail(no_gpu_message(trace_path, trace.warnings))
     if (msg := rounds_not_found(res, trace_path, round_name)) is not None:
         fail(msg)
+    warn(notes)  # the sidecar's warning, once no error line is due
     if as_json:
         res["warnings"] = notes + res["warnings"]
         click.echo(dumps_json(res))

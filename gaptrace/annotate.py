@@ -5,7 +5,7 @@ import os
 
 import click
 
-from gaptrace.cli import memory_limit_option
+from gaptrace.cli import memory_limit_option, nonempty
 from gaptrace.text import escape_line
 from gaptrace.trace import TraceError, clean_text
 
@@ -20,9 +20,11 @@ def default_output(trace_path: str) -> str:
 
 
 def annotate_trace(trace_path: str, out_path: str, window: str | None = None, device: int | None = None,
-                   round_name: str = "round", memory_limit_bytes: int | None = None) -> dict:
+                   round_name: str = "round", memory_limit_bytes: int | None = None, inputs: tuple[str, ...] = ()
+                   ) -> dict:
     """Load ``trace_path``, compute :func:`gaptrace.analyses.tracks.findings_tracks` and write the annotated copy
-    to ``out_path`` (:func:`gaptrace.annotated.write_annotated`). Returns {path, bytes, pid, slices: {track: n}}.
+    to ``out_path`` (:func:`gaptrace.annotated.write_annotated`); ``inputs``: other files the caller read (a named
+    sidecar, a calibration) that ``out_path`` may not be, beside the trace and its sidecar. Returns {path, bytes, pid, slices: {track: n}}.
     Raises TraceError (bad trace, a directory of ranks, no device activity, unknown window) or ValueError (an
     output path that is unsafe or the input itself)."""
     from gaptrace.analyses.tracks import findings_tracks
@@ -35,7 +37,7 @@ def annotate_trace(trace_path: str, out_path: str, window: str | None = None, de
     from gaptrace.sidecar import sidecar_path
 
     # the trace's capture sidecar is an input of every later analysis of it: never overwritten
-    real_out = resolve_output(out_path, (trace_path, sidecar_path(os.fspath(trace_path))))
+    real_out = resolve_output(out_path, (trace_path, sidecar_path(os.fspath(trace_path)), *inputs))
     trace = load_trace(trace_path, memory_limit_bytes=memory_limit_bytes)
     tracks = findings_tracks(trace, device, window, round_name=round_name)
     pid = free_pid(trace)
@@ -53,7 +55,7 @@ def annotate_trace(trace_path: str, out_path: str, window: str | None = None, de
 @click.option("--window", default=None, metavar="NAME",
               help="Analyse the span of the annotations with this name (default: first to last device activity).")
 @click.option("--device", type=int, default=None, help="Device to annotate (default: the busiest).")
-@click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
+@click.option("--rounds", "round_name", callback=nonempty, default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
 @memory_limit_option
 def annotate(trace: str, output: str | None, window: str | None, device: int | None, round_name: str,

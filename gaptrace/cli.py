@@ -193,14 +193,16 @@ def rounds_not_found(res: dict, trace_path: str, round_name: str) -> str | None:
 
 
 def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, notes: list | None = None,
-                    label: str = ""):
+                    label: str = "", echo: bool = True):
     """The capture sidecar next to ``trace_path`` (:func:`gaptrace.sidecar.read_sidecar_checked`) as a
     :class:`gaptrace.sidecar.Sidecar`, or None; one ``gaptrace: warning:`` line on stderr when one is there but
     cannot be used (not JSON, nested too deeply, not an object, a bad analysis_window, or, given the loaded
     ``trace``, what :func:`gaptrace.sidecar.check_sidecar` refuses), or when some of its fields will be skipped:
     the analysis goes on without it (or them). The same line, without the ``gaptrace: warning:`` prefix, is
     appended to ``notes`` when given (the ``warnings`` of ``--json`` output, so a CI that reads only the JSON
-    learns it too). ``label`` ("A: ", "B: ") starts the line (diff's two traces)."""
+    learns it too). ``label`` ("A: ", "B: ") starts the line (diff's two traces). ``echo=False``: the line only goes
+    to ``notes``, for the caller to print with :func:`warn` once the command has not failed (an error is then the
+    only line on stderr)."""
     from gaptrace.sidecar import as_sidecar, check_sidecar, read_sidecar_checked, sidecar_path
     from gaptrace.trace import clean_text
 
@@ -211,10 +213,25 @@ def sidecar_or_warn(trace_path: str, trace=None, window: str | None = None, note
     line = f"capture sidecar ignored: {why}" if why is not None else fields
     if line is not None:
         line = label + line
-        click.echo(f"gaptrace: warning: {escape_line(line)}", err=True)
+        if echo or notes is None:
+            click.echo(f"gaptrace: warning: {escape_line(line)}", err=True)
         if notes is not None:
             notes.append(clean_text(line))
     return as_sidecar(side)
+
+
+def nonempty(ctx, param, value):
+    """click callback: an option given as an empty string (``--calibration ''``, ``--rounds ''``) is refused, not
+    taken as "not given" (the default would be used without a word)."""
+    if value is not None and not str(value).strip():
+        raise click.BadParameter(f"{value!r}: an empty value names nothing", ctx=ctx, param=param)
+    return value
+
+
+def warn(lines) -> None:
+    """Each of ``lines`` as one ``gaptrace: warning:`` line on stderr (controls escaped)."""
+    for line in lines:
+        click.echo(f"gaptrace: warning: {escape_line(line)}", err=True)
 
 
 FAIL_LINE_MAX = 2000  # an error line longer than this is cut in its middle

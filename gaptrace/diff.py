@@ -10,7 +10,7 @@ import sys
 import click
 
 from gaptrace.analyses.summary import no_gpu_message, summarize
-from gaptrace.cli import memory_limit_option, rounds_not_found, sidecar_or_warn
+from gaptrace.cli import memory_limit_option, rounds_not_found, sidecar_or_warn, warn, nonempty
 from gaptrace.text import dumps_json, escape_strings
 from gaptrace.trace import TraceError
 
@@ -117,13 +117,13 @@ def _diff_fleets(trace_a: str, trace_b: str, fa, fb, window, round_name, as_json
 @click.argument("trace_a", metavar="A")
 @click.argument("trace_b", metavar="B")
 @click.option("--window", default=None, metavar="NAME", help="Analyse the span of this annotation in both traces.")
-@click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
+@click.option("--rounds", "round_name", callback=nonempty, default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--fail-if", "gates", multiple=True, metavar="EXPR",
               help="Exit 1 if EXPR holds for B, e.g. 'occupancy < 0.9', 'rel_tpot_us > 0.02', "
                    "'delta_blocked_us > 0'. Repeatable; a gate on a metric the traces lack trips.")
-@click.option("--calibration", default=None, metavar="FILE",
+@click.option("--calibration", callback=nonempty, default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the predicted unprofiled rounds "
                    "(default: the shipped one measured on the trace's GPU model, else the H200 one).")
 @click.option("--dask-scheduler", default=None, metavar="ADDRESS",
@@ -168,7 +168,7 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
         res, notes = [], []  # notes: the sidecars' warnings (stderr), also in --json's warnings
         for side, p in (("A", trace_a), ("B", trace_b)):
             tr = load_trace(p, memory_limit_bytes=limit)
-            res.append(summarize(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, notes, f"{side}: "),
+            res.append(summarize(tr, window=window, sidecar=sidecar_or_warn(p, tr, window, notes, f"{side}: ", echo=False),
                                  round_name=round_name, calibration=cal).to_json())
     except (TraceError, GateError, ValueError) as e:
         fail(str(e))
@@ -177,6 +177,7 @@ def diff(trace_a: str, trace_b: str, window: str | None, round_name: str, as_jso
             fail(no_gpu_message(p, r.get("warnings", ())))
         if (msg := rounds_not_found(r, p, round_name)) is not None:
             fail(msg)
+    warn(notes)  # the sidecars' warnings, once no error line is due
     d = diff_analyses(*res)
     d["gates"] = check_gates(d, list(gates))
     if as_json:

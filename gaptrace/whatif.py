@@ -8,7 +8,7 @@ import json
 
 import click
 
-from gaptrace.cli import escape_json_controls, escape_strings, memory_limit_option
+from gaptrace.cli import escape_json_controls, escape_strings, memory_limit_option, nonempty
 from gaptrace.trace import TraceError
 
 __all__ = ["whatif", "render_whatif"]
@@ -120,10 +120,10 @@ def _scale_line(d: dict) -> str:
               help="Capture a host frame or NVTX range's work in one CUDA graph: its host work and launches become "
                    "one graph launch, its device work stays and runs back to back (refused when it holds a call "
                    "that blocks the host); repeatable.")
-@click.option("--calibration", default=None, metavar="FILE",
+@click.option("--calibration", callback=nonempty, default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` (default: the shipped one measured on the "
                    "trace's GPU model, else the H200 one).")
-@click.option("--round-name", "--rounds", default="round", show_default=True,
+@click.option("--round-name", "--rounds", callback=nonempty, default="round", show_default=True,
               help="The NVTX range of one verify round (or loop step); without two of them on the launching "
                    "thread, the loop's steps as `steps` finds them (ProfilerStep#N, a repeating range).")
 @click.option("--no-fit", is_flag=True,
@@ -141,7 +141,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
     from gaptrace.analyses.summary import no_gpu_message
     from gaptrace.analyses.whatif import Change, Context, check_changes, parse_speedup
     from gaptrace.analyses.whatif import whatif as run
-    from gaptrace.cli import fail, given_on_command_line, memory_limit_bytes, sidecar_or_warn
+    from gaptrace.cli import fail, given_on_command_line, memory_limit_bytes, sidecar_or_warn, warn
 
     for opt, sites in (("--remove", removes), ("--remove-with-device", removes_all), ("--graph", graphs)):
         for r in sites:
@@ -160,7 +160,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
         # the same checks and warning line as analyze: a sidecar of another capture is ignored, unusable fields
         # are named (one warning line on stderr; with --json in the JSON's warnings too)
         notes: list[str] = []
-        side = sidecar_or_warn(trace, tr, None, notes)
+        side = sidecar_or_warn(trace, tr, None, notes, echo=False)
         ctx = Context(tr, side, cal, round_name=round_name, fit=not no_fit)
         if given_on_command_line("round_name") and ctx.step_rule != "round":  # the range asked for is absent: say so, as analyze --rounds does
             dflt = find_steps(tr, ctx.model.key)  # what the loop's steps are without --round-name
@@ -173,6 +173,7 @@ def whatif(trace: str, removes: tuple[str, ...], removes_all: tuple[str, ...], s
             res["warnings"].extend(notes)
     except (TraceError, ValueError) as e:
         fail(str(e))
+    warn(notes)  # the sidecar's warning, once no error line is due
     if as_json:
         click.echo(escape_json_controls(json.dumps(res, ensure_ascii=False, default=float, allow_nan=False)
                                         if _finite(res) else json.dumps(_nan_none(res), ensure_ascii=False)))

@@ -587,14 +587,15 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     from gaptrace.sidecar import sidecar_path as implicit_sidecar
 
     # the inputs: the trace, the named sidecar and the one next to the trace (even when another is named: replacing
-    # a capture's sidecar with HTML is never what was meant)
+    # a capture's sidecar with HTML is never what was meant), and the calibration file
     from gaptrace.analyses.savings import resolve_calibration
 
+    cal_file = os.fspath(calibration) if isinstance(calibration, (str, os.PathLike)) else ""  # an input too
     try:
         calibration = resolve_calibration(calibration)
     except ValueError as e:
         raise TraceError(str(e)) from None
-    inputs = (path_in, sidecar_path or "", implicit_sidecar(os.fspath(path_in).rstrip("/")))
+    inputs = (path_in, sidecar_path or "", implicit_sidecar(os.fspath(path_in).rstrip("/")), cal_file)
     try:  # follow a symlink, refuse devices/FIFOs/directories, unwritable directories and the inputs
         path_out_real = resolve_output(path_out, inputs)
     except ValueError as e:

@@ -5,7 +5,7 @@ import os
 
 import click
 
-from gaptrace.cli import memory_limit_option
+from gaptrace.cli import memory_limit_option, nonempty
 from gaptrace.text import escape_line
 from gaptrace.trace import TraceError, clean_text
 
@@ -17,6 +17,11 @@ def default_output(trace_path: str) -> str:
         if base.endswith(suffix):
             base = base[: -len(suffix)]
     return (base or "trace") + ".report.html"
+
+
+def _extra_inputs(*paths) -> tuple[str, ...]:
+    """The files named by --sidecar and --calibration (None when not given): inputs no output may replace."""
+    return tuple(os.fspath(p) for p in paths if isinstance(p, (str, os.PathLike)) and os.fspath(p))
 
 
 def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None, round_name: str,
@@ -34,7 +39,8 @@ def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None
     out = output if output is not None else default_output(
         paths[0] if len(paths) == 1 and os.path.isdir(paths[0]) else "fleet")
     try:
-        real = resolve_output(out, tuple(paths) + tuple(f for _, f in files))
+        real = resolve_output(out, tuple(paths) + tuple(f for _, f in files)
+                              + ((os.fspath(calibration),) if isinstance(calibration, (str, os.PathLike)) else ()))
         calibration = resolve_calibration(calibration)
         res = run_fleet(files, workers=workers, scheduler=dask_scheduler,
                         memory_limit_bytes=memory_limit_bytes(memory_limit_gb), window=window, round_name=round_name,
@@ -60,9 +66,9 @@ def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None
 @click.option("--sidecar", default=None, metavar="PATH",
               help="Capture sidecar JSON (default: TRACE.gaptrace.json next to the trace, if present).")
 @click.option("--device", type=int, default=None, help="Device for gap attribution (default: the busiest).")
-@click.option("--rounds", "round_name", default="round", show_default=True, metavar="NAME",
+@click.option("--rounds", "round_name", callback=nonempty, default="round", show_default=True, metavar="NAME",
               help="Annotation that marks one verify round (also matches NAME_<n>).")
-@click.option("--calibration", default=None, metavar="FILE",
+@click.option("--calibration", callback=nonempty, default=None, metavar="FILE",
               help="Per-event profiler costs from `gaptrace calibrate` for the predicted savings "
                    "(default: the shipped one measured on the trace's GPU model, else the H200 one).")
 @click.option("--annotated", "annotated", type=click.Path(dir_okay=False), default=None, metavar="OUT",
@@ -108,7 +114,7 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
         try:
             from gaptrace.sidecar import sidecar_path
 
-            resolve_output(annotated, (trace, sidecar_path(os.fspath(trace))))
+            resolve_output(annotated, (trace, sidecar_path(os.fspath(trace)), *_extra_inputs(sidecar, calibration)))
         except ValueError as e:
             fail(str(e))
     try:
@@ -128,7 +134,7 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
 
         try:  # over the window the report analysed (--window, else the sidecar's analysis window, else activity)
             a = annotate_trace(trace, annotated, window=info.get("window"),
-                               device=device, round_name=round_name,
+                               device=device, round_name=round_name, inputs=_extra_inputs(sidecar, calibration),
                                memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         except (TraceError, ValueError) as e:
             fail(str(e))

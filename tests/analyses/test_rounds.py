@@ -140,3 +140,49 @@ def test_first_round_on_a_drained_queue_is_not_steady():
     sync = "fixtures/traces/h200_fused/h200_bench_sync_bs8_B12_fused.json.gz"
     s2 = rounds(gaptrace.load_trace(sync), "round", sidecar=read_sidecar(sync)).summary
     assert s2["rounds_excluded"] == [] and s2["rounds_steady"] == s2["rounds"]
+
+
+def test_ranges_inside_earlier_keeps_the_outer_chain():
+    """A range that starts while a kept one of its thread is open is left out; touching ranges are both kept; each
+    thread is its own chain; a copy shifted by half a round drops the copies, not the later originals."""
+    import pandas as pd
+
+    from gaptrace.analyses.rounds import ranges_inside_earlier
+
+    rows = pd.DataFrame({"rank": 0, "tid": ["a", "a", "a", "a", "b", "b"],
+                         "ts_us": [0.0, 5.0, 10.0, 12.0, 3.0, 4.0], "end_us": [10.0, 15.0, 20.0, 13.0, 9.0, 5.0]})
+    # a: [0,10) kept, [5,15) inside it, [10,20) touches the kept one: kept, [12,13) inside [10,20); b: [3,9), [4,5)
+    assert ranges_inside_earlier(rows).tolist() == [False, True, False, True, False, True]
+
+
+def test_overlapping_round_ranges_are_not_rounds(tmp_path):
+    """Each 'round' range of the sync capture copied half a round later (a second writer of the same name): the
+    copies start inside the originals and are left out, so analyze and whatif see the capture's 7 periods and the
+    same saving as on the capture itself (its sidecar beside both), with one warning naming the 8 copies."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    src = "fixtures/traces/h200_pairs/bench_sync_bs8_B12.json.gz"
+    doc = json.load(gzip.open(src))
+    ev = doc["traceEvents"]
+    ev += [dict(e, ts=e["ts"] + e["dur"] / 2, args={}) for e in list(ev)
+           if e.get("cat") == "user_annotation" and e.get("name") == "round"]
+    p = tmp_path / "bench_sync_bs8_B12.json"
+    p.write_text(json.dumps(doc))
+    shutil.copy(src.replace(".json.gz", ".gaptrace.json"), tmp_path / "bench_sync_bs8_B12.gaptrace.json")
+    rr = rounds(gaptrace.load_trace(str(p)))
+    assert rr.summary["rounds"] == 7 and rr.summary["rounds_inside_others"] == 8
+
+    def whatif(path):
+        r = subprocess.run([sys.executable, "-m", "gaptrace.cli", "whatif", path, "--remove",
+                            "device_lengths_to_host", "--json"], capture_output=True, text=True,
+                           cwd=os.getcwd())
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    a, b = whatif(str(p)), whatif(src)
+    assert a["rounds"] == b["rounds"] == 7 and abs(a["saving_us"] - b["saving_us"]) <= 0.02 * b["saving_us"]
+    assert sum("start inside another 'round' range" in w for w in a["warnings"]) == 1
+    assert not any("inside another" in w for w in b["warnings"])

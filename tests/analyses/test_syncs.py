@@ -335,3 +335,20 @@ def test_host_only_trace_still_reports_syncs(tmp_path):
     assert r.sites.iloc[0]["aten_op"] == "aten::to"
     assert r.sites["device_busy_during"].isna().all()
     assert all(d["idle_after_us"] is None for d in r.to_list())
+
+
+def test_trace_without_memcpy_activity(tmp_path):
+    """A trace whose memcpys were not recorded (no gpu_memcpy events: no copy can be tied to its call) still has
+    numeric blocking-call columns and its syncs: the explicit synchronize calls of the sync scheduler's capture stay
+    blocking, and analyze's rounds (a bincount over blocked_us) run."""
+    src = os.path.join(TRACES, "h200_pairs", "bench_sync_bs8_B12.json.gz")
+    doc = json.load(gzip.open(src))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "gpu_memcpy"]
+    p = tmp_path / "no_memcpy.json"
+    p.write_text(json.dumps(doc))
+    r = blocking_syncs(load_trace(str(p)))
+    assert r.calls["blocked_us"].dtype == np.float64 and r.calls["device"].dtype == np.int64
+    assert "sync_api" in set(r.calls["kind"])
+    from gaptrace.analyses.summary import run_analysis
+    out = run_analysis(load_trace(str(p)))
+    assert out["devices"] and "rounds" in out

@@ -104,7 +104,10 @@ def test_calibration_file(tmp_path):
     assert c.runtime_call_us == obj["runtime_call_us"] and c.device_op_us == obj["device_op_us"]
     for bad in ({"aten_op_us": -1, "python_frame_us": 0, "runtime_call_us": 0},
                 {"aten_op_us": 1, "python_frame_us": 0},
-                {"aten_op_us": 1, "python_frame_us": 0, "runtime_call_us": True}):
+                {"aten_op_us": 1, "python_frame_us": 0, "runtime_call_us": True},
+                # a cost per event over 1 ms is no measurement (the measured ones are 0.1-3 µs)
+                {"aten_op_us": 1e6, "python_frame_us": 0, "runtime_call_us": 0},
+                {"aten_op_us": 1, "python_frame_us": 0, "runtime_call_us": 0, "device_op_us": 1e300}):
         p = tmp_path / "c.json"
         p.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match="calibration field"):

@@ -279,3 +279,31 @@ def test_readme_tour_figures_are_what_analyze_prints():
     for q in quoted:
         assert q in out, q
     assert " ".join(block.split()).split(" removing")[0].strip() in out
+
+
+def test_a_fit_with_negative_kappa_is_said_to_be_no_cost(tmp_path):
+    """Graph kernels missing from a trace (every event whose duration starts with 4.0 dropped from the sync capture)
+    leave launch times that fall with N: the fit's κ < 0 and R² < 0 are printed as fitted, each with a line saying
+    what they are not, and no profiler_inflation finding comes from the fit."""
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "traces", "h200_pairs",
+                       "bench_sync_bs8_B12.json.gz")
+    doc = json.load(gzip.open(src))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if not str(e.get("dur", "")).startswith("4.0")]
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps(doc))
+    out = json.loads(_cli("analyze", str(p), "--json").stdout)
+    assert out["launch_fit"]["kappa_us_per_node"] < 0 and out["launch_fit"]["r2"] < 0
+    assert not any(f["kind"] == "profiler_inflation" for f in out["findings"])
+    text = _cli("analyze", str(p)).stdout
+    assert "  κ <= 0: the launch time does not grow with the graph's nodes here" in text
+    assert "  R² < 0: the line describes the launch times worse than their mean does" in text
+
+
+def test_empty_option_values_are_refused():
+    """--rounds '' and --calibration '' name nothing: one error line, exit 2 (not the defaults without a word), in
+    analyze, diff and report alike."""
+    for args in (("analyze", PROBE, "--rounds", ""), ("analyze", PROBE, "--calibration", ""),
+                 ("diff", PROBE, PROBE, "--calibration", ""), ("report", PROBE, "--rounds", "", "-o", "/dev/null")):
+        r = _cli(*args)
+        assert r.returncode == 2 and r.stdout == "", (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "an empty value names nothing" in r.stderr, r.stderr

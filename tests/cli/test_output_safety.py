@@ -56,6 +56,26 @@ def test_report_refuses_to_overwrite_its_sidecar(tmp_path, name, named, msg):
         assert _temporaries(tmp_path) == []
 
 
+def test_report_refuses_to_overwrite_its_calibration_or_named_sidecar(tmp_path):
+    """The calibration file and a sidecar named with --sidecar are inputs too: neither -o (directly or through a
+    symlink) nor --annotated may replace them; the files are left byte for byte, and nothing else is written."""
+    cal = tmp_path / "c.json"
+    shutil.copy(os.path.join(HERE, "..", "..", "analyses", "data", "calibration_h100.json"), cal)
+    side = tmp_path / "s.json"
+    side.write_text(json.dumps({"unprofiled_round_ms": [1.0, 1.0]}))
+    os.symlink("c.json", tmp_path / "link")
+    before = {p: p.read_bytes() for p in (cal, side)}
+    for args, victim in ((["--calibration", str(cal), "-o", str(cal)], "c.json"),
+                         (["--calibration", str(cal), "-o", str(tmp_path / "link")], "c.json"),
+                         (["--calibration", str(cal), "-o", str(tmp_path / "r.html"), "--annotated", str(cal)],
+                          "c.json"),
+                         (["--sidecar", str(side), "-o", str(tmp_path / "r.html"), "--annotated", str(side)],
+                          "s.json")):
+        _one_error_line(_gaptrace("report", PROBE, *args), "would overwrite the input", victim)
+    assert {p: p.read_bytes() for p in (cal, side)} == before
+    assert sorted(os.listdir(tmp_path)) == ["c.json", "link", "s.json"]
+
+
 # ------------------------------------------------------------------------------ report: bad implicit sidecars
 @pytest.mark.parametrize("content, why", [
     ("<html><body>not json</body></html>", "cannot read the capture sidecar"),
@@ -497,3 +517,16 @@ def test_sigterm_unwinds_so_temporaries_are_removed(tmp_path):
             f"finally:\n    open({str(marker)!r}, 'w').close()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 143 and marker.exists(), r.stderr
+
+
+def test_an_error_is_the_only_line_when_the_sidecar_is_also_bad(tmp_path):
+    """A sidecar that cannot be used is a warning only when the command goes on: when it fails anyway (no runtime
+    call to replay for whatif; a missing --rounds range for analyze) the error is the one line on stderr."""
+    t = tmp_path / "t.json"
+    t.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 1,
+                                               "pid": 0, "tid": 0}]}))
+    (tmp_path / "t.gaptrace.json").write_text(json.dumps({"analysis_window": 5}))
+    _one_error_line(_gaptrace("whatif", str(t), "--remove", "a"), "cannot be replayed")
+    _one_error_line(_gaptrace("analyze", str(t), "--rounds", "nosuch"), "nosuch")
+    r = _gaptrace("analyze", str(t))  # it goes on: the warning is said
+    assert r.returncode == 0 and "capture sidecar ignored" in r.stderr

@@ -40,7 +40,9 @@ def test_bad_input_one_line_exit_2(tmp_path):
                  [FAULT, "--remove", ""], [FAULT, "--remove-with-device", "  "], [FAULT, "--speedup", " =2"],
                  # one site, two changes: the result would depend on their order
                  [FAULT, "--remove", "plan", "--speedup", "plan=2"], [FAULT, "--speedup", "plan=2", "--speedup",
-                                                                      "plan=3"]):
+                                                                      "plan=3"],
+                 # an empty file or range name is no default: refused
+                 [FAULT, "--remove", "plan", "--calibration", ""], [FAULT, "--remove", "plan", "--rounds", " "]):
         r = _run(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("gaptrace: error:")
@@ -92,21 +94,20 @@ def test_a_sidecar_of_another_capture_of_the_same_loop_is_ignored(tmp_path):
 
 
 def test_an_absurd_calibration_is_set_aside(tmp_path):
-    """An absurd calibration (1 s per ATen op): only α ≈ 6e-5 would bring the replayed round to the measured one,
-    far below the least α the calibration's measurements allow (0.5, whatif.SCALE_MIN): out of reach, set aside
-    (α = 1, the warning says so), never "fitted". (Before the bound, bisection ended there at a leap of the replayed
-    round, 5.165 to 4.045 ms across the measured 4.449: the leap rule, tested on hf_generate in
-    tests/analyses/test_loop_first_cause.py, set it aside too.)"""
+    """An absurd calibration (999 µs per ATen op, just under the 1 ms a file may hold): only α ≈ 0.008 would bring
+    the replayed round to the measured one, far below the least α the calibration's measurements allow (0.5,
+    whatif.SCALE_MIN), and at 0.5 the replayed round misses it by 10%: out of reach, set aside (α = 1, the warning
+    says so), never "fitted"."""
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "analyses", "data", "calibration_default.json")) as f:
         cal = json.load(f)
     p = tmp_path / "cal.json"
-    p.write_text(json.dumps(dict(cal, aten_op_us=1e6)))
+    p.write_text(json.dumps(dict(cal, aten_op_us=999.0)))
     sync = os.path.join(ROOT, "h200_pairs", "bench_sync_bs8_B12.json.gz")
     r = _run(sync, "--calibration", str(p), "--json")
     d = json.loads(r.stdout)
     assert r.returncode == 0 and d["profiler_cost_fit"] == "set_aside" and not d["fitted_to_unprofiled"]
     assert d["profiler_cost_scale"] == 1.0
-    out = [w for w in d["warnings"] if "reached only at a profiler cost scale of 6.1e-05, below the 0.5" in w]
+    out = [w for w in d["warnings"] if "reached only at a profiler cost scale of 0.0081, below the 0.5" in w]
     assert out and "(4.449 ms)" in out[0]
 
 
