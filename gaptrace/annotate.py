@@ -24,8 +24,8 @@ def annotate_trace(trace_path: str, out_path: str, window: str | None = None, de
                    ) -> dict:
     """Load ``trace_path``, compute :func:`gaptrace.analyses.tracks.findings_tracks` and write the annotated copy
     to ``out_path`` (:func:`gaptrace.annotated.write_annotated`); ``inputs``: other files the caller read (a named
-    sidecar, a calibration) that ``out_path`` may not be, beside the trace and its sidecar. Returns {path, bytes, pid, slices: {track: n}}.
-    Raises TraceError (bad trace, a directory of ranks, no device activity, unknown window) or ValueError (an
+    sidecar, a calibration) that ``out_path`` may not be, beside the trace and its sidecar. Returns {path, bytes,
+    pid, slices: {track: n}}. Raises TraceError (bad trace, a directory of ranks, no device activity, unknown window) or ValueError (an
     output path that is unsafe or the input itself)."""
     from gaptrace.analyses.tracks import findings_tracks
     from gaptrace.annotated import annotation_events, free_pid, write_annotated
