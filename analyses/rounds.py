@@ -222,7 +222,7 @@ def rounds(trace: Trace, name: str = ROUND_NAME, device: int | tuple[int, int] |
 
 
 def _round_annotations(trace: Trace, rank: int | None, name: str
-                       ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, int]:
+                       ) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, int, int]:
     """The host user_annotation rows of ``rank`` (every rank when None), a bool mask of the round ranges among them
     (``name``, or numbered ranges such as "round_3" / "round 3": one name per round), and their positions in
     ``trace.host``, how many exact copies were left out: a copy of a round range (the same rank, thread, start
@@ -296,7 +296,7 @@ def range_inclusive_us(trace: Trace, name: str = ROUND_NAME, device: int | tuple
     ``runtime.annotate.HostRangeTimes`` (same ranges, host clock, no profiler)."""
     if trace.host.empty:
         return {}
-    ua, match, _, _ = _round_annotations(trace, resolve_device(trace, device)[0] if not trace.device.empty else None,
+    ua, match, _, _, _ = _round_annotations(trace, resolve_device(trace, device)[0] if not trace.device.empty else None,
                                       name)
     names = ua["name"].astype(str)
     starts = np.sort(ua["ts_us"].to_numpy(dtype=np.float64)[match])

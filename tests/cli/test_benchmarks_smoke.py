@@ -314,3 +314,29 @@ def test_profiler_cost_depth_checks_its_arguments_before_measuring(tmp_path):
         r = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
         assert not os.path.exists(tmp_path / "o" / "profiler_cost_depth.json")
+
+
+def test_bench_range_costs_reads_what_the_sidecar_and_trace_hold():
+    """bench_range_costs on the sync capture: the `accept` range's measured µs is its sidecar's mean, its profiled
+    µs the mean length of its 8 user_annotation events, and the events inside it are counted per occurrence; the
+    script prints the fit table for the H200."""
+    import gzip
+    import json
+    import os
+
+    sys.path.insert(0, "benchmarks")
+    from bench_range_costs import range_rows
+
+    path = "fixtures/traces/h200_pairs_repeat/bench_sync_bs8_B12.json.gz"
+    rows = {r["name"]: r for r in range_rows(path)}
+    with open(path.replace(".json.gz", ".gaptrace.json")) as f:
+        side = {r["name"]: r for r in json.load(f)["unprofiled_ranges"]}
+    acc = [e for e in json.load(gzip.open(path))["traceEvents"]
+           if e.get("cat") == "user_annotation" and e.get("name") == "accept"]
+    r = rows["accept"]
+    assert r["n"] == len(acc) == 8 and r["measured_us"] == side["accept"]["mean_us"]
+    assert abs(r["profiled_us"] - sum(float(e["dur"]) for e in acc) / 8) < 0.01
+    assert r["events"]["cuda_runtime"] == 3.0 and r["held"] == []
+    assert "blocking call" in rows["plan"]["held"] and "graph launch" in rows["verify"]["held"]
+    out = run("benchmarks/bench_range_costs.py", path)
+    assert "| NVIDIA H200 | " in out and os.path.basename(path) in out
