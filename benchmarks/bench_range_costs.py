@@ -1,6 +1,6 @@
 """The profiler's host cost per recorded event on real loops, read off the shipped captures' measured ranges.
 
-    python benchmarks/bench_range_costs.py [TRACE.json.gz ...]   (default: every shipped capture with a sidecar)
+    python benchmarks/bench_range_costs.py [--all] [TRACE.json.gz ...]   (default: every shipped capture with a sidecar)
 
 A capture's sidecar times its ``record_function`` / NVTX ranges without the profiler (``unprofiled_ranges``:
 docs/DESIGN.md 5.2 "Measured ranges"). For each such range the trace holds on its thread, Δ = its mean profiled µs per
@@ -9,7 +9,7 @@ frames, ATen ops, CUDA runtime calls, per occurrence) are what it recorded. Rang
 launch fit's, not a per-event cost), a blocking call or a lock wait (their waits differ between the two runs) are left
 out.
 
-Prints, per range, Δ and the counts beside what the trace's GPU model's shipped calibration estimates for them; then,
+Prints, per fitted range (every range with ``--all``), Δ and the counts beside what the trace's GPU model's shipped calibration estimates for them; then,
 per GPU model, the per-event costs that fit every kept range at once (:func:`gaptrace.calibrate.fit_costs`: the
 non-negative least-squares solution, each range weighed by its event count, as calibrate weighs its benchmarks) beside
 the calibration's. A check of the calibration on loops it was not measured on, not a calibration: the measured ranges
@@ -85,6 +85,7 @@ def range_rows(path: str) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("traces", nargs="*")
+    ap.add_argument("--all", action="store_true", help="list the left-out ranges too (default: the fitted ones)")
     a = ap.parse_args(argv)
     paths = a.traces or sorted(p for p in glob.glob(os.path.join(ROOT, "fixtures", "traces", "*", "*.json.gz"))
                                if read_sidecar(p))
@@ -107,7 +108,11 @@ def main(argv: list[str] | None = None) -> None:
                    [[r["trace"], f"`{r['name']}`", r["n"], fmt(r["profiled_us"], 1), fmt(r["measured_us"], 1),
                      fmt(r["profiled_us"] - r["measured_us"], 1), fmt(estimate(r), 1),
                      fmt(r["events"]["python_function"], 1), fmt(r["events"]["cpu_op"], 1),
-                     fmt(r["events"]["cuda_runtime"], 1), ", ".join(r["held"]) or "-"] for r in rows]))
+                     fmt(r["events"]["cuda_runtime"], 1), ", ".join(r["held"]) or "-"]
+                    for r in (rows if a.all else kept)]))
+    if not a.all:
+        print(f"\n{len(rows) - len(kept)} more ranges left out (a graph launch, a blocking call or a lock wait "
+              "inside): `--all` lists them.")
     print()
     table = []
     for dev in sorted(cals):
