@@ -631,13 +631,13 @@ def round_starts(trace: Trace, model: ReplayModel, name: str = "round") -> np.nd
     start at the same µs on one thread are one range written twice (:func:`gaptrace.analyses.rounds.duplicate_ranges`),
     not a round of no length, and a range that starts inside another is no round of its own
     (:func:`gaptrace.analyses.rounds.ranges_inside_earlier`). Empty when there are none."""
-    from .rounds import ranges_inside_earlier
+    from .rounds import duplicate_ranges, ranges_inside_earlier
 
     h = trace.host
     m = (trace.host_str_eq("cat", "user_annotation") & (h["rank"].to_numpy() == model.key[0])
          & trace.host_str_eq("name", name) & trace.host_str_eq("tid", model.tid))
     rows = h[m]
-    rows = rows[~rows.duplicated(["ts_us", "end_us"]).to_numpy()]  # a copy first: it starts "inside" its original
+    rows = rows[~duplicate_ranges(rows)]  # a copy first: it starts "inside" its original
     return np.unique(rows["ts_us"].to_numpy()[~ranges_inside_earlier(rows)])
 
 

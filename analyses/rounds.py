@@ -47,7 +47,7 @@ from gaptrace.trace import Trace
 from .launch_fit import launch_inflation_us, launch_points
 from .occupancy import busy_timeline, resolve_device
 
-__all__ = ["RoundsReport", "rounds", "duplicate_ranges", "ranges_inside_earlier", "SERIAL_BLOCKED_SHARE", "STEADY_TOLERANCE", "ROUND_NAME"]
+__all__ = ["RoundsReport", "rounds", "duplicate_ranges", "ranges_inside_earlier", "inside_note", "SERIAL_BLOCKED_SHARE", "STEADY_TOLERANCE", "ROUND_NAME"]
 
 ROUND_NAME = "round"
 SERIAL_BLOCKED_SHARE = 0.05
@@ -248,6 +248,13 @@ def _round_annotations(trace: Trace, rank: int | None, name: str
         match[m[inside]] = False
         n_inside = int(inside.sum())
     return ua, match, np.flatnonzero(keep), n_dup, n_inside
+
+
+def inside_note(n: int, name: str) -> str:
+    """The warning for ``n`` ranges named ``name`` left out by :func:`ranges_inside_earlier` (analyze's rounds and the
+    replay's round starts say it in the same words)."""
+    return (f"{n} {name!r} ranges start inside another {name!r} range on their thread (overlapping or nested: not "
+            "rounds of their own): left out, the outer ranges are the rounds")
 
 
 def ranges_inside_earlier(rows: pd.DataFrame) -> np.ndarray:

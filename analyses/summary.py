@@ -280,9 +280,7 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
                        unprofiled_round_ms=sidecar.measured_round_ms if sidecar is not None else None)
     out["rounds"] = rr
     if rr is not None and rr.summary.get("rounds_inside_others"):
-        warnings.append(f"{rr.summary['rounds_inside_others']} {round_name!r} ranges start inside another "
-                        f"{round_name!r} range on their thread (overlapping or nested: not rounds of their own): "
-                        "left out, the outer ranges are the rounds")
+        warnings.append(rounds.inside_note(rr.summary["rounds_inside_others"], round_name))
     # the loop's steps (any torch.profiler loop: rounds, ProfilerStep#N, an engine's step, a repeating range) and the
     # verdict per step and overall (analyses/steps.py, analyses/verdicts.py)
     st = steps.find_steps(trace, key, round_name)
@@ -332,10 +330,9 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
     if ctx is not None and getattr(ctx, "fit_warning", None):
         warnings.append(f"what-if replay: {ctx.fit_warning}")
     if ctx is not None:
-        # the replay's own round checks (a range written twice, one inside another) say what the rounds above said
+        # a replay warning that says what one above already said (its round checks share rounds' words) once
         warnings += [f"what-if replay: {w}" for w in list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))
-                     if not (w.endswith("the outer ranges are the rounds") and any(x.endswith(
-                         "the outer ranges are the rounds") for x in warnings))]
+                     if w not in warnings]
     out["whatif"] = savings.whatif_block(trace, ctx, calibration, sidecar)
     if ctx is not None:
         out["whatif"]["step_rule"], out["whatif"]["step_name"] = ctx.step_rule, ctx.step_name

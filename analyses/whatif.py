@@ -40,6 +40,7 @@ from gaptrace.trace import Trace, TraceError
 from .profiler_cost import (Calibration, _starts_inside, gil_held_in_waits, load_calibration, lock_waits_in,
                            measured_period_source, measured_period_us, name_codes, shipped_calibration_path, site_share,
                            unprofiled_inputs)
+from .rounds import inside_note
 from .steps import find_steps, is_launch_call
 from .replay import (ReplayModel, ReplayResult, _coverage, _intersect, _merge, build_model, host_time_map, replay,
                      round_starts)
@@ -585,15 +586,12 @@ class Context:
             m = (trace.host_str_eq("cat", "user_annotation") & trace.host_str_eq("name", round_name)
                  & trace.host_str_eq("tid", self.model.tid) & (h["rank"].to_numpy() == self.model.key[0]))
             self.window = (float(self.starts[0]), float(h["end_us"].to_numpy()[m].max()))
-            n_same = int(m.sum()) - len(np.unique(h["ts_us"].to_numpy()[m]))
-            n_inside = len(np.unique(h["ts_us"].to_numpy()[m])) - len(self.starts)
-            if n_same:
-                self.warnings.append(f"{n_same} {round_name!r} ranges start at the same µs as another on the "
-                                     "launching thread (one range written twice): counted once")
-            if n_inside:
-                self.warnings.append(f"{n_inside} {round_name!r} ranges start inside another {round_name!r} range "
-                                     "on the launching thread (overlapping or nested: not rounds of their own): left "
-                                     "out, the outer ranges are the rounds")
+            n_starts = len(np.unique(h["ts_us"].to_numpy()[m]))
+            if int(m.sum()) > n_starts:
+                self.warnings.append(f"{int(m.sum()) - n_starts} {round_name!r} ranges start at the same µs as "
+                                     "another on the launching thread (one range written twice): counted once")
+            if n_starts > len(self.starts):
+                self.warnings.append(inside_note(n_starts - len(self.starts), round_name))
         else:
             # no verify rounds: the loop's steps (analyses/steps.py find_steps: ProfilerStep#N, an engine's step
             # range, or a host range that repeats with a regular period), on the launching thread

@@ -36,7 +36,8 @@ def render_whatif(d: dict) -> str:
     ch = ", ".join(said(c) for c in d["changes"]) or "no change"
     n = d["rounds"]
     periods = "the period" if n == 1 else "the periods"
-    lines = [f"{d['trace']}: {n} round{'' if n == 1 else 's'} ({periods} between {n + 1} {d['round_name']!r} starts); {ch}"]
+    lines = [f"{d['trace']}: {n} round{'' if n == 1 else 's'} ({periods} between {n + 1} {d['round_name']!r} "
+             f"starts); {ch}"]
     for c in d["changes"]:
         m = c.get("matched") or {}
         if m.get("how") == "other thread":

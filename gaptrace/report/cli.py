@@ -39,8 +39,7 @@ def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None
     out = output if output is not None else default_output(
         paths[0] if len(paths) == 1 and os.path.isdir(paths[0]) else "fleet")
     try:
-        real = resolve_output(out, tuple(paths) + tuple(f for _, f in files)
-                              + ((os.fspath(calibration),) if isinstance(calibration, (str, os.PathLike)) else ()))
+        real = resolve_output(out, tuple(paths) + tuple(f for _, f in files) + _extra_inputs(calibration))
         calibration = resolve_calibration(calibration)
         res = run_fleet(files, workers=workers, scheduler=dask_scheduler,
                         memory_limit_bytes=memory_limit_bytes(memory_limit_gb), window=window, round_name=round_name,
