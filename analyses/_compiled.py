@@ -27,12 +27,13 @@ def prev_reaching_walk(end, lo, hi, use_hi, cand):
 
 @njit(cache=True, nogil=True)
 def replay_chain(work, cost, stops, his, await_items, item_call, item_pos, item_lat, item_after_end, item_prior,
-                 call_start, gaps, dur, stream_idx, n_streams, base):
+                 call_start, gaps, dur, stream_idx, n_streams, base, edge_item, edge_on):
     """The replay's host chain and device items in one pass (:func:`gaptrace.analyses.replay.replay`, whose numpy
     loop :func:`gaptrace.analyses.replay._replay_numpy` is the twin): calls run S_k = E_{k−1} + work_k,
     E_k = S_k + cost_k; at each waiting call ``stops[j]`` the items launched up to it (``his[j]``) get their ends
-    e_i = max(l_i + d_i, e_prev(stream) + q_i + d_i), and the call returns at max(S_k, max_{i < await} e_i) + cost_k.
-    Returns (S (K,), E (K,), item ends (I,))."""
+    e_i = max(l_i + d_i, e_prev(stream) + q_i + d_i), l_i first raised to the ends of its cross-stream producers
+    (``edge_on[j]`` for each j with ``edge_item[j] == i``, sorted by item), and the call returns at
+    max(S_k, max_{i < await} e_i) + cost_k. Returns (S (K,), E (K,), item ends (I,))."""
     K = work.shape[0]
     I = item_call.shape[0]
     S = np.empty(K)
@@ -45,6 +46,8 @@ def replay_chain(work, cost, stops, his, await_items, item_call, item_pos, item_
     k0 = 0
     t = base - work[0] if K else 0.0
     n_stops = stops.shape[0]
+    n_edges = edge_item.shape[0]
+    ep = 0
     for j in range(n_stops + 1):
         kb = stops[j] if j < n_stops else K
         acc = 0.0
@@ -77,6 +80,13 @@ def replay_chain(work, cost, stops, his, await_items, item_call, item_pos, item_
                 else:
                     ce = E[cc]
                 l = cs + lat * (ce - cs) if item_after_end[i] else cs + lat
+            while ep < n_edges and edge_item[ep] < i:
+                ep += 1
+            while ep < n_edges and edge_item[ep] == i:  # cross-stream producers, all earlier items
+                v = ie[edge_on[ep]]
+                if v > l:
+                    l = v
+                ep += 1
             st = stream_idx[i]
             e = l + dur[i]
             f = carry[st] + (gaps[i] + dur[i])

@@ -57,6 +57,10 @@ MEMCPY_SYNC_NAMES = ("cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cuMemcpyDtoH
                      "cuMemcpy")
 EVENT_RECORD = re.compile(r"^(cudaEventRecord|cuEventRecord)")
 EVENT_SYNC = re.compile(r"^(cudaEventSynchronize|cuEventSynchronize)")
+STREAM_WAIT_EVENT = re.compile(r"^(cudaStreamWaitEvent|cuStreamWaitEvent)")
+# how many event records before a cudaStreamWaitEvent may hold the event it waits on (Kineto names no event handle on
+# the runtime calls: the latest record whose producer item fits the measured timeline is taken)
+WAIT_RECORDS_BACK = 4
 STREAM_SYNC = re.compile(r"^(cudaStreamSynchronize|cuStreamSynchronize)")
 # a device memory free waits for the device to drain (syncs.FREE_SYNC_NAMES; CUDA C++ Programming Guide, "Implicit
 # Synchronization"); the stream-ordered cudaFreeAsync does not
@@ -86,6 +90,9 @@ class ReplayModel:
     ``latency_us``: the calibrated λ by kind ("kernel", "memcpy", "memset"), "queue_gap" (q), "queued_items" (how
     many items q is the median of), "graph_fraction" (f over all sizes) and "graph_fraction_by_nodes" ({N: f}).
     ``item_queued`` ((I,) bool): the items the trace shows queued (they keep their own measured gap).
+    Cross-stream edges, (m,) int64 sorted by ``edge_item``: item ``edge_item[j]`` starts no earlier than item
+    ``edge_on[j]`` ends (``edge_on[j] < edge_item[j]``; :func:`stream_edges`); ``edge_counts`` how many of each kind
+    ("event_waits", "event_waits_unmatched", "sync_orders").
     """
 
     trace_path: str
@@ -119,6 +126,9 @@ class ReplayModel:
     latency_us: dict[str, Any]
     warnings: list[str]
     item_queued: np.ndarray | None = None
+    edge_item: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    edge_on: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    edge_counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -133,7 +143,8 @@ class ReplayModel:
         return (self.await_items.astype(np.int64), self.item_call.astype(np.int64), self.item_pos.astype(np.int64),
                 self.item_lat_us.astype(np.float64), self.item_after_end.astype(np.bool_),
                 self.item_prior.astype(np.bool_), self.call_start_us.astype(np.float64),
-                sidx.astype(np.int64).reshape(-1), max(len(streams), 1))
+                sidx.astype(np.int64).reshape(-1), max(len(streams), 1),
+                self.edge_item.astype(np.int64), self.edge_on.astype(np.int64))
 
 
 @dataclasses.dataclass
@@ -310,7 +321,12 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     ic = np.maximum(item_call, 0)
     cs = np.where(item_prior, item_start, s[ic])
     ce = np.where(item_prior, item_start, e[ic])
+    # event waits across streams: a consumer whose producer was still running when its launch began may have been
+    # held by that stream, not by its launch: no λ sample
+    ew_c, ew_p, ew_unmatched = event_wait_edges(trace, key, names, corr_call, item_stream, item_pos, item_prior,
+                                                item_start, item_end)
     idle = (prev_end < cs) & ~item_prior
+    idle[ew_c[item_end[ew_p] > cs[ew_c]]] = False
     latency: dict[str, float] = {}
     lat = np.zeros(I)
     after_end = np.zeros(I, dtype=bool)
@@ -394,6 +410,15 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     work = np.concatenate(([0.0], s[1:] - e[:-1]))
     work = np.maximum(work, 0.0)
 
+    so_c, so_p = sync_order_edges(item_stream, item_pos, item_prior, blocking, await_items)
+    edge_item, edge_on = _edges((ew_c, ew_p), (so_c, so_p))
+    edge_counts = {"event_waits": int(len(ew_c)), "event_waits_unmatched": ew_unmatched,
+                   "sync_orders": int(len(_edges((so_c, so_p))[0]))}
+    if ew_unmatched > max(1, 0.1 * (len(ew_c) + ew_unmatched)):
+        warnings.append(f"{ew_unmatched} of {len(ew_c) + ew_unmatched} cudaStreamWaitEvent calls matched no earlier "
+                        "event record whose work fits the measured timeline: their streams wait for nothing in the "
+                        "replay")
+
     gnodes = np.zeros(K, dtype=np.int64)
     if I:
         n_per_item = np.bincount(op_item, minlength=I)
@@ -405,8 +430,130 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
         item_gap_us=item_gap, item_lat_us=lat, item_after_end=after_end, item_prior=item_prior, item_pos=item_pos,
         item_busy_us=np.bincount(op_item, weights=oend - ots, minlength=I) if I else np.zeros(0), item_start_us=item_start,
         item_end_us=item_end, op_row=op_rows, op_item=op_item, op_offset_us=op_offset, op_start_us=ots,
-        latency_us=latency, warnings=warnings, item_queued=queued)
+        latency_us=latency, warnings=warnings, item_queued=queued, edge_item=edge_item, edge_on=edge_on,
+        edge_counts=edge_counts)
 
+
+def _per_stream(item_stream: np.ndarray, item_pos: np.ndarray, usable: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """{stream: (its usable items' indices, their launch positions)}, both non-decreasing."""
+    out = {}
+    for st in np.unique(item_stream[usable]):
+        idx = np.flatnonzero(usable & (item_stream == st))
+        out[int(st)] = (idx, item_pos[idx])
+    return out
+
+
+def _last_launched_before(streams: dict, st: int, calls: np.ndarray) -> np.ndarray:
+    """(n,) the last item of stream ``st`` launched by a call before each of ``calls`` (−1: none)."""
+    idx, pos = streams[st]
+    j = np.searchsorted(pos, calls, side="left") - 1
+    return np.where(j >= 0, idx[np.maximum(j, 0)], -1)
+
+
+def _first_launched_after(streams: dict, st: int, calls: np.ndarray) -> np.ndarray:
+    """(n,) the first item of stream ``st`` launched by a call after each of ``calls`` (−1: none)."""
+    idx, pos = streams[st]
+    j = np.searchsorted(pos, calls, side="right")
+    return np.where(j < len(idx), idx[np.minimum(j, len(idx) - 1)], -1)
+
+
+def event_wait_edges(trace: Trace, key: tuple[int, int], names: np.ndarray, corr_call: np.ndarray,
+                     item_stream: np.ndarray, item_pos: np.ndarray, item_prior: np.ndarray, item_start: np.ndarray,
+                     item_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The event waits among one launching thread's items (docs/DESIGN.md "The replay model", cross-stream edges):
+    (consumer items, producer items) as (m,) int64, and how many ``cudaStreamWaitEvent`` calls matched no record.
+
+    Each ``cudaStreamWaitEvent`` call (CUDA Runtime API, "Stream Management": work submitted to the stream after the
+    call waits until the event completes) makes its stream S wait: S is the ``cuda_sync`` "Stream Wait Event" row of
+    the call's correlation id (``enable_cuda_sync_events``), else the stream of the next item the thread launches;
+    the consumer is the first item launched on S after the call. Kineto writes no event handle on
+    ``cudaEventRecord`` (the sync row's ``wait_on_cuda_event_record_corr_id`` is −1 without CUPTI's CUDA-event
+    activity), so the record is inferred: of the ``WAIT_RECORDS_BACK`` latest records before the wait, the latest
+    one for which some other stream P has a last item launched before the record that ended (measured) no later
+    than the consumer started (+ ``RELEASE_EPS_US``); that item (the latest-ending one over the streams) is the
+    producer. A wait that no record fits (its record came before the trace) gets no edge."""
+    empty = np.zeros(0, dtype=np.int64)
+    usable = ~item_prior
+    wk = np.flatnonzero(_match_names(names, STREAM_WAIT_EVENT))
+    I = len(item_stream)
+    if not len(wk) or I == 0 or len(np.unique(item_stream[usable])) < 2:
+        return empty, empty, 0
+    streams = _per_stream(item_stream, item_pos, usable)
+    ds = trace.device_syncs
+    sel = ((ds["rank"].to_numpy() == key[0]) & (ds["device"].to_numpy() == key[1]) & (ds["stream"].to_numpy() >= 0)
+           & (ds["sync_kind"].astype(str).to_numpy() == "Stream Wait Event"))
+    by_corr = pd.Series(ds["stream"].to_numpy()[sel], index=ds["correlation"].to_numpy()[sel])
+    by_corr = by_corr[~by_corr.index.duplicated(keep=False)]
+    cstream = by_corr.reindex(corr_call[wk]).to_numpy(dtype=np.float64)
+    nxt = np.searchsorted(item_pos, wk, side="right")
+    fallback = np.where(nxt < I, item_stream[np.minimum(nxt, I - 1)], -1).astype(np.float64)
+    cstream = np.where(np.isfinite(cstream), cstream, fallback).astype(np.int64)
+    consumer = np.full(len(wk), -1, dtype=np.int64)
+    for st in streams:
+        m = cstream == st
+        consumer[m] = _first_launched_after(streams, st, wk[m])
+    rec = np.flatnonzero(_match_names(names, EVENT_RECORD))
+    n_before = np.searchsorted(rec, wk, side="left")
+    producer = np.full(len(wk), -1, dtype=np.int64)
+    todo = consumer >= 0
+    cstart = np.where(todo, item_start[np.maximum(consumer, 0)], -np.inf)
+    for back in range(1, WAIT_RECORDS_BACK + 1):
+        j = n_before - back
+        live = todo & (producer < 0) & (j >= 0)
+        if not live.any():
+            break
+        r = rec[np.maximum(j, 0)]
+        best_end = np.full(len(wk), -np.inf)
+        found = np.full(len(wk), -1, dtype=np.int64)
+        for st in streams:
+            p = _last_launched_before(streams, st, r)
+            ok = live & (cstream != st) & (p >= 0)
+            pe = np.where(ok, item_end[np.maximum(p, 0)], -np.inf)
+            fits = ok & (pe <= cstart + RELEASE_EPS_US) & (pe > best_end)
+            found = np.where(fits, p, found)
+            best_end = np.where(fits, pe, best_end)
+        producer = np.where(live, found, producer)
+    got = todo & (producer >= 0)
+    return consumer[got], producer[got], int((todo & ~got).sum())
+
+
+def sync_order_edges(item_stream: np.ndarray, item_pos: np.ndarray, item_prior: np.ndarray, blocking: np.ndarray,
+                     await_items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The device order a blocking call gives (docs/DESIGN.md "The replay model", cross-stream edges): for a call
+    that waits for items [0, m), the first item launched on each stream after it waits for the last awaited item of
+    each other stream. While the call waits in the replay these hold anyway; once a counterfactual takes its wait out
+    they keep the order the host wait gave: removing a host wait never lets another stream's work start before what
+    the wait awaited (on one stream, the stream's own order keeps it: no edges). (consumers, producers), (m,) int64."""
+    empty = np.zeros(0, dtype=np.int64)
+    usable = ~item_prior
+    bk = np.flatnonzero(blocking & (await_items > 0))
+    if not len(bk) or len(np.unique(item_stream[usable])) < 2:
+        return empty, empty
+    streams = _per_stream(item_stream, item_pos, usable)
+    m_items = await_items[bk]
+    cons_all, prod_all = [empty], [empty]
+    for s_c in streams:
+        cons = _first_launched_after(streams, s_c, bk)
+        for s_p, (idx, _pos) in streams.items():
+            if s_p == s_c:
+                continue
+            j = np.searchsorted(idx, m_items, side="left") - 1  # the last awaited item of s_p
+            prod = np.where(j >= 0, idx[np.maximum(j, 0)], -1)
+            ok = (cons >= 0) & (prod >= 0)
+            cons_all.append(cons[ok])
+            prod_all.append(prod[ok])
+    return np.concatenate(cons_all), np.concatenate(prod_all)
+
+
+def _edges(*pairs: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The union of (consumer, producer) edge lists, unique, sorted by consumer, each producer an earlier item."""
+    c = np.concatenate([p[0] for p in pairs]).astype(np.int64)
+    p = np.concatenate([p[1] for p in pairs]).astype(np.int64)
+    if not len(c):
+        return c, p
+    u = np.unique(np.stack([c, p], axis=1), axis=0)
+    u = u[u[:, 1] < u[:, 0]]  # by construction (a producer is launched before its consumer): the replay's invariant
+    return u[:, 0].copy(), u[:, 1].copy()
 
 def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The union of intervals [s, e) as sorted, disjoint (starts, ends)."""
@@ -552,39 +699,55 @@ def _replay_numpy(model: ReplayModel, work: np.ndarray, cost: np.ndarray, waits:
         hi = hi_kb
         need = int(model.await_items[kb]) if kb < K else I
         hi = max(hi if kb < K else I, pm_done)
-        if hi > pm_done:
-            sl = slice(pm_done, hi)
-            c = model.item_call[sl]
-            lat = model.item_lat_us[sl]
-            cc = np.maximum(c, 0)
-            cs = S[cc]
-            ce = np.where(c < kb, E[np.minimum(cc, max(kb - 1, 0))], cs) if kb < K else E[cc]
-            l = np.where(model.item_after_end[sl], cs + lat * (ce - cs), cs + lat)
-            # work tied to no call: its measured start, moved as the replayed chain around it moved (the shift of
-            # the call at its chain position; before every call: the measured start itself)
-            pp = model.item_pos[sl]
-            l_prior = np.where(pp >= 0, S[np.maximum(pp, 0)] - model.call_start_us[np.maximum(pp, 0)] + lat, lat)
-            l = np.where(model.item_prior[sl], l_prior, l)
-            u = gaps[sl] + dur[sl]
-            if single:
-                st = int(model.item_stream[pm_done]) if I else 0
-                ie[sl] = _stream_scan(l, u, dur[sl], carry.get(st, -np.inf))
-                carry[st] = float(ie[hi - 1])
-            else:
-                stv = model.item_stream[sl]
-                for st in np.unique(stv):
-                    m = np.flatnonzero(stv == st)
-                    ends = _stream_scan(l[m], u[m], dur[sl][m], carry[int(st)])
-                    ie[pm_done + m] = ends
-                    carry[int(st)] = float(ends[-1])
-            pm[pm_done + 1:hi + 1] = np.maximum.accumulate(np.concatenate(([pm[pm_done]], ie[sl])))[1:]
-            pm_done = hi
+        # sub-ranges of the items, each starting at an item with cross-stream edges (its producers are earlier
+        # items, whose ends are known by then); the rest of each sub-range is the closed-form scan
+        lo_e, hi_e = np.searchsorted(model.edge_item, [pm_done, hi], side="left") if hi > pm_done else (0, 0)
+        cuts_i = [pm_done] + [int(x) for x in np.unique(model.edge_item[lo_e:hi_e]) if x > pm_done] + [hi]
+        for a_i, b_i in zip(cuts_i[:-1], cuts_i[1:]):
+            _items_numpy(model, S, E, kb, K, a_i, b_i, ie, pm, carry, single, dur, gaps)
+        pm_done = max(pm_done, hi)
         if kb < K:
             R = pm[min(need, pm_done)]
             E[kb] = max(S[kb], R) + cost[kb]
             t = float(E[kb])
             k0 = kb + 1
     return S, E, ie
+
+
+def _items_numpy(model: ReplayModel, S: np.ndarray, E: np.ndarray, kb: int, K: int, lo: int, hi: int,
+                 ie: np.ndarray, pm: np.ndarray, carry: dict, single: bool, dur: np.ndarray, gaps: np.ndarray) -> None:
+    """Items [lo, hi) of :func:`_replay_numpy`, in place (ends ``ie``, prefix max ``pm``, stream ``carry``): only
+    item ``lo`` may have cross-stream edges (its producers' ends raise its launch-allowed start)."""
+    if hi <= lo:
+        return
+    sl = slice(lo, hi)
+    c = model.item_call[sl]
+    lat = model.item_lat_us[sl]
+    cc = np.maximum(c, 0)
+    cs = S[cc]
+    ce = np.where(c < kb, E[np.minimum(cc, max(kb - 1, 0))], cs) if kb < K else E[cc]
+    l = np.where(model.item_after_end[sl], cs + lat * (ce - cs), cs + lat)
+    # work tied to no call: its measured start, moved as the replayed chain around it moved (the shift of the call at
+    # its chain position; before every call: the measured start itself)
+    pp = model.item_pos[sl]
+    l_prior = np.where(pp >= 0, S[np.maximum(pp, 0)] - model.call_start_us[np.maximum(pp, 0)] + lat, lat)
+    l = np.where(model.item_prior[sl], l_prior, l)
+    j0, j1 = np.searchsorted(model.edge_item, [lo, lo + 1], side="left")
+    if j1 > j0:  # cross-stream edges: the item starts no earlier than its producers end
+        l[0] = max(float(l[0]), float(ie[model.edge_on[j0:j1]].max()))
+    u = gaps[sl] + dur[sl]
+    if single:
+        st = int(model.item_stream[lo])
+        ie[sl] = _stream_scan(l, u, dur[sl], carry.get(st, -np.inf))
+        carry[st] = float(ie[hi - 1])
+    else:
+        stv = model.item_stream[sl]
+        for st in np.unique(stv):
+            m = np.flatnonzero(stv == st)
+            ends = _stream_scan(l[m], u[m], dur[sl][m], carry[int(st)])
+            ie[lo + m] = ends
+            carry[int(st)] = float(ends[-1])
+    pm[lo + 1:hi + 1] = np.maximum.accumulate(np.concatenate(([pm[lo]], ie[sl])))[1:]
 
 
 def _replay_compiled(model: ReplayModel, work: np.ndarray, cost: np.ndarray, waits: np.ndarray, dur: np.ndarray,
@@ -595,12 +758,13 @@ def _replay_compiled(model: ReplayModel, work: np.ndarray, cost: np.ndarray, wai
     K = model.calls
     stops = np.flatnonzero(waits).astype(np.int64)
     his = np.searchsorted(model.item_pos, stops, side="right").astype(np.int64)
-    (await_items, item_call, item_pos, item_lat, after_end, prior, call_start, sidx, n_streams) = model.kernel_arrays
+    (await_items, item_call, item_pos, item_lat, after_end, prior, call_start, sidx, n_streams, edge_item,
+     edge_on) = model.kernel_arrays
     base = float(model.call_start_us[0]) if K else 0.0
     return replay_chain(np.ascontiguousarray(work, dtype=np.float64), np.ascontiguousarray(cost, dtype=np.float64),
                         stops, his, await_items, item_call, item_pos, item_lat, after_end, prior, call_start,
                         np.ascontiguousarray(gaps, dtype=np.float64), np.ascontiguousarray(dur, dtype=np.float64),
-                        sidx, n_streams, base)
+                        sidx, n_streams, base, edge_item, edge_on)
 
 def host_time_map(model: ReplayModel, res: ReplayResult, t_us: np.ndarray) -> np.ndarray:
     """Replayed times of host instants ``t_us`` (trace clock) on the launching thread: inside call k,
