@@ -18,6 +18,10 @@ What is replayed, for one device ``(rank, device)`` and the one host thread that
   graph launches; :func:`gaptrace.analyses.profiler_cost.unprofiled_inputs` gives the unqueued ones the
   calibration's measured gap, when it has one).
   λ_kind is the median start − launch of the items that found their stream idle (calibrated on the trace itself);
+- cross-stream edges (:func:`event_wait_edges`, :func:`sync_order_edges`): an item after a cudaStreamWaitEvent starts
+  no earlier than the work recorded before the event ends, and the first item on each stream after a blocking call
+  no earlier than what the call awaited on the other streams (kept when a counterfactual takes the wait out):
+  l_i ← max(l_i, e_p);
 - blocking calls (CUDA "API synchronization behavior"): cudaStreamSynchronize / cudaDeviceSynchronize and the driver
   forms wait for every item launched before them, and so does a device memory free (cudaFree, cuMemFree: it
   synchronizes the device, CUDA C++ Programming Guide "Implicit Synchronization"); cudaEventSynchronize for the items launched before the
