@@ -55,7 +55,8 @@ NOCUDNN_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_hf_nocudnn")
 # two loops of hidden syncs measured on an H100: torch.cuda.empty_cache() every step (the allocator's frees and
 # mallocs) and nonzero / boolean-mask indexing; loops the model was not tuned on
 HIDDEN_SYNCS_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_hidden_syncs")
-# a loop written after --graph was built (benchmarks/loops/eager_sampling.py), measured on another H100 machine
+# loops written after the model (benchmarks/loops/eager_sampling.py, after --graph; copy_stream_sync.py, a loop on two
+# streams, after the cross-stream edges), measured on another H100 machine
 NEW_LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_new_loops")
 SDPA_FRAME = "transformers/integrations/sdpa_attention.py(79): sdpa_attention_forward"
 H200_CAL = os.path.join(PAIRS_DIR, "calibration_h200.json")  # the same figures as the shipped default
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = (runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
              + loop_pairs(a.h100_loops_dir, " (H100)") + loop_pairs(NOCUDNN_DIR, " (H100, no cuDNN attention)")
              + first_finding_pairs() + loop_pairs(HIDDEN_SYNCS_DIR, " (H100, hidden syncs)") + allocator_pairs()
-             + forward_graph_pairs() + loop_pairs(NEW_LOOPS_DIR, " (another H100, written after --graph)"))
+             + forward_graph_pairs() + loop_pairs(NEW_LOOPS_DIR, " (another H100, written after the model)"))
     if a.only:
         pairs = [p for p in pairs if a.only in p["pair"]]
     cache: dict = {}

@@ -11,7 +11,7 @@ import os
 
 LOOP_MODULES = ("graph_readback", "hf_generate", "launch_bound", "per_request_readback", "host_detokenize",
                 "pageable_htod", "helper_thread", "train_step_logging", "empty_cache", "mask_index",
-                "eager_sampling")
+                "eager_sampling", "copy_stream_sync")
 LOOPS = LOOP_MODULES
 
 

@@ -79,6 +79,8 @@ def test_twins_compute_the_same_values():
     assert r["planted"] == r["fixed"]
     r = _run_both("eager_sampling", 5, lambda l: (l.tokens.tolist(), l.history.tolist(), int(l.pos)))
     assert r["planted"] == r["fixed"] and r["planted"][2] == 5
+    r = _run_both("copy_stream_sync", 4, lambda l: (float(l.last), l.n))
+    assert r["planted"] == r["fixed"] and r["planted"][1] == 4
     # the mask loop with an end-of-sequence id that the first step hits for some requests: frozen counts and pads
     def first_hit(loop):
         loop.eos = int(loop.model.logits(loop.tokens).argmax(-1)[0])

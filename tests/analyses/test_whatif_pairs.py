@@ -83,10 +83,15 @@ LOOPS_H100_NOCUDNN = {"hf_generate": (0.39, 70, 10)}
 # range alone misses empty_cache's cost (its cudaMalloc calls sit in the next step's forward; the allocator-churn
 # finding, below, holds both); mask_index's fresh-process range includes 0, its paired saving does not
 LOOPS_H100_HIDDEN = {"empty_cache": (0.52, 190, 210), "mask_index": (1.0, 85, 70)}
+# two loops written after the model, on another H100 (eight fresh processes a variant): eager_sampling's fix is its
+# sampler captured in the forward's graph (--graph); copy_stream_sync runs on two streams (a copy stream and the compute
+# stream ordered by event waits), its host-bound fixed twin bimodal from process to process (0.46-0.89 ms), so its
+# fresh-process range includes 0 and the paired saving is its reference
+LOOPS_H100_NEW = {"copy_stream_sync": (0.53, 260, 25), "eager_sampling": (0.12, 30, 55)}
 # the loops whose fixed twin captures the planted range's work in a CUDA graph: predicted by whatif --graph
 GRAPH_FIX_LOOPS = ("launch_bound", "eager_sampling")
 LOOP_SETS = {"h200_loops": LOOPS, "h100_loops": LOOPS_H100, "h100_hf_nocudnn": LOOPS_H100_NOCUDNN,
-             "h100_hidden_syncs": LOOPS_H100_HIDDEN}  # folder under fixtures/traces -> bounds
+             "h100_hidden_syncs": LOOPS_H100_HIDDEN, "h100_new_loops": LOOPS_H100_NEW}  # folder -> bounds
 
 
 def _json(p):
