@@ -18,24 +18,30 @@ model") keep the forward behind its copy once the host wait is taken out. Expect
 measurement): the copy (8 MiB from pinned memory, ~0.15-0.35 ms) leaves the host's critical path; on a step of
 ~0.35-0.6 ms with the sizes below: planted / fixed ≈ 1.3-1.8x.
 On CPU there is one stream: both variants make the same plain copy (a smoke run only).
+
+Two size keys make the step serial, where the device order decides what the fix buys: ``graphed`` 1 replays the
+forward as a CUDA graph (one per device buffer), and ``read_back`` 1 reads this step's flag with a blocking
+``bool()`` instead of one step late. Each step then waits for its own copy and forward, in both variants: taking the
+host's wait out saves only the sync's own round trip, as long as the forward stays behind its copy on the device (a
+replay that let it start before the copy ended would predict the whole copy saved).
 """
 from __future__ import annotations
 
 import torch
 
-from ._common import LaggedRead, Loop, site, step_range
+from ._common import LaggedRead, Loop, cuda_graph, site, step_range
 
 NAME = "copy_stream_sync"
 CAUSE = "the host waits for a side-stream input copy (copy_stream.synchronize()) before launching the forward"
 FIX = "the compute stream waits for the copy on the device (current_stream().wait_stream(copy_stream))"
 SITE = "planted_copy_sync"  # the range around the planted cause (and its fix)
 EXPECTED_RATIO = (1.3, 1.8)  # planted / fixed step period: the estimate above, before measurement
-CUDA_SIZE = {"tokens": 2048, "d": 1024, "layers": 12, "buffers": 2}
-CPU_SIZE = {"tokens": 8, "d": 16, "layers": 2, "buffers": 2}
+CUDA_SIZE = {"tokens": 2048, "d": 1024, "layers": 12, "buffers": 2, "graphed": 0, "read_back": 0}
+CPU_SIZE = {"tokens": 8, "d": 16, "layers": 2, "buffers": 2, "graphed": 0, "read_back": 0}
 
 
 class CopyStreamSync(Loop):
-    """See the module docstring; ``size`` keys: tokens, d, layers, buffers."""
+    """See the module docstring; ``size`` keys: tokens, d, layers, buffers, graphed (0 | 1), read_back (0 | 1)."""
 
     def __init__(self, variant: str, device: torch.device, size: dict | None = None):
         sz = self.setup(variant, device, size, CUDA_SIZE, CPU_SIZE)
@@ -54,8 +60,12 @@ class CopyStreamSync(Loop):
         self.n = 0
         if self.cuda:
             self.copy_stream = torch.cuda.Stream()
-            self.dev = [torch.empty(sz["tokens"], d, device=device) for _ in range(2)]
+            self.dev = [torch.zeros(sz["tokens"], d, device=device) for _ in range(2)]
             self.consumed = [torch.cuda.Event() for _ in range(2)]
+        self.read_back = bool(sz.get("read_back", 0))
+        # graphed: the forward of each device buffer captured once (its input is that buffer: a static address)
+        self.graphs = ([cuda_graph(lambda b=b: self._compute(self.dev[b])) for b in range(2)]
+                       if self.cuda and sz.get("graphed", 0) else None)
 
     def _copy(self, n: int) -> torch.Tensor:
         """Step ``n``'s features on the device: buffer ``n % 2``, copied on the copy stream (CUDA); the plain copy
@@ -87,10 +97,16 @@ class CopyStreamSync(Loop):
                         self.copy_stream.synchronize()  # SYNC (planted): the host waits for the copy
                     else:
                         torch.cuda.current_stream().wait_stream(self.copy_stream)  # the device waits, not the host
-            self._compute(feats)
+            if self.graphs is not None:
+                self.graphs[n % 2].replay()
+            else:
+                self._compute(feats)
             if self.cuda:
                 self.consumed[n % 2].record()
-            prev = self.lagged.push(self.flag)
+            if self.read_back:
+                prev = self.flag  # SYNC (deliberate, read_back 1): this step's flag, read now (bool() below)
+            else:
+                prev = self.lagged.push(self.flag)
             if prev is not None and bool(prev):  # never with these inputs
                 raise FloatingPointError("the features overflowed")
 
