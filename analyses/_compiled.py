@@ -27,19 +27,20 @@ def prev_reaching_walk(end, lo, hi, use_hi, cand):
 
 @njit(cache=True, nogil=True)
 def replay_chain(work, cost, stops, his, await_items, item_call, item_pos, item_lat, item_after_end, item_prior,
-                 call_start, gaps, dur, stream_idx, n_streams, base, edge_item, edge_on):
+                 call_start, gaps, dur, stream_idx, n_streams, base, edge_item, edge_on, await_stream):
     """The replay's host chain and device items in one pass (:func:`gaptrace.analyses.replay.replay`, whose numpy
     loop :func:`gaptrace.analyses.replay._replay_numpy` is the twin): calls run S_k = E_{k−1} + work_k,
     E_k = S_k + cost_k; at each waiting call ``stops[j]`` the items launched up to it (``his[j]``) get their ends
     e_i = max(l_i + d_i, e_prev(stream) + q_i + d_i), l_i first raised to the ends of its cross-stream producers
     (``edge_on[j]`` for each j with ``edge_item[j] == i``, sorted by item), and the call returns at
-    max(S_k, max_{i < await} e_i) + cost_k. Returns (S (K,), E (K,), item ends (I,))."""
+    max(S_k, max_{i < await} e_i) + cost_k, or for a stream sync (``await_stream[k]`` >= 0, a stream index; n_streams:
+    a stream with no item) max(S_k, the last end on that stream) + cost_k. Returns (S (K,), E (K,), item ends (I,))."""
     K = work.shape[0]
     I = item_call.shape[0]
     S = np.empty(K)
     E = np.empty(K)
     ie = np.empty(I)
-    carry = np.full(n_streams, -np.inf)
+    carry = np.full(n_streams + 1, -np.inf)  # the extra slot: a synced stream with no item
     pm = np.empty(I + 1)
     pm[0] = -np.inf
     pm_done = 0
@@ -97,7 +98,10 @@ def replay_chain(work, cost, stops, his, await_items, item_call, item_pos, item_
             pm[i + 1] = pm[i] if pm[i] > e else e
         pm_done = hi
         if kb < K:
-            r = pm[need if need < pm_done else pm_done]
+            if await_stream[kb] >= 0:
+                r = carry[await_stream[kb]]
+            else:
+                r = pm[need if need < pm_done else pm_done]
             E[kb] = (S[kb] if S[kb] > r else r) + cost[kb]
             t = E[kb]
             k0 = kb + 1

@@ -22,8 +22,9 @@ What is replayed, for one device ``(rank, device)`` and the one host thread that
   no earlier than the work recorded before the event ends, and the first item on each stream after a blocking call
   no earlier than what the call awaited on the other streams (kept when a counterfactual takes the wait out):
   l_i ← max(l_i, e_p);
-- blocking calls (CUDA "API synchronization behavior"): cudaStreamSynchronize / cudaDeviceSynchronize and the driver
-  forms wait for every item launched before them, and so does a device memory free (cudaFree, cuMemFree: it
+- blocking calls (CUDA "API synchronization behavior"): cudaDeviceSynchronize and its driver form wait for every item
+  launched before them, cudaStreamSynchronize for its stream's (the ``cuda_sync`` row names it; without one, every
+  stream's), and so does a device memory free (cudaFree, cuMemFree: it
   synchronizes the device, CUDA C++ Programming Guide "Implicit Synchronization"); cudaEventSynchronize for the items launched before the
   cudaEventRecord it waits on (the latest record before the call whose measured completion precedes the call's
   return: Kineto writes no event handle for the record); a device-to-host copy (cudaMemcpy, or cudaMemcpyAsync to
@@ -96,7 +97,9 @@ class ReplayModel:
     ``item_queued`` ((I,) bool): the items the trace shows queued (they keep their own measured gap).
     Cross-stream edges, (m,) int64 sorted by ``edge_item``: item ``edge_item[j]`` starts no earlier than item
     ``edge_on[j]`` ends (``edge_on[j] < edge_item[j]``; :func:`stream_edges`); ``edge_counts`` how many of each kind
-    ("event_waits", "event_waits_unmatched", "sync_orders").
+    ("event_waits", "event_waits_unmatched", "sync_orders"). ``await_stream`` ((K,) int64): for a stream sync, the
+    stream it waits for (it waits for the last item launched on it before the call, not for the whole prefix
+    ``await_items``); −1 for every other call.
     """
 
     trace_path: str
@@ -133,6 +136,7 @@ class ReplayModel:
     edge_item: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     edge_on: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     edge_counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    await_stream: np.ndarray | None = None
 
     @property
     def calls(self) -> int:
@@ -148,7 +152,17 @@ class ReplayModel:
                 self.item_lat_us.astype(np.float64), self.item_after_end.astype(np.bool_),
                 self.item_prior.astype(np.bool_), self.call_start_us.astype(np.float64),
                 sidx.astype(np.int64).reshape(-1), max(len(streams), 1),
-                self.edge_item.astype(np.int64), self.edge_on.astype(np.int64))
+                self.edge_item.astype(np.int64), self.edge_on.astype(np.int64), self.await_stream_index(streams))
+
+    def await_stream_index(self, streams: np.ndarray) -> np.ndarray:
+        """(K,) int64: ``await_stream`` as an index into ``streams`` (the sorted distinct item streams); −1 where
+        the call waits for every stream; ``len(streams)`` (a stream with no item: nothing to wait for) where it
+        waits for a stream that has none."""
+        aw = np.full(self.calls, -1, dtype=np.int64) if self.await_stream is None else self.await_stream
+        pos = np.searchsorted(streams, aw)
+        known = (pos < len(streams)) & (streams[np.minimum(pos, max(len(streams) - 1, 0))] == aw) if len(streams) \
+            else np.zeros(len(aw), dtype=bool)
+        return np.where(aw < 0, -1, np.where(known, pos, len(streams))).astype(np.int64)
 
 
 @dataclasses.dataclass
@@ -400,21 +414,25 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
         j = np.minimum(np.searchsorted(rec_done, e[ev_sync] + RELEASE_EPS_US, side="right"),
                        np.searchsorted(rec, ev_sync, side="left")) - 1
         await_items[ev_sync] = np.where(j >= 0, nitem_before[rec[np.maximum(j, 0)]], 0)
+    # a stream sync waits for its own stream only (the cuda_sync "Stream Sync" row of its correlation id names it):
+    # the last item launched on that stream before it; −1: every stream (no row, or a device / context sync)
+    await_stream = stream_sync_streams(trace, key, names, corr_call, item_stream, blocking)
+    R = _awaited_end(pm, await_items, await_stream, item_stream, item_pos, item_end)
     # stream syncs on a stream with no pending work of this thread, or a prefix that is not done: trust the measure
-    R = pm[await_items]
     bad = blocking & (R > e + RELEASE_EPS_US)
     if bad.any():
         warnings.append(f"{int(bad.sum())} blocking calls returned before the device work they should wait for was "
                         "done (the trace's clocks or the awaited set disagree): they wait for nothing in the replay")
         await_items[bad] = 0
-        R = pm[await_items]
+        await_stream[bad] = -1
+        R = _awaited_end(pm, await_items, await_stream, item_stream, item_pos, item_end)
     cost = e - s
     bl_cost = e - np.maximum(s, R)
     cost = np.where(blocking, np.clip(bl_cost, 0.0, cost), cost)
     work = np.concatenate(([0.0], s[1:] - e[:-1]))
     work = np.maximum(work, 0.0)
 
-    so_c, so_p = sync_order_edges(item_stream, item_pos, item_prior, blocking, await_items)
+    so_c, so_p = sync_order_edges(item_stream, item_pos, item_prior, blocking, await_items, await_stream)
     edge_item, edge_on = _edges((ew_c, ew_p), (so_c, so_p))
     edge_counts = {"event_waits": int(len(ew_c)), "event_waits_unmatched": ew_unmatched,
                    "sync_orders": int(len(_edges((so_c, so_p))[0]))}
@@ -435,7 +453,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
         item_busy_us=np.bincount(op_item, weights=oend - ots, minlength=I) if I else np.zeros(0), item_start_us=item_start,
         item_end_us=item_end, op_row=op_rows, op_item=op_item, op_offset_us=op_offset, op_start_us=ots,
         latency_us=latency, warnings=warnings, item_queued=queued, edge_item=edge_item, edge_on=edge_on,
-        edge_counts=edge_counts)
+        edge_counts=edge_counts, await_stream=await_stream)
 
 
 def _per_stream(item_stream: np.ndarray, item_pos: np.ndarray, usable: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -459,6 +477,41 @@ def _first_launched_after(streams: dict, st: int, calls: np.ndarray) -> np.ndarr
     idx, pos = streams[st]
     j = np.searchsorted(pos, calls, side="right")
     return np.where(j < len(idx), idx[np.minimum(j, len(idx) - 1)], -1)
+
+
+def stream_sync_streams(trace: Trace, key: tuple[int, int], names: np.ndarray, corr_call: np.ndarray,
+                        item_stream: np.ndarray, blocking: np.ndarray) -> np.ndarray:
+    """(K,) int64: for each cudaStreamSynchronize / cuStreamSynchronize call, the stream it synchronizes (CUDA Runtime
+    API: "blocks until stream has completed all operations"), from the ``cuda_sync`` "Stream Sync" row of its
+    correlation id (``enable_cuda_sync_events``); −1 for every other call and where no row names one (the call then
+    waits for every stream, as before the rows existed)."""
+    out = np.full(len(names), -1, dtype=np.int64)
+    k = np.flatnonzero(blocking & _match_names(names, STREAM_SYNC))
+    ds = trace.device_syncs
+    if not len(k) or not len(ds):
+        return out
+    sel = ((ds["rank"].to_numpy() == key[0]) & (ds["device"].to_numpy() == key[1]) & (ds["stream"].to_numpy() >= 0)
+           & (ds["sync_kind"].astype(str).to_numpy() == "Stream Sync"))
+    by_corr = pd.Series(ds["stream"].to_numpy()[sel], index=ds["correlation"].to_numpy()[sel])
+    by_corr = by_corr[~by_corr.index.duplicated(keep=False)]
+    st = by_corr.reindex(corr_call[k]).to_numpy(dtype=np.float64)
+    ok = np.isfinite(st)
+    out[k[ok]] = st[ok].astype(np.int64)
+    return out
+
+
+def _awaited_end(pm: np.ndarray, await_items: np.ndarray, await_stream: np.ndarray, item_stream: np.ndarray,
+                 item_pos: np.ndarray, item_end: np.ndarray) -> np.ndarray:
+    """(K,) measured completion of what each call waits for: the prefix max ``pm[await_items]``, or for a stream sync
+    (``await_stream`` >= 0) the end of the last item of that stream among items [0, await_items) (−inf: none)."""
+    R = pm[await_items].copy()
+    for st in np.unique(await_stream[await_stream >= 0]):
+        calls = np.flatnonzero(await_stream == st)
+        idx = np.flatnonzero(item_stream == st)
+        j = np.searchsorted(idx, await_items[calls], side="left") - 1
+        ends = np.maximum.accumulate(item_end[idx]) if len(idx) else np.zeros(0)
+        R[calls] = np.where(j >= 0, ends[np.maximum(j, 0)] if len(idx) else -np.inf, -np.inf)
+    return R
 
 
 def event_wait_edges(trace: Trace, key: tuple[int, int], names: np.ndarray, corr_call: np.ndarray,
@@ -522,12 +575,13 @@ def event_wait_edges(trace: Trace, key: tuple[int, int], names: np.ndarray, corr
 
 
 def sync_order_edges(item_stream: np.ndarray, item_pos: np.ndarray, item_prior: np.ndarray, blocking: np.ndarray,
-                     await_items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     await_items: np.ndarray, await_stream: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The device order a blocking call gives (docs/DESIGN.md "The replay model", cross-stream edges): for a call
     that waits for items [0, m), the first item launched on each stream after it waits for the last awaited item of
     each other stream. While the call waits in the replay these hold anyway; once a counterfactual takes its wait out
     they keep the order the host wait gave: removing a host wait never lets another stream's work start before what
-    the wait awaited (on one stream, the stream's own order keeps it: no edges). (consumers, producers), (m,) int64."""
+    the wait awaited (on one stream, the stream's own order keeps it: no edges). A stream sync (``await_stream`` >= 0)
+    awaited its own stream only: only that stream's last item is a producer. (consumers, producers), (m,) int64."""
     empty = np.zeros(0, dtype=np.int64)
     usable = ~item_prior
     bk = np.flatnonzero(blocking & (await_items > 0))
@@ -544,6 +598,8 @@ def sync_order_edges(item_stream: np.ndarray, item_pos: np.ndarray, item_prior: 
             j = np.searchsorted(idx, m_items, side="left") - 1  # the last awaited item of s_p
             prod = np.where(j >= 0, idx[np.maximum(j, 0)], -1)
             ok = (cons >= 0) & (prod >= 0)
+            if await_stream is not None:  # a stream sync awaited its own stream, no other
+                ok &= (await_stream[bk] < 0) | (await_stream[bk] == s_p)
             cons_all.append(cons[ok])
             prod_all.append(prod[ok])
     return np.concatenate(cons_all), np.concatenate(prod_all)
@@ -711,7 +767,8 @@ def _replay_numpy(model: ReplayModel, work: np.ndarray, cost: np.ndarray, waits:
             _items_numpy(model, S, E, kb, K, a_i, b_i, ie, pm, carry, single, dur, gaps)
         pm_done = max(pm_done, hi)
         if kb < K:
-            R = pm[min(need, pm_done)]
+            st_w = -1 if model.await_stream is None else int(model.await_stream[kb])
+            R = pm[min(need, pm_done)] if st_w < 0 else carry.get(st_w, -np.inf)
             E[kb] = max(S[kb], R) + cost[kb]
             t = float(E[kb])
             k0 = kb + 1
@@ -763,12 +820,12 @@ def _replay_compiled(model: ReplayModel, work: np.ndarray, cost: np.ndarray, wai
     stops = np.flatnonzero(waits).astype(np.int64)
     his = np.searchsorted(model.item_pos, stops, side="right").astype(np.int64)
     (await_items, item_call, item_pos, item_lat, after_end, prior, call_start, sidx, n_streams, edge_item,
-     edge_on) = model.kernel_arrays
+     edge_on, await_sidx) = model.kernel_arrays
     base = float(model.call_start_us[0]) if K else 0.0
     return replay_chain(np.ascontiguousarray(work, dtype=np.float64), np.ascontiguousarray(cost, dtype=np.float64),
                         stops, his, await_items, item_call, item_pos, item_lat, after_end, prior, call_start,
                         np.ascontiguousarray(gaps, dtype=np.float64), np.ascontiguousarray(dur, dtype=np.float64),
-                        sidx, n_streams, base, edge_item, edge_on)
+                        sidx, n_streams, base, edge_item, edge_on, await_sidx)
 
 def host_time_map(model: ReplayModel, res: ReplayResult, t_us: np.ndarray) -> np.ndarray:
     """Replayed times of host instants ``t_us`` (trace clock) on the launching thread: inside call k,

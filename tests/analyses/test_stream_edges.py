@@ -143,3 +143,47 @@ def test_one_stream_has_no_edges_and_the_shipped_two_stream_capture_keeps_its_ti
     assert err["round_period_error"] < 0.01
     a, b = R.replay(m), R.replay(m, compiled=False)
     np.testing.assert_allclose(a.item_end_us, b.item_end_us, rtol=0, atol=1e-6)
+
+
+def _stream_sync_steps(with_rows: bool, steps: int = 3) -> list[dict]:
+    """Each step: a 2,000 µs kernel on the compute stream, then a 300 µs copy on the copy stream, then
+    cudaStreamSynchronize of the copy stream (its cuda_sync "Stream Sync" row names stream 13 when ``with_rows``): the
+    host returns when the copy is done (t + 320), long before the kernel ends, and launches the next step."""
+    ev, corr, t = [], 1, 0.0
+    for _ in range(steps):
+        ev += [_call("cudaLaunchKernel", t, 5, corr), _kernel(t + 10, 2000, corr)]
+        corr += 1
+        ev += [_call("cudaMemcpyAsync", t + 6, 5, corr), _copy(t + 15, 300, corr)]
+        corr += 1
+        ev += [_call("cudaStreamSynchronize", t + 12, 320 - 12, corr)]
+        if with_rows:
+            ev.append({"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": COPY_STREAM,
+                       "ts": t + 314, "dur": 2, "args": {"cuda_sync_kind": "Stream Sync", "stream": COPY_STREAM,
+                                                          "correlation": corr, "device": 0}})
+        corr += 1
+        t += 400
+    return ev
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_stream_sync_waits_for_its_own_stream_only(tmp_path, compiled):
+    """With the cuda_sync row naming the synchronized stream, the sync waits for its copy, not for the long kernel on
+    the other stream: the replay keeps the measured 400 µs steps, each sync waiting for its copy. Without the row the
+    call would wait for every stream, which its measured return (before the kernel ended) contradicts: it is left
+    waiting for nothing, with a warning, and keeps no order."""
+    m = R.build_model(_load(tmp_path, _stream_sync_steps(True)))
+    assert (m.await_stream >= 0).sum() == 3 and set(m.await_stream[m.await_stream >= 0]) == {COPY_STREAM}
+    res = R.replay(m, compiled=compiled)
+    np.testing.assert_allclose(res.call_end_us, m.call_end_us, atol=1e-6)
+    # its order behind the copy (not the kernel) is kept when the wait is taken out: the next kernel may start early
+    kernels = np.flatnonzero(m.item_stream == COMPUTE_STREAM)
+    copies = np.flatnonzero(m.item_stream == COPY_STREAM)
+    assert set(zip(m.edge_item.tolist(), m.edge_on.tolist())) == set(zip(kernels[1:].tolist(), copies[:-1].tolist()))
+    syncs = np.flatnonzero(m.blocking)
+    assert np.all(res.call_end_us[syncs] >= res.item_end_us[copies] - 1e-9)
+    longer = m.item_dur_us.copy()
+    longer[copies] += 50.0  # a slower copy: each step's sync returns 50 µs later
+    assert np.diff(R.replay(m, item_dur_us=longer, compiled=compiled).call_start_us[::3]) == pytest.approx([450.0, 450.0])
+    m_all = R.build_model(_load(tmp_path, _stream_sync_steps(False), "all.json"))
+    assert (m_all.await_stream >= 0).sum() == 0 and (m_all.await_items[m_all.blocking] == 0).all()
+    assert any("returned before the device work" in w for w in m_all.warnings) and len(m_all.edge_item) == 0
