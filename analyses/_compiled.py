@@ -27,12 +27,12 @@ def prev_reaching_walk(end, lo, hi, use_hi, cand):
 
 @njit(cache=True, nogil=True)
 def replay_chain(work, cost, stops, his, await_items, item_call, item_pos, item_lat, item_after_end, item_prior,
-                 call_start, gaps, dur, stream_idx, n_streams, base, edge_item, edge_on, await_stream):
+                 call_start, gaps, dur, stream_idx, n_streams, base, edge_item, edge_on, await_stream, edge_lat):
     """The replay's host chain and device items in one pass (:func:`gaptrace.analyses.replay.replay`, whose numpy
     loop :func:`gaptrace.analyses.replay._replay_numpy` is the twin): calls run S_k = E_{k−1} + work_k,
     E_k = S_k + cost_k; at each waiting call ``stops[j]`` the items launched up to it (``his[j]``) get their ends
     e_i = max(l_i + d_i, e_prev(stream) + q_i + d_i), l_i first raised to the ends of its cross-stream producers
-    (``edge_on[j]`` for each j with ``edge_item[j] == i``, sorted by item), and the call returns at
+    (``edge_on[j]`` for each j with ``edge_item[j] == i``, sorted by item) plus ``edge_lat``, and the call returns at
     max(S_k, max_{i < await} e_i) + cost_k, or for a stream sync (``await_stream[k]`` >= 0, a stream index; n_streams:
     a stream with no item) max(S_k, the last end on that stream) + cost_k. Returns (S (K,), E (K,), item ends (I,))."""
     K = work.shape[0]
@@ -84,7 +84,7 @@ def replay_chain(work, cost, stops, his, await_items, item_call, item_pos, item_
             while ep < n_edges and edge_item[ep] < i:
                 ep += 1
             while ep < n_edges and edge_item[ep] == i:  # cross-stream producers, all earlier items
-                v = ie[edge_on[ep]]
+                v = ie[edge_on[ep]] + edge_lat
                 if v > l:
                     l = v
                 ep += 1

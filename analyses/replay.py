@@ -21,7 +21,7 @@ What is replayed, for one device ``(rank, device)`` and the one host thread that
 - cross-stream edges (:func:`event_wait_edges`, :func:`sync_order_edges`): an item after a cudaStreamWaitEvent starts
   no earlier than the work recorded before the event ends, and the first item on each stream after a blocking call
   no earlier than what the call awaited on the other streams (kept when a counterfactual takes the wait out):
-  l_i ← max(l_i, e_p);
+  l_i ← max(l_i, e_p + w), w the trace's median wait latency (``latency_us["stream_wait"]``);
 - blocking calls (CUDA "API synchronization behavior"): cudaDeviceSynchronize and its driver form wait for every item
   launched before them, cudaStreamSynchronize for its stream's (the ``cuda_sync`` row names it; without one, every
   stream's), and so does a device memory free (cudaFree, cuMemFree: it
@@ -66,6 +66,8 @@ STREAM_WAIT_EVENT = re.compile(r"^(cudaStreamWaitEvent|cuStreamWaitEvent)")
 # how many event records before a cudaStreamWaitEvent may hold the event it waits on (Kineto names no event handle on
 # the runtime calls: the latest record whose producer item fits the measured timeline is taken)
 WAIT_RECORDS_BACK = 4
+# a consumer that starts this long after its producer ended was held by something else: no sample of the wait latency
+STREAM_WAIT_MAX_US = 50.0
 STREAM_SYNC = re.compile(r"^(cudaStreamSynchronize|cuStreamSynchronize)")
 # a device memory free waits for the device to drain (syncs.FREE_SYNC_NAMES; CUDA C++ Programming Guide, "Implicit
 # Synchronization"); the stream-ordered cudaFreeAsync does not
@@ -99,7 +101,7 @@ class ReplayModel:
     ``edge_on[j]`` ends (``edge_on[j] < edge_item[j]``; :func:`stream_edges`); ``edge_counts`` how many of each kind
     ("event_waits", "event_waits_unmatched", "sync_orders"). ``await_stream`` ((K,) int64): for a stream sync, the
     stream it waits for (it waits for the last item launched on it before the call, not for the whole prefix
-    ``await_items``); −1 for every other call.
+    ``await_items``); −1 for every other call. ``op_dur_us`` ((n,)): each device op's measured duration.
     """
 
     trace_path: str
@@ -137,6 +139,7 @@ class ReplayModel:
     edge_on: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     edge_counts: dict[str, int] = dataclasses.field(default_factory=dict)
     await_stream: np.ndarray | None = None
+    op_dur_us: np.ndarray | None = None
 
     @property
     def calls(self) -> int:
@@ -152,7 +155,8 @@ class ReplayModel:
                 self.item_lat_us.astype(np.float64), self.item_after_end.astype(np.bool_),
                 self.item_prior.astype(np.bool_), self.call_start_us.astype(np.float64),
                 sidx.astype(np.int64).reshape(-1), max(len(streams), 1),
-                self.edge_item.astype(np.int64), self.edge_on.astype(np.int64), self.await_stream_index(streams))
+                self.edge_item.astype(np.int64), self.edge_on.astype(np.int64), self.await_stream_index(streams),
+                float(self.latency_us.get("stream_wait", 0.0)))
 
     def await_stream_index(self, streams: np.ndarray) -> np.ndarray:
         """(K,) int64: ``await_stream`` as an index into ``streams`` (the sorted distinct item streams); −1 where
@@ -376,6 +380,13 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     queued = ~item_graph & ~item_prior & (prev_end > allowed) & np.isfinite(prev_end)
     latency["queue_gap"] = max(0.0, _median(item_start[queued] - prev_end[queued], 0.0))
     latency["queued_items"] = int(queued.sum())  # how many items q is the median of
+    # a cross-stream wait's own latency: the median consumer start − producer end over the event waits whose producer
+    # was still running when the consumer's launch allowed it to start (the wait, not the launch, held it)
+    held = (item_end[ew_p] > allowed[ew_c]) if len(ew_c) else np.zeros(0, dtype=bool)
+    wake = item_start[ew_c] - item_end[ew_p] if len(ew_c) else np.zeros(0)
+    ok_w = held & (wake >= 0) & (wake <= STREAM_WAIT_MAX_US)
+    latency["stream_wait"] = max(0.0, _median(wake[ok_w], 0.0))
+    latency["stream_waits_held"] = int(ok_w.sum())
     # an item the trace shows queued keeps its own measured gap (a pair launched together, cuBLAS's split-K GEMM and
     # its reduce, overlaps: gap 0) up to LAUNCH_BOUND_GAP_US (longer: something else held it); every other eager
     # item takes the median q
@@ -418,6 +429,19 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
     # the last item launched on that stream before it; −1: every stream (no row, or a device / context sync)
     await_stream = stream_sync_streams(trace, key, names, corr_call, item_stream, blocking)
     R = _awaited_end(pm, await_items, await_stream, item_stream, item_pos, item_end)
+    # a stream sync with no row, returned while another stream was still busy: it synchronized one stream, the one
+    # whose last item before it ended latest while still before its return
+    guess = blocking & (await_stream < 0) & _match_names(names, STREAM_SYNC) & (R > e + RELEASE_EPS_US)
+    if guess.any():
+        gk = np.flatnonzero(guess)
+        best, best_end = np.full(len(gk), -1, dtype=np.int64), np.full(len(gk), -np.inf)
+        for st in np.unique(item_stream):
+            r_st = _awaited_end(pm, await_items[gk], np.full(len(gk), st), item_stream, item_pos, item_end)
+            fits = np.isfinite(r_st) & (r_st <= e[gk] + RELEASE_EPS_US) & (r_st > best_end)
+            best = np.where(fits, st, best)
+            best_end = np.where(fits, r_st, best_end)
+        await_stream[gk] = best
+        R = _awaited_end(pm, await_items, await_stream, item_stream, item_pos, item_end)
     # stream syncs on a stream with no pending work of this thread, or a prefix that is not done: trust the measure
     bad = blocking & (R > e + RELEASE_EPS_US)
     if bad.any():
@@ -453,7 +477,7 @@ def build_model(trace: Trace, device: int | tuple[int, int] | None = None, tid: 
         item_busy_us=np.bincount(op_item, weights=oend - ots, minlength=I) if I else np.zeros(0), item_start_us=item_start,
         item_end_us=item_end, op_row=op_rows, op_item=op_item, op_offset_us=op_offset, op_start_us=ots,
         latency_us=latency, warnings=warnings, item_queued=queued, edge_item=edge_item, edge_on=edge_on,
-        edge_counts=edge_counts, await_stream=await_stream)
+        edge_counts=edge_counts, await_stream=await_stream, op_dur_us=oend - ots)
 
 
 def _per_stream(item_stream: np.ndarray, item_pos: np.ndarray, usable: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -527,8 +551,9 @@ def event_wait_edges(trace: Trace, key: tuple[int, int], names: np.ndarray, corr
     ``cudaEventRecord`` (the sync row's ``wait_on_cuda_event_record_corr_id`` is −1 without CUPTI's CUDA-event
     activity), so the record is inferred: of the ``WAIT_RECORDS_BACK`` latest records before the wait, the latest
     one for which some other stream P has a last item launched before the record that ended (measured) no later
-    than the consumer started (+ ``RELEASE_EPS_US``); that item (the latest-ending one over the streams) is the
-    producer. A wait that no record fits (its record came before the trace) gets no edge."""
+    than the consumer started (+ ``RELEASE_EPS_US``); that item is the producer: the one on the stream of the last
+    launch before the record where it fits (a record follows the work it marks), else the latest-ending one over the
+    streams. A wait that no record fits (its record came before the trace) gets no edge."""
     empty = np.zeros(0, dtype=np.int64)
     usable = ~item_prior
     wk = np.flatnonzero(_match_names(names, STREAM_WAIT_EVENT))
@@ -560,15 +585,24 @@ def event_wait_edges(trace: Trace, key: tuple[int, int], names: np.ndarray, corr
         if not live.any():
             break
         r = rec[np.maximum(j, 0)]
+        # first the stream of the last launch before the record (a record follows the work it marks: a copy then
+        # its event, a forward then its "consumed" event), then the latest-ending item of any other stream
+        last = np.searchsorted(item_pos, r, side="left") - 1
+        last = np.where(last >= 0, last, -1)
+        lp = np.where(last >= 0, item_stream[np.maximum(last, 0)], -1)
+        prior_fit = np.full(len(wk), -1, dtype=np.int64)
         best_end = np.full(len(wk), -np.inf)
         found = np.full(len(wk), -1, dtype=np.int64)
         for st in streams:
             p = _last_launched_before(streams, st, r)
             ok = live & (cstream != st) & (p >= 0)
             pe = np.where(ok, item_end[np.maximum(p, 0)], -np.inf)
-            fits = ok & (pe <= cstart + RELEASE_EPS_US) & (pe > best_end)
+            consistent = ok & (pe <= cstart + RELEASE_EPS_US)
+            prior_fit = np.where(consistent & (lp == st), p, prior_fit)
+            fits = consistent & (pe > best_end)
             found = np.where(fits, p, found)
             best_end = np.where(fits, pe, best_end)
+        found = np.where(prior_fit >= 0, prior_fit, found)
         producer = np.where(live, found, producer)
     got = todo & (producer >= 0)
     return consumer[got], producer[got], int((todo & ~got).sum())
@@ -794,8 +828,8 @@ def _items_numpy(model: ReplayModel, S: np.ndarray, E: np.ndarray, kb: int, K: i
     l_prior = np.where(pp >= 0, S[np.maximum(pp, 0)] - model.call_start_us[np.maximum(pp, 0)] + lat, lat)
     l = np.where(model.item_prior[sl], l_prior, l)
     j0, j1 = np.searchsorted(model.edge_item, [lo, lo + 1], side="left")
-    if j1 > j0:  # cross-stream edges: the item starts no earlier than its producers end
-        l[0] = max(float(l[0]), float(ie[model.edge_on[j0:j1]].max()))
+    if j1 > j0:  # cross-stream edges: the item starts no earlier than its producers end (+ the wait's latency)
+        l[0] = max(float(l[0]), float(ie[model.edge_on[j0:j1]].max()) + float(model.latency_us.get("stream_wait", 0.0)))
     u = gaps[sl] + dur[sl]
     if single:
         st = int(model.item_stream[lo])
@@ -820,12 +854,12 @@ def _replay_compiled(model: ReplayModel, work: np.ndarray, cost: np.ndarray, wai
     stops = np.flatnonzero(waits).astype(np.int64)
     his = np.searchsorted(model.item_pos, stops, side="right").astype(np.int64)
     (await_items, item_call, item_pos, item_lat, after_end, prior, call_start, sidx, n_streams, edge_item,
-     edge_on, await_sidx) = model.kernel_arrays
+     edge_on, await_sidx, edge_lat) = model.kernel_arrays
     base = float(model.call_start_us[0]) if K else 0.0
     return replay_chain(np.ascontiguousarray(work, dtype=np.float64), np.ascontiguousarray(cost, dtype=np.float64),
                         stops, his, await_items, item_call, item_pos, item_lat, after_end, prior, call_start,
                         np.ascontiguousarray(gaps, dtype=np.float64), np.ascontiguousarray(dur, dtype=np.float64),
-                        sidx, n_streams, base, edge_item, edge_on, await_sidx)
+                        sidx, n_streams, base, edge_item, edge_on, await_sidx, edge_lat)
 
 def host_time_map(model: ReplayModel, res: ReplayResult, t_us: np.ndarray) -> np.ndarray:
     """Replayed times of host instants ``t_us`` (trace clock) on the launching thread: inside call k,

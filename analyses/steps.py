@@ -303,7 +303,8 @@ def find_steps(trace: Trace, device: int | tuple[int, int] | None = None, round_
     ua, match, ua_rows, _, n_inside = _round_annotations(trace, rank, round_name)
     if int(match.sum()) >= 2:
         rule, rows, pattern = "round", ua_rows[match], round_name
-        reason = f"the trace carries the runtime's verify-round range '{round_name}' ({int(match.sum())}×)"
+        reason = (f"the trace carries the runtime's verify-round range '{round_name}' ({int(match.sum())}×)"
+                  if round_name == ROUND_NAME else f"the trace carries the step range '{round_name}' ({int(match.sum())}×)")
         if n_inside:
             reason += (f"; {n_inside} more '{round_name}' ranges start inside another on their thread (overlapping "
                        "or nested: not rounds of their own), left out")

@@ -350,7 +350,7 @@ def summarize(trace: Trace, window: str | None = None, device: int | None = None
 
 
 SATURATED_SHARE = 0.99  # a device busy this share of the window or more: nothing on the host to fix
-_RULE_TEXT = {"round": "the runtime's verify-round range",
+_RULE_TEXT = {"round": "the runtime's verify-round range", "named": "the step range --rounds names",
               "profiler_step": "torch.profiler's ProfilerStep#N, one per prof.step()",
               "engine_step": "the serving engine's own per-step range",
               "repeating_range": "the most frequent top-level host range, repeating with a regular period"}
@@ -479,7 +479,8 @@ def _headline(out: dict, st: Any, vd: Any, window: str | None, key: tuple[int, i
         name = st.name_pattern or st.name
         k = int(st.summary.get("outliers", 0))
         left = f"; the {k} outlier step{'s' if k != 1 else ''} left out of it" if k else ""
-        line = (f"verdict over {n} step{'s' if n != 1 else ''} of '{name}' ({_RULE_TEXT.get(st.rule, st.rule)}{left}): "
+        rule = "named" if st.rule == "round" and name != "round" else st.rule
+        line = (f"verdict over {n} step{'s' if n != 1 else ''} of '{name}' ({_RULE_TEXT.get(rule, rule)}{left}): "
                 f"{vd.overall.get('figure', '')}")
         if st.holds_request:
             line += "; each step holds a whole generate() call, so TPOT is per step, not per token"

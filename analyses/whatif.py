@@ -451,7 +451,8 @@ def _occupancy(model: ReplayModel, res: ReplayResult, starts_rel_us: np.ndarray,
     inside one profiler window [its first replayed start, that + the run's periods] (``starts_rel_us``: (r,) replayed
     round starts, µs relative to t0_us; ``periods_us``: the kept periods, ``joins`` (r − 1,) the periods left out,
     :meth:`gaptrace.trace.Trace.window_joins`). The graph nodes of one launch run one after another on their
-    stream, so an item's busy time is the sum of its ops' durations, clipped to the window in proportion."""
+    stream, so an item's busy time is the sum of its ops' durations, clipped to the window in proportion; on several
+    streams, the union of the replayed ops' intervals inside the runs (the streams' busy times overlap)."""
     s, e = res.item_start_us, res.item_end_us
     span = np.maximum(e - s, 1e-12)
     busy_item = np.minimum(model.item_busy_us, e - s)
@@ -468,7 +469,16 @@ def _occupancy(model: ReplayModel, res: ReplayResult, starts_rel_us: np.ndarray,
     # every item's time inside the runs at once (a loop over the runs costs O(runs × items): a trace of many
     # profiler windows has hundreds); each item's busy time counts in proportion to its part inside them
     us, ue = _merge(t0[ok], t1[ok])
-    busy = float(np.sum(_coverage(us, ue, s, e) / span * busy_item))
+    if len(np.unique(model.item_stream)) > 1 and model.op_dur_us is not None and len(model.op_item):
+        # several streams: their busy times overlap; the union of the replayed ops (each op's measured duration
+        # scaled as its item's busy time was), as `analyze` takes the union of the measured ones
+        ratio = np.divide(busy_item, model.item_busy_us, out=np.zeros(len(busy_item)), where=model.item_busy_us > 0)
+        os_ = res.op_start_us
+        bs, be = _merge(os_, os_ + model.op_dur_us * np.clip(ratio, 0.0, 1.0)[model.op_item])
+        ins, ine = _intersect(bs, be, us, ue)
+        busy = float(np.sum(ine - ins))
+    else:
+        busy = float(np.sum(_coverage(us, ue, s, e) / span * busy_item))
     return busy / total if total > 0 else math.nan
 
 
