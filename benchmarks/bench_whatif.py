@@ -58,6 +58,9 @@ HIDDEN_SYNCS_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_hidden_syncs")
 # loops written after the model (benchmarks/loops/eager_sampling.py, after --graph; copy_stream_sync.py, a loop on two
 # streams, after the cross-stream edges), measured on another H100 machine
 NEW_LOOPS_DIR = os.path.join(ROOT, "fixtures", "traces", "h100_new_loops")
+# copy_stream_sync made serial (size keys graphed=1, read_back=1): the forward stays behind its copy on the device
+# once the host wait goes, so the cross-stream edges decide the prediction
+SERIAL_DIR = os.path.join(NEW_LOOPS_DIR, "serial")
 SDPA_FRAME = "transformers/integrations/sdpa_attention.py(79): sdpa_attention_forward"
 H200_CAL = os.path.join(PAIRS_DIR, "calibration_h200.json")  # the same figures as the shipped default
 CPU_CAL = os.path.join(ROOT, "analyses", "data", "calibration_cpu_epyc.json")
@@ -396,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = (runtime_pairs() + runtime_pairs(REPEAT_DIR, " (repeat)") + loop_pairs()
              + loop_pairs(a.h100_loops_dir, " (H100)") + loop_pairs(NOCUDNN_DIR, " (H100, no cuDNN attention)")
              + first_finding_pairs() + loop_pairs(HIDDEN_SYNCS_DIR, " (H100, hidden syncs)") + allocator_pairs()
-             + forward_graph_pairs() + loop_pairs(NEW_LOOPS_DIR, " (another H100, written after the model)"))
+             + forward_graph_pairs() + loop_pairs(NEW_LOOPS_DIR, " (another H100, written after the model)")
+             + loop_pairs(SERIAL_DIR, " (another H100, serial: graphed forward, read back every step)"))
     if a.only:
         pairs = [p for p in pairs if a.only in p["pair"]]
     cache: dict = {}

@@ -88,10 +88,15 @@ LOOPS_H100_HIDDEN = {"empty_cache": (0.52, 190, 210), "mask_index": (1.0, 85, 70
 # stream ordered by event waits), its host-bound fixed twin bimodal from process to process (0.46-0.89 ms), so its
 # fresh-process range includes 0 and the paired saving is its reference
 LOOPS_H100_NEW = {"copy_stream_sync": (0.53, 260, 25), "eager_sampling": (0.12, 30, 55)}
+# copy_stream_sync made serial (graphed forward, this step's flag read at once: size keys graphed=1, read_back=1): the
+# host wait's removal saves only a few µs because the forward stays behind its copy on the device; the cross-stream
+# edges give 63 µs against 11 fresh and 8 paired (without them the replay lets the forward overlap the copy: 186 µs)
+LOOPS_H100_SERIAL = {"copy_stream_sync": (0.17, 55, 58)}
 # the loops whose fixed twin captures the planted range's work in a CUDA graph: predicted by whatif --graph
 GRAPH_FIX_LOOPS = ("launch_bound", "eager_sampling")
 LOOP_SETS = {"h200_loops": LOOPS, "h100_loops": LOOPS_H100, "h100_hf_nocudnn": LOOPS_H100_NOCUDNN,
-             "h100_hidden_syncs": LOOPS_H100_HIDDEN, "h100_new_loops": LOOPS_H100_NEW}  # folder -> bounds
+             "h100_hidden_syncs": LOOPS_H100_HIDDEN, "h100_new_loops": LOOPS_H100_NEW,
+             "h100_new_loops/serial": LOOPS_H100_SERIAL}  # folder -> bounds
 
 
 def _json(p):
@@ -397,3 +402,27 @@ def test_first_finding_of_empty_cache_against_its_measured_fix():
     # the planted range alone (the frees) saves less than half of it: the allocations it forces lie outside it
     rng = next(f for f in s["findings"] if f.get("cause") == "planted_empty_cache")
     assert rng["saving_us"] < 0.5 * first["saving_us"]
+
+
+def test_the_serial_two_stream_pair_needs_the_cross_stream_edges():
+    """On the serial copy_stream_sync capture the forward waits for its copy on the device once the host's
+    copy_stream.synchronize() is gone: with the cross-stream edges the replay predicts 63 µs (measured 11 fresh, 8
+    paired); without them it lets the forward start before the copy ends and predicts the copy's time saved."""
+    import dataclasses
+
+    from gaptrace.analyses import replay as R
+    import gaptrace.analyses.whatif as W
+
+    t = os.path.join(ROOT, "h100_new_loops", "serial", "copy_stream_sync.planted.trace.json.gz")
+    tr, sc = load_trace(t), read_sidecar_checked(t)[0]
+    with_edges = whatif(tr, [Change("planted_copy_sync")], context=Context(tr, sc, round_name="step")).to_dict()
+    orig = W.build_model
+    try:
+        W.build_model = lambda *a, **k: dataclasses.replace(orig(*a, **k), edge_item=np.zeros(0, np.int64),
+                                                            edge_on=np.zeros(0, np.int64))
+        without = whatif(tr, [Change("planted_copy_sync")], context=Context(tr, sc, round_name="step")).to_dict()
+    finally:
+        W.build_model = orig
+    paired_us = _json(os.path.join(ROOT, "h100_new_loops", "serial", "copy_stream_sync.paired.json"))["saving_ms"] * 1e3
+    assert abs(with_edges["saving_us"] - paired_us) <= 60 < abs(without["saving_us"] - paired_us)
+    assert without["saving_us"] > 2.5 * with_edges["saving_us"]
