@@ -417,7 +417,7 @@ class WhatIf:
     rounds: one-offs included), ``occupancy_before`` / ``occupancy_after`` (device busy / time over the
     rounds), ``tau``, ``tpot_before_us`` / ``tpot_after_us``, ``periods_*`` per round, ``calibration`` (what was
     used), ``removed_us`` (the profiler cost taken out), ``changes``, ``unprofiled_round_us`` (the sidecar's
-    measured one, when present) and ``latency_us``."""
+    measured one, when present), ``latency_us`` and ``stream_edges`` (the replay's cross-stream edges by kind)."""
 
     data: dict[str, Any]
 
@@ -862,6 +862,8 @@ def whatif(trace: Trace, changes: Iterable[Change] = (), sidecar: dict | None = 
         # per --graph site: its occurrences, nodes, launch cost (t0 + per node × N) and node gap, with their sources
         "graph": graph_stats or None,
         "latency_us": ctx.model.latency_us,
+        # the replay's cross-stream edges (docs/DESIGN.md 5.1): event waits matched / not, host-sync orders kept
+        "stream_edges": dict(ctx.model.edge_counts),
         "warnings": (list(trace.warnings) + list(ctx.model.warnings) + list(ctx.warnings) + list(ctx.unprof.get("warnings", ()))
                      + ([ctx.fit_warning] if ctx.fit_warning else []) + notes),
     }

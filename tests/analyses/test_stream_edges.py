@@ -205,3 +205,4 @@ def test_occupancy_of_overlapping_streams_is_their_union(tmp_path):
     tr = _load(tmp_path, _stream_sync_steps(True, steps=8))
     w = whatif(tr, [], context=Context(tr, None, fit=False)).to_dict()
     assert 0.99 <= w["occupancy_before"] <= 1.0 + 1e-9
+    assert w["stream_edges"] == {"event_waits": 0, "event_waits_unmatched": 0, "sync_orders": 7}
