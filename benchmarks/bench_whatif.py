@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         parts.append(table(rows, cal))
         if measured_ranges and not a.only:
             parts.append(range_table(cal))
-    text = ("# What fixing it buys: predicted against measured (H200 traces)\n\n"
+    text = ("# What fixing it buys: predicted against measured (H200 and H100 traces)\n\n"
             "`.venv/bin/python benchmarks/bench_whatif.py` (docs/DESIGN.md \"The proof on measured fixes\"). "
             "Measured period: runtime = median of the capture's own `unprofiled_round_ms` (sidecar); loops = median "
             "over the measurement processes (`LOOP.planted.mK.json`), the capture process's own warm-up steps "

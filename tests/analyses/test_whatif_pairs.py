@@ -90,7 +90,7 @@ LOOPS_H100_HIDDEN = {"empty_cache": (0.52, 190, 210), "mask_index": (1.0, 85, 70
 LOOPS_H100_NEW = {"copy_stream_sync": (0.53, 260, 25), "eager_sampling": (0.12, 30, 55)}
 # copy_stream_sync made serial (graphed forward, this step's flag read at once: size keys graphed=1, read_back=1): the
 # host wait's removal saves only a few µs because the forward stays behind its copy on the device; the cross-stream
-# edges give 63 µs against 11 fresh and 8 paired (without them the replay lets the forward overlap the copy: 186 µs)
+# edges give 63 µs against 11 fresh and 8 paired (without them the replay lets the forward overlap the copy: 185 µs)
 LOOPS_H100_SERIAL = {"copy_stream_sync": (0.17, 55, 58)}
 # the loops whose fixed twin captures the planted range's work in a CUDA graph: predicted by whatif --graph
 GRAPH_FIX_LOOPS = ("launch_bound", "eager_sampling")
