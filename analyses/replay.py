@@ -511,17 +511,25 @@ def stream_sync_streams(trace: Trace, key: tuple[int, int], names: np.ndarray, c
     waits for every stream, as before the rows existed)."""
     out = np.full(len(names), -1, dtype=np.int64)
     k = np.flatnonzero(blocking & _match_names(names, STREAM_SYNC))
-    ds = trace.device_syncs
-    if not len(k) or not len(ds):
+    if not len(k):
         return out
-    sel = ((ds["rank"].to_numpy() == key[0]) & (ds["device"].to_numpy() == key[1]) & (ds["stream"].to_numpy() >= 0)
-           & (ds["sync_kind"].astype(str).to_numpy() == "Stream Sync"))
-    by_corr = pd.Series(ds["stream"].to_numpy()[sel], index=ds["correlation"].to_numpy()[sel])
-    by_corr = by_corr[~by_corr.index.duplicated(keep=False)]
-    st = by_corr.reindex(corr_call[k]).to_numpy(dtype=np.float64)
+    st = _sync_row_streams(trace, key, "Stream Sync", corr_call[k])
     ok = np.isfinite(st)
     out[k[ok]] = st[ok].astype(np.int64)
     return out
+
+
+def _sync_row_streams(trace: Trace, key: tuple[int, int], kind: str, corr: np.ndarray) -> np.ndarray:
+    """(len(corr),) float: the stream the device's ``cuda_sync`` row of ``kind`` ("Stream Sync", "Stream Wait
+    Event") with each correlation id names (NaN: no row, a row without a stream, or an id that two rows carry)."""
+    ds = trace.device_syncs
+    if not len(ds):
+        return np.full(len(corr), np.nan)
+    sel = ((ds["rank"].to_numpy() == key[0]) & (ds["device"].to_numpy() == key[1]) & (ds["stream"].to_numpy() >= 0)
+           & (ds["sync_kind"] == kind).to_numpy(dtype=bool))
+    by_corr = pd.Series(ds["stream"].to_numpy()[sel], index=ds["correlation"].to_numpy()[sel])
+    by_corr = by_corr[~by_corr.index.duplicated(keep=False)]
+    return by_corr.reindex(corr).to_numpy(dtype=np.float64)
 
 
 def _awaited_end(pm: np.ndarray, await_items: np.ndarray, await_stream: np.ndarray, item_stream: np.ndarray,
@@ -561,12 +569,7 @@ def event_wait_edges(trace: Trace, key: tuple[int, int], names: np.ndarray, corr
     if not len(wk) or I == 0 or len(np.unique(item_stream[usable])) < 2:
         return empty, empty, 0
     streams = _per_stream(item_stream, item_pos, usable)
-    ds = trace.device_syncs
-    sel = ((ds["rank"].to_numpy() == key[0]) & (ds["device"].to_numpy() == key[1]) & (ds["stream"].to_numpy() >= 0)
-           & (ds["sync_kind"].astype(str).to_numpy() == "Stream Wait Event"))
-    by_corr = pd.Series(ds["stream"].to_numpy()[sel], index=ds["correlation"].to_numpy()[sel])
-    by_corr = by_corr[~by_corr.index.duplicated(keep=False)]
-    cstream = by_corr.reindex(corr_call[wk]).to_numpy(dtype=np.float64)
+    cstream = _sync_row_streams(trace, key, "Stream Wait Event", corr_call[wk])
     nxt = np.searchsorted(item_pos, wk, side="right")
     fallback = np.where(nxt < I, item_stream[np.minimum(nxt, I - 1)], -1).astype(np.float64)
     cstream = np.where(np.isfinite(cstream), cstream, fallback).astype(np.int64)

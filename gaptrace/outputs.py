@@ -71,6 +71,12 @@ def resolve_output(path: str, inputs: tuple[str, ...] = ()) -> str:
     return real
 
 
+def named_inputs(*paths) -> tuple[str, ...]:
+    """The files a command was named as inputs (an option's path, or None / "" when not given), as strings: what no
+    output of it may replace (:func:`resolve_output`'s ``inputs``)."""
+    return tuple(os.fspath(p) for p in paths if isinstance(p, (str, os.PathLike)) and os.fspath(p))
+
+
 def can_create_in(d: str) -> bool:
     """Whether a file can be created and removed in directory ``d`` (a temporary one, removed at once): ``os.access``
     says yes to root for directories no file can be made in (/proc, /sys), and an append-only directory takes a new

@@ -26,7 +26,7 @@ import pandas as pd
 from gaptrace.analyses.gaps import event_idle
 from gaptrace.analyses.launch_fit import launch_points
 from gaptrace.analyses.occupancy import busy_fraction_bins, resolve_device
-from gaptrace.outputs import write_text_atomic
+from gaptrace.outputs import named_inputs, write_text_atomic
 from gaptrace.sidecar import Sidecar, as_sidecar, median_period_ms
 from gaptrace.trace import Trace, TraceError
 
@@ -590,12 +590,12 @@ def write_report(path_in: str, path_out: str, window: str | None = None, sidecar
     # a capture's sidecar with HTML is never what was meant), and the calibration file
     from gaptrace.analyses.savings import resolve_calibration
 
-    cal_file = os.fspath(calibration) if isinstance(calibration, (str, os.PathLike)) else ""  # an input too
+    cal_file = named_inputs(calibration)  # the calibration file, when one is named: an input too
     try:
         calibration = resolve_calibration(calibration)
     except ValueError as e:
         raise TraceError(str(e)) from None
-    inputs = (path_in, sidecar_path or "", implicit_sidecar(os.fspath(path_in).rstrip("/")), cal_file)
+    inputs = (path_in, sidecar_path or "", implicit_sidecar(os.fspath(path_in).rstrip("/")), *cal_file)
     try:  # follow a symlink, refuse devices/FIFOs/directories, unwritable directories and the inputs
         path_out_real = resolve_output(path_out, inputs)
     except ValueError as e:

@@ -6,6 +6,7 @@ import os
 import click
 
 from gaptrace.cli import memory_limit_option, nonempty
+from gaptrace.outputs import named_inputs
 from gaptrace.text import escape_line
 from gaptrace.trace import TraceError, clean_text
 
@@ -17,11 +18,6 @@ def default_output(trace_path: str) -> str:
         if base.endswith(suffix):
             base = base[: -len(suffix)]
     return (base or "trace") + ".report.html"
-
-
-def _extra_inputs(*paths) -> tuple[str, ...]:
-    """The files named by --sidecar and --calibration (None when not given): inputs no output may replace."""
-    return tuple(os.fspath(p) for p in paths if isinstance(p, (str, os.PathLike)) and os.fspath(p))
 
 
 def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None, round_name: str,
@@ -39,7 +35,7 @@ def _fleet_report(paths: tuple[str, ...], output: str | None, window: str | None
     out = output if output is not None else default_output(
         paths[0] if len(paths) == 1 and os.path.isdir(paths[0]) else "fleet")
     try:
-        real = resolve_output(out, tuple(paths) + tuple(f for _, f in files) + _extra_inputs(calibration))
+        real = resolve_output(out, tuple(paths) + tuple(f for _, f in files) + named_inputs(calibration))
         calibration = resolve_calibration(calibration)
         res = run_fleet(files, workers=workers, scheduler=dask_scheduler,
                         memory_limit_bytes=memory_limit_bytes(memory_limit_gb), window=window, round_name=round_name,
@@ -113,7 +109,7 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
         try:
             from gaptrace.sidecar import sidecar_path
 
-            resolve_output(annotated, (trace, sidecar_path(os.fspath(trace)), *_extra_inputs(sidecar, calibration)))
+            resolve_output(annotated, (trace, sidecar_path(os.fspath(trace)), *named_inputs(sidecar, calibration)))
         except ValueError as e:
             fail(str(e))
     try:
@@ -133,7 +129,7 @@ def report(traces: tuple[str, ...], output: str | None, window: str | None, side
 
         try:  # over the window the report analysed (--window, else the sidecar's analysis window, else activity)
             a = annotate_trace(trace, annotated, window=info.get("window"),
-                               device=device, round_name=round_name, inputs=_extra_inputs(sidecar, calibration),
+                               device=device, round_name=round_name, inputs=named_inputs(sidecar, calibration),
                                memory_limit_bytes=memory_limit_bytes(memory_limit_gb))
         except (TraceError, ValueError) as e:
             fail(str(e))
